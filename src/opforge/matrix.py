@@ -1,0 +1,541 @@
+"""matrix.yaml: parsed once into frozen, typed objects, validated with file:line:key errors.
+
+Everything after ``load_matrix`` receives objects, never dicts. A malformed file raises
+``MatrixError`` (a UsageError: exit 2) whose message is one line:
+``matrix.yaml:12: variants[2].cuda: CUDA variant 'cu130' cannot target macos-arm64``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from packaging.version import InvalidVersion, Version
+
+from opforge.errors import UsageError
+
+DEFAULT_MATRIX = "matrix.yaml"
+
+CHANNELS = ("stable", "test", "nightly")
+# Python versions PyTorch publishes wheels for in the releases this matrix format targets.
+KNOWN_PYTHONS = ("3.10", "3.11", "3.12", "3.13", "3.13t", "3.14", "3.14t")
+DISPATCH_KEYS = ("CPU", "CUDA", "MPS", "Meta", "Autograd", "AutocastCPU", "AutocastCUDA",
+                 "AutocastMPS")
+BACKEND_KEYS = ("CPU", "CUDA", "MPS")
+# SM architectures each nvcc accepts (compute capability "X.Y"); PTX-only or family suffixes
+# ("a", "f") are checked separately. CUDA 13 dropped Maxwell, Pascal and Volta (< 7.5).
+NVCC_ARCHS = {
+    "11.8": ("3.5", "3.7", "5.0", "5.2", "5.3", "6.0", "6.1", "6.2", "7.0", "7.2", "7.5",
+             "8.0", "8.6", "8.7", "8.9", "9.0"),
+    "12.6": ("5.0", "5.2", "5.3", "6.0", "6.1", "6.2", "7.0", "7.2", "7.5", "8.0", "8.6",
+             "8.7", "8.9", "9.0"),
+    "12.8": ("5.0", "5.2", "5.3", "6.0", "6.1", "6.2", "7.0", "7.2", "7.5", "8.0", "8.6",
+             "8.7", "8.9", "9.0", "10.0", "10.1", "12.0"),
+    "12.9": ("5.0", "5.2", "5.3", "6.0", "6.1", "6.2", "7.0", "7.2", "7.5", "8.0", "8.6",
+             "8.7", "8.9", "9.0", "10.0", "10.1", "10.3", "12.0", "12.1"),
+    "13.0": ("7.5", "8.0", "8.6", "8.7", "8.8", "8.9", "9.0", "10.0", "10.3", "11.0", "12.0",
+             "12.1"),
+}
+_ARCH_SUFFIXES = {"9.0": ("a",), "10.0": ("a", "f"), "10.3": ("a", "f"), "11.0": ("a", "f"),
+                  "12.0": ("a", "f"), "12.1": ("a", "f"), "10.1": ("a", "f")}
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+_ARCH = re.compile(r"^(\d+\.\d+)([af]?)(\+PTX)?$")
+
+
+class MatrixError(UsageError):
+    """matrix.yaml is malformed; the message is ``file:line: key: what is wrong``."""
+
+
+# --------------------------------------------------------------------------- typed objects
+
+
+@dataclass(frozen=True)
+class Extension:
+    path: str
+    package: str
+    distribution: str
+    namespace: str
+    ops: tuple[str, ...]
+    internal_ops: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TorchChannel:
+    channel: str
+    version: str
+    index: str
+
+    def index_url(self, index_variant: str) -> str:
+        base = self.index.rstrip("/")
+        sub = {"stable": "", "test": "/test", "nightly": "/nightly"}[self.channel]
+        return f"{base}{sub}/{index_variant}"
+
+
+@dataclass(frozen=True)
+class Platform:
+    name: str
+    runner: str
+
+    @property
+    def os(self) -> str:
+        return self.name.split("-", 1)[0]
+
+    @property
+    def arch(self) -> str:
+        return self.name.split("-", 1)[1]
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    platforms: tuple[str, ...]
+    expected_keys: tuple[str, ...]
+    cuda: str | None = None
+    arch_list: str | None = None
+    container: str | None = None
+    torch_version: str | None = None
+    index_variant: str | None = None
+    macos_deployment_target: str | None = None
+    mps: bool = False
+    device_checks: bool = True
+    runner: str | None = None
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        extra = ("cuda",) if self.cuda else ("mps",) if self.mps else ()
+        return ("cpu", *extra)
+
+    @property
+    def backend_keys(self) -> tuple[str, ...]:
+        """The keys backward (internal) ops must register: backends plus Meta."""
+        return tuple(k for k in self.expected_keys if k in BACKEND_KEYS or k == "Meta")
+
+    @property
+    def local_version(self) -> str:
+        return self.name
+
+    @property
+    def build_session(self) -> str:
+        return f"build_{self.name}"
+
+
+@dataclass(frozen=True)
+class Job:
+    """One cell: a wheel for one variant, platform and Python."""
+
+    variant: Variant
+    platform: Platform
+    python: str
+    torch_spec: str
+    torch_index: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.variant.name}-{self.platform.name}-py{self.python}"
+
+    @property
+    def runner(self) -> str:
+        return self.variant.runner or self.platform.runner
+
+    @property
+    def torch_install(self) -> str:
+        pre = "--pre " if ".dev" in self.torch_spec or self.torch_spec == "torch" else ""
+        return f"pip install {pre}{self.torch_spec} --index-url {self.torch_index}"
+
+    def as_dict(self) -> dict[str, Any]:
+        v = self.variant
+        return {
+            "name": self.name,
+            "build_name": f"opforge-ops-{v.name}-{self.platform.name}-py{self.python}",
+            "variant": v.name,
+            "platform": self.platform.name,
+            "os": self.platform.os,
+            "arch": self.platform.arch,
+            "python": self.python,
+            "runner": self.runner,
+            "container": v.container or "",
+            "cuda": v.cuda or "",
+            "arch_list": v.arch_list or "",
+            "mps": v.mps,
+            "macos_deployment_target": v.macos_deployment_target or "",
+            "torch_spec": self.torch_spec,
+            "torch_index": self.torch_index,
+            "torch_install": self.torch_install,
+            "build_session": v.build_session,
+            "artifact": f"wheel-{self.name}",
+            "expected_keys": ",".join(v.expected_keys),
+            "device_checks": v.device_checks,
+        }
+
+
+@dataclass(frozen=True)
+class Matrix:
+    path: Path
+    extension: Extension
+    torch: TorchChannel
+    pythons: tuple[str, ...]
+    pr_python: str
+    platforms: dict[str, Platform] = field(hash=False)
+    variants: tuple[Variant, ...]
+
+    def variant(self, name: str) -> Variant:
+        for variant in self.variants:
+            if variant.name == name:
+                return variant
+        known = ", ".join(v.name for v in self.variants)
+        raise UsageError(f"unknown variant {name!r} in {self.path.name} (known: {known})")
+
+    def torch_spec(self, variant: Variant) -> str:
+        version = variant.torch_version or self.torch.version
+        if self.torch.channel == "nightly" and version == "latest":
+            return "torch"
+        return f"torch=={version}"
+
+    def torch_index(self, variant: Variant) -> str:
+        return self.torch.index_url(variant.index_variant or variant.name)
+
+    def jobs(self, variant: str | None = None, platform: str | None = None,
+             python: str | None = None, pull_request: bool = False) -> list[Job]:
+        for value, known, what in ((variant, [v.name for v in self.variants], "variant"),
+                                   (platform, list(self.platforms), "platform"),
+                                   (python, list(self.pythons), "python")):
+            if value is not None and value not in known:
+                raise UsageError(f"unknown {what} {value!r} (known: {', '.join(known)})")
+        jobs = []
+        for v in self.variants:
+            if variant is not None and v.name != variant:
+                continue
+            for plat in v.platforms:
+                if platform is not None and plat != platform:
+                    continue
+                for py in self.pythons:
+                    if python is not None and py != python:
+                        continue
+                    if pull_request and py != self.pr_python:
+                        continue
+                    jobs.append(Job(v, self.platforms[plat], py, self.torch_spec(v),
+                                    self.torch_index(v)))
+        return jobs
+
+    def github_matrix(self, **filters: Any) -> dict[str, list[dict[str, Any]]]:
+        return {"include": [job.as_dict() for job in self.jobs(**filters)]}
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _compose(text: str, filename: str) -> yaml.Node | None:
+    try:
+        return yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else 0
+        problem = exc.problem or exc.context or "invalid YAML"
+        raise MatrixError(f"{filename}:{line}: (yaml): {problem}") from None
+    except yaml.YAMLError as exc:
+        raise MatrixError(f"{filename}:0: (yaml): {exc}") from None
+
+
+class _Reader:
+    """Walks composed YAML nodes, keeping the key path and line for error messages.
+
+    Working on nodes (not loaded dicts) gives every error its line, and catches duplicate
+    keys, which PyYAML's loader silently resolves by keeping the last.
+    """
+
+    def __init__(self, filename: str):
+        self.filename = filename
+
+    def fail(self, node: yaml.Node | None, key: str, message: str) -> MatrixError:
+        line = node.start_mark.line + 1 if node is not None else 1
+        return MatrixError(f"{self.filename}:{line}: {key}: {message}")
+
+    def mapping(self, node: yaml.Node, key: str, allowed: dict[str, bool]) -> dict[str, yaml.Node]:
+        """Mapping node -> {name: value node}; ``allowed`` maps each key to whether it is required."""
+        if not isinstance(node, yaml.MappingNode):
+            raise self.fail(node, key, f"expected a mapping, got {_kind(node)}")
+        out: dict[str, yaml.Node] = {}
+        for key_node, value_node in node.value:
+            name = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+            child = f"{key}.{name}" if key else str(name)
+            if name is None or not isinstance(name, str):
+                raise self.fail(key_node, key or "(top)", "keys must be strings")
+            if name in out:
+                raise self.fail(key_node, child, "duplicate key")
+            if name not in allowed:
+                hint = ", ".join(sorted(allowed))
+                raise self.fail(key_node, child, f"unknown key (allowed: {hint})")
+            out[name] = value_node
+        for name, required in allowed.items():
+            if required and name not in out:
+                where = key or "top level"
+                raise self.fail(node, f"{key}.{name}" if key else name,
+                                f"required key missing from {where}")
+        return out
+
+    def scalar(self, node: yaml.Node, key: str, kind: type = str) -> Any:
+        if not isinstance(node, yaml.ScalarNode):
+            raise self.fail(node, key, f"expected a {kind.__name__}, got {_kind(node)}")
+        value = yaml.constructor.SafeConstructor().construct_object(node)
+        if kind is str:
+            if node.tag != "tag:yaml.org,2002:str":
+                raise self.fail(node, key, f"expected a string, got {value!r} "
+                                           "(quote it, e.g. \"3.10\")")
+            if not value.strip():
+                raise self.fail(node, key, "must not be empty")
+            return value
+        if kind is bool and not isinstance(value, bool):
+            raise self.fail(node, key, f"expected true or false, got {value!r}")
+        return value
+
+    def str_list(self, node: yaml.Node, key: str) -> list[tuple[str, yaml.Node]]:
+        if not isinstance(node, yaml.SequenceNode):
+            raise self.fail(node, key, f"expected a list, got {_kind(node)}")
+        if not node.value:
+            raise self.fail(node, key, "must not be empty")
+        items = []
+        seen = set()
+        for i, item in enumerate(node.value):
+            value = self.scalar(item, f"{key}[{i}]")
+            if value in seen:
+                raise self.fail(item, f"{key}[{i}]", f"{value!r} is listed twice")
+            seen.add(value)
+            items.append((value, item))
+        return items
+
+
+def _kind(node: yaml.Node) -> str:
+    if isinstance(node, yaml.MappingNode):
+        return "a mapping"
+    if isinstance(node, yaml.SequenceNode):
+        return "a list"
+    return repr(node.value) if node.value != "" else "nothing"
+
+
+def load_matrix(path: str | Path | None = None) -> Matrix:
+    """Read and validate a matrix file (default: ./matrix.yaml, else the repository's)."""
+    path = Path(path) if path is not None else find_matrix()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise MatrixError(f"{path}:0: (file): cannot read: {exc.strerror}") from None
+    return parse_matrix(text, path)
+
+
+def find_matrix() -> Path:
+    here = Path.cwd() / DEFAULT_MATRIX
+    if here.exists():
+        return here
+    repo = Path(__file__).resolve().parents[2] / DEFAULT_MATRIX
+    if repo.exists():
+        return repo
+    raise MatrixError(f"{DEFAULT_MATRIX}:0: (file): no {DEFAULT_MATRIX} in {Path.cwd()}; "
+                      "pass --file PATH")
+
+
+def parse_matrix(text: str, path: Path) -> Matrix:
+    r = _Reader(path.name)
+    root = _compose(text, path.name)
+    if root is None:
+        raise MatrixError(f"{path.name}:1: (top): the file is empty")
+    top = r.mapping(root, "", {"extension": True, "torch": True, "pythons": True,
+                               "pr_python": False, "platforms": True, "variants": True})
+    extension = _extension(r, top["extension"])
+    torch = _torch(r, top["torch"])
+    pythons = []
+    for i, (py, node) in enumerate(r.str_list(top["pythons"], "pythons")):
+        if py not in KNOWN_PYTHONS:
+            raise r.fail(node, f"pythons[{i}]", f"unknown Python version {py!r} "
+                                                f"(known: {', '.join(KNOWN_PYTHONS)})")
+        pythons.append(py)
+    pr_python = pythons[0]
+    if "pr_python" in top:
+        pr_python = r.scalar(top["pr_python"], "pr_python")
+        if pr_python not in pythons:
+            raise r.fail(top["pr_python"], "pr_python", f"{pr_python!r} is not in pythons")
+    platforms = _platforms(r, top["platforms"])
+    variants = _variants(r, top["variants"], platforms)
+    return Matrix(path=path, extension=extension, torch=torch, pythons=tuple(pythons),
+                  pr_python=pr_python, platforms=platforms, variants=tuple(variants))
+
+
+def _extension(r: _Reader, node: yaml.Node) -> Extension:
+    m = r.mapping(node, "extension", {"path": True, "package": True, "distribution": False,
+                                      "namespace": True, "ops": True, "internal_ops": False})
+    package = r.scalar(m["package"], "extension.package")
+    if not package.isidentifier():
+        raise r.fail(m["package"], "extension.package", f"{package!r} is not an import name")
+    namespace = r.scalar(m["namespace"], "extension.namespace")
+    if not namespace.isidentifier():
+        raise r.fail(m["namespace"], "extension.namespace", f"{namespace!r} is not an identifier")
+    ops = [op for op, _ in r.str_list(m["ops"], "extension.ops")]
+    internal = [op for op, _ in r.str_list(m["internal_ops"], "extension.internal_ops")] \
+        if "internal_ops" in m else []
+    for key, names, n in (("extension.ops", ops, m["ops"]),
+                          ("extension.internal_ops", internal, m.get("internal_ops"))):
+        for i, op in enumerate(names):
+            if not op.isidentifier():
+                raise r.fail(n, f"{key}[{i}]", f"{op!r} is not an operator name")
+    distribution = (r.scalar(m["distribution"], "extension.distribution")
+                    if "distribution" in m else package.replace("_", "-"))
+    return Extension(path=r.scalar(m["path"], "extension.path"), package=package,
+                     distribution=distribution, namespace=namespace, ops=tuple(ops),
+                     internal_ops=tuple(internal))
+
+
+def _torch(r: _Reader, node: yaml.Node) -> TorchChannel:
+    m = r.mapping(node, "torch", {"channel": True, "version": True, "index": False})
+    channel = r.scalar(m["channel"], "torch.channel")
+    if channel not in CHANNELS:
+        raise r.fail(m["channel"], "torch.channel", f"{channel!r} is not one of {', '.join(CHANNELS)}")
+    version = r.scalar(m["version"], "torch.version")
+    _check_torch_version(r, m["version"], "torch.version", version, channel)
+    index = r.scalar(m["index"], "torch.index") if "index" in m \
+        else "https://download.pytorch.org/whl"
+    return TorchChannel(channel=channel, version=version, index=index)
+
+
+def _check_torch_version(r: _Reader, node: yaml.Node, key: str, version: str, channel: str):
+    if channel == "nightly" and version == "latest":
+        return
+    try:
+        parsed = Version(version)
+    except InvalidVersion:
+        raise r.fail(node, key, f"{version!r} is not a PEP 440 version") from None
+    if parsed.local:
+        raise r.fail(node, key, f"{version!r}: leave out the local part (+cpu); "
+                                "the variant chooses it")
+    if channel == "nightly" and not parsed.is_devrelease:
+        raise r.fail(node, key, f"nightly channel needs 'latest' or a dev version "
+                                f"like 2.14.0.dev20261201, got {version!r}")
+    if channel != "nightly" and parsed.is_devrelease:
+        raise r.fail(node, key, f"{version!r} is a nightly; set torch.channel: nightly")
+
+
+def _platforms(r: _Reader, node: yaml.Node) -> dict[str, Platform]:
+    if not isinstance(node, yaml.MappingNode) or not node.value:
+        raise r.fail(node, "platforms", "expected a non-empty mapping of platform names")
+    names = {k.value: k for k, _ in node.value if isinstance(k, yaml.ScalarNode)}
+    m = r.mapping(node, "platforms", {name: False for name in names})
+    platforms = {}
+    for name, value in m.items():
+        key = f"platforms.{name}"
+        if not re.match(r"^(linux|macos|windows)-[a-z0-9_]+$", name):
+            raise r.fail(names[name], key, "platform names are <os>-<arch>, os one of "
+                                           "linux, macos, windows (e.g. linux-x86_64)")
+        pm = r.mapping(value, key, {"runner": True})
+        platforms[name] = Platform(name=name, runner=r.scalar(pm["runner"], f"{key}.runner"))
+    return platforms
+
+
+_VARIANT_KEYS = {"name": True, "platforms": True, "expected_keys": True, "cuda": False,
+                 "arch_list": False, "container": False, "torch_version": False,
+                 "index_variant": False, "macos_deployment_target": False, "mps": False,
+                 "device_checks": False, "runner": False}
+
+
+def _variants(r: _Reader, node: yaml.Node, platforms: dict[str, Platform]) -> list[Variant]:
+    if not isinstance(node, yaml.SequenceNode) or not node.value:
+        raise r.fail(node, "variants", "expected a non-empty list of variants")
+    variants: list[Variant] = []
+    seen: dict[str, int] = {}
+    for i, vnode in enumerate(node.value):
+        key = f"variants[{i}]"
+        m = r.mapping(vnode, key, _VARIANT_KEYS)
+        name = r.scalar(m["name"], f"{key}.name")
+        if not _NAME.match(name):
+            raise r.fail(m["name"], f"{key}.name", f"{name!r}: use lower-case letters, digits "
+                                                   "and _ (it becomes the session build_<name>)")
+        if name in seen:
+            raise r.fail(m["name"], f"{key}.name",
+                         f"duplicate variant {name!r} (first at variants[{seen[name]}])")
+        seen[name] = i
+        plats = []
+        for j, (plat, pnode) in enumerate(r.str_list(m["platforms"], f"{key}.platforms")):
+            if plat not in platforms:
+                raise r.fail(pnode, f"{key}.platforms[{j}]",
+                             f"unknown platform {plat!r} (declared: {', '.join(platforms)})")
+            plats.append((plat, pnode))
+        keys = []
+        for j, (k, knode) in enumerate(r.str_list(m["expected_keys"], f"{key}.expected_keys")):
+            if k not in DISPATCH_KEYS:
+                raise r.fail(knode, f"{key}.expected_keys[{j}]",
+                             f"unknown dispatch key {k!r} (known: {', '.join(DISPATCH_KEYS)})")
+            keys.append(k)
+        opt = {k: r.scalar(m[k], f"{key}.{k}") for k in
+               ("cuda", "arch_list", "container", "torch_version", "index_variant",
+                "macos_deployment_target", "runner") if k in m}
+        mps = r.scalar(m["mps"], f"{key}.mps", bool) if "mps" in m else False
+        device_checks = (r.scalar(m["device_checks"], f"{key}.device_checks", bool)
+                         if "device_checks" in m else True)
+        cuda = opt.get("cuda")
+        if cuda is not None:
+            if cuda not in NVCC_ARCHS:
+                raise r.fail(m["cuda"], f"{key}.cuda", f"unknown CUDA version {cuda!r} "
+                                                       f"(known: {', '.join(NVCC_ARCHS)})")
+            if mps:
+                raise r.fail(m["mps"], f"{key}.mps", f"variant {name!r} cannot be both CUDA and MPS")
+            for plat, pnode in plats:
+                if not plat.startswith("linux-"):
+                    raise r.fail(pnode, f"{key}.platforms",
+                                 f"CUDA variant {name!r} cannot target {plat} (CUDA wheels are Linux-only here)")
+            if "arch_list" not in opt:
+                raise r.fail(vnode, f"{key}.arch_list", f"CUDA variant {name!r} needs arch_list")
+            _check_arch_list(r, m["arch_list"], f"{key}.arch_list", opt["arch_list"], cuda)
+            for needed in ("CUDA", "AutocastCUDA"):
+                if needed not in keys:
+                    raise r.fail(m["expected_keys"], f"{key}.expected_keys",
+                                 f"CUDA variant {name!r} must expect {needed}")
+        else:
+            for k in ("arch_list", "container"):
+                if k in opt:
+                    raise r.fail(m[k], f"{key}.{k}", f"{k} needs cuda: set (variant {name!r} is not CUDA)")
+            if "CUDA" in keys or "AutocastCUDA" in keys:
+                raise r.fail(m["expected_keys"], f"{key}.expected_keys",
+                             f"variant {name!r} expects CUDA kernels but sets no cuda version")
+        if mps:
+            for plat, pnode in plats:
+                if not plat.startswith("macos-"):
+                    raise r.fail(pnode, f"{key}.platforms",
+                                 f"MPS variant {name!r} cannot target {plat} (MPS needs macOS)")
+            if "MPS" not in keys:
+                raise r.fail(m["expected_keys"], f"{key}.expected_keys",
+                             f"MPS variant {name!r} must expect MPS")
+        elif "MPS" in keys or "AutocastMPS" in keys:
+            raise r.fail(m["expected_keys"], f"{key}.expected_keys",
+                         f"variant {name!r} expects MPS kernels but does not set mps: true")
+        if "CPU" not in keys:
+            raise r.fail(m["expected_keys"], f"{key}.expected_keys", "every variant ships CPU kernels: add CPU")
+        if "macos_deployment_target" in opt:
+            if not re.match(r"^\d+(\.\d+)?$", opt["macos_deployment_target"]):
+                raise r.fail(m["macos_deployment_target"], f"{key}.macos_deployment_target",
+                             f"{opt['macos_deployment_target']!r} is not a macOS version like 12.3")
+            if not all(p.startswith("macos-") for p, _ in plats):
+                raise r.fail(m["macos_deployment_target"], f"{key}.macos_deployment_target",
+                             "only macOS variants take a deployment target")
+        if "torch_version" in opt:
+            _check_torch_version(r, m["torch_version"], f"{key}.torch_version",
+                                 opt["torch_version"], "stable")
+        variants.append(Variant(name=name, platforms=tuple(p for p, _ in plats),
+                                expected_keys=tuple(keys), mps=mps,
+                                device_checks=device_checks, **opt))
+    return variants
+
+
+def _check_arch_list(r: _Reader, node: yaml.Node, key: str, arch_list: str, cuda: str) -> None:
+    entries = [e for e in re.split(r"[;\s]+", arch_list.strip()) if e]
+    if not entries:
+        raise r.fail(node, key, "must list at least one architecture")
+    for entry in entries:
+        match = _ARCH.match(entry)
+        if not match:
+            raise r.fail(node, key, f"{entry!r} is not an architecture like 8.0, 9.0a or 12.0+PTX")
+        arch, suffix, _ = match.groups()
+        if arch not in NVCC_ARCHS[cuda]:
+            raise r.fail(node, key, f"nvcc {cuda} does not accept sm_{arch.replace('.', '')} "
+                                    f"({entry}); it accepts {', '.join(NVCC_ARCHS[cuda])}")
+        if suffix and suffix not in _ARCH_SUFFIXES.get(arch, ()):
+            raise r.fail(node, key, f"{entry!r}: sm_{arch.replace('.', '')} has no '{suffix}' variant")

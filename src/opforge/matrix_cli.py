@@ -1,0 +1,69 @@
+"""``opforge matrix``: show the expanded build jobs (table, JSON, or GitHub's strategy.matrix)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from opforge.matrix import Matrix, load_matrix
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("matrix", help="show the build jobs matrix.yaml expands to",
+                              description="Show the build jobs matrix.yaml expands to.")
+    p.add_argument("--file", metavar="PATH", help="matrix file (default: ./matrix.yaml)")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print the jobs as a JSON list")
+    out.add_argument("--github", action="store_true",
+                     help='print {"include": [...]} for strategy.matrix; also written to '
+                          "$GITHUB_OUTPUT as matrix=... when that is set")
+    p.add_argument("--variant", help="only this variant")
+    p.add_argument("--platform", help="only this platform (e.g. linux-x86_64)")
+    p.add_argument("--python", help="only this Python version")
+    p.add_argument("--pull-request", action="store_true",
+                   help="trim to one Python per variant (matrix.yaml's pr_python)")
+    p.add_argument("--check", action="store_true", help="only validate the file")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    matrix = load_matrix(args.file)
+    if args.check:
+        print(f"{matrix.path}: ok ({len(matrix.variants)} variants, {len(matrix.jobs())} jobs)")
+        return 0
+    filters = dict(variant=args.variant, platform=args.platform, python=args.python,
+                   pull_request=args.pull_request)
+    if args.github:
+        payload = json.dumps(matrix.github_matrix(**filters), separators=(",", ":"))
+        print(payload)
+        output = os.environ.get("GITHUB_OUTPUT")
+        if output:
+            with open(output, "a", encoding="utf-8") as fh:
+                fh.write(f"matrix={payload}\n")
+        return 0
+    jobs = matrix.jobs(**filters)
+    if args.json:
+        print(json.dumps([job.as_dict() for job in jobs], indent=2))
+        return 0
+    print_table(matrix, filters)
+    return 0
+
+
+def print_table(matrix: Matrix, filters: dict, console: Console | None = None) -> None:
+    console = console or Console(width=None if sys.stdout.isatty() else 160)
+    jobs = matrix.jobs(**filters)
+    table = Table(title=f"{matrix.path.name}: {len(jobs)} jobs "
+                        f"(torch {matrix.torch.channel} {matrix.torch.version})")
+    for column in ("job", "runner", "container", "cuda / archs", "torch", "expected keys"):
+        table.add_column(column)
+    for job in jobs:
+        v = job.variant
+        archs = f"{v.cuda} / {v.arch_list}" if v.cuda else ("mps" if v.mps else "-")
+        table.add_row(job.name, job.runner, v.container or "-", archs,
+                      f"{job.torch_spec} @ {job.torch_index}", ",".join(v.expected_keys))
+    console.print(table)
