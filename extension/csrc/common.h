@@ -1,0 +1,131 @@
+// Shared input checks for every backend's kernels: each backend calls these so
+// that bad input gets the same error, naming the argument, on CPU, CUDA and MPS.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
+
+#include <cmath>
+#include <cstdint>
+
+namespace opforge {
+
+inline bool is_supported_float(const at::Tensor& t) {
+  const auto s = t.scalar_type();
+  return s == at::kFloat || s == at::kDouble || s == at::kHalf ||
+      s == at::kBFloat16;
+}
+
+inline void check_same_device_and_dtype(
+    const char* op,
+    const char* name_a,
+    const at::Tensor& a,
+    const char* name_b,
+    const at::Tensor& b) {
+  TORCH_CHECK(
+      a.device() == b.device(),
+      op, ": ", name_a, " and ", name_b, " must be on the same device, got ",
+      name_a, " on ", a.device(), " and ", name_b, " on ", b.device());
+  TORCH_CHECK(
+      a.scalar_type() == b.scalar_type(),
+      op, ": ", name_a, " and ", name_b, " must have the same dtype, got ",
+      name_a, " ", a.scalar_type(), " and ", name_b, " ", b.scalar_type());
+}
+
+inline void check_nms_inputs(const at::Tensor& dets, const at::Tensor& scores) {
+  TORCH_CHECK(
+      dets.dim() == 2 && dets.size(1) == 4,
+      "nms: boxes (dets) must have shape [N, 4], got ", dets.sizes());
+  TORCH_CHECK(
+      scores.dim() == 1,
+      "nms: scores must be a 1-D tensor [N], got shape ", scores.sizes());
+  TORCH_CHECK(
+      dets.size(0) == scores.size(0),
+      "nms: boxes (dets) and scores must have the same length, got ",
+      dets.size(0), " boxes and ", scores.size(0), " scores");
+  check_same_device_and_dtype("nms", "boxes (dets)", dets, "scores", scores);
+  TORCH_CHECK(
+      is_supported_float(dets),
+      "nms: boxes (dets) must be a floating point tensor, got ",
+      dets.scalar_type());
+}
+
+// Checks shared by roi_align and roi_pool (forward).
+inline void check_roi_inputs(
+    const char* op,
+    const at::Tensor& input,
+    const at::Tensor& rois,
+    int64_t pooled_height,
+    int64_t pooled_width) {
+  TORCH_CHECK(
+      input.dim() == 4,
+      op, ": input must be a 4-D tensor [N, C, H, W], got shape ",
+      input.sizes());
+  TORCH_CHECK(
+      rois.dim() == 2 && rois.size(1) == 5,
+      op, ": rois (boxes) must have shape [K, 5] (batch index, x1, y1, x2, y2), got shape ",
+      rois.sizes());
+  check_same_device_and_dtype(op, "input", input, "rois", rois);
+  TORCH_CHECK(
+      is_supported_float(input),
+      op, ": input must be a floating point tensor, got ", input.scalar_type());
+  TORCH_CHECK(
+      pooled_height > 0 && pooled_width > 0,
+      op, ": output_size (pooled_height, pooled_width) must be positive, got (",
+      pooled_height, ", ", pooled_width, ")");
+}
+
+// Checks shared by the roi backward kernels.
+inline void check_roi_backward_inputs(
+    const char* op,
+    const at::Tensor& grad,
+    const at::Tensor& rois,
+    int64_t pooled_height,
+    int64_t pooled_width,
+    int64_t batch_size,
+    int64_t channels,
+    int64_t height,
+    int64_t width) {
+  TORCH_CHECK(
+      rois.dim() == 2 && rois.size(1) == 5,
+      op, ": rois must have shape [K, 5], got shape ", rois.sizes());
+  TORCH_CHECK(
+      grad.dim() == 4 && grad.size(0) == rois.size(0) &&
+          grad.size(1) == channels && grad.size(2) == pooled_height &&
+          grad.size(3) == pooled_width,
+      op, ": grad must have shape [K, C, pooled_height, pooled_width] = [",
+      rois.size(0), ", ", channels, ", ", pooled_height, ", ", pooled_width,
+      "], got ", grad.sizes());
+  check_same_device_and_dtype(op, "grad", grad, "rois", rois);
+  TORCH_CHECK(
+      batch_size >= 0 && channels >= 0 && height >= 0 && width >= 0,
+      op, ": batch_size, channels, height and width must be non-negative, got ",
+      batch_size, ", ", channels, ", ", height, ", ", width);
+}
+
+// Validates the rois' batch indices and coordinates on the host. A bad batch
+// index would read outside the input and a non-finite coordinate makes the
+// sampling grid undefined, so both are errors rather than crashes.
+template <typename T>
+inline void check_rois_values(
+    const char* op,
+    const T* rois,
+    int64_t num_rois,
+    int64_t batch_size) {
+  for (int64_t n = 0; n < num_rois; ++n) {
+    const T* r = rois + n * 5;
+    const double b = static_cast<double>(r[0]);
+    TORCH_CHECK(
+        b >= 0 && b < static_cast<double>(batch_size),
+        op, ": rois[", n, ", 0] = ", b,
+        " is not a batch index of input (batch size ", batch_size, ")");
+    for (int k = 1; k < 5; ++k) {
+      TORCH_CHECK(
+          std::isfinite(static_cast<double>(r[k])),
+          op, ": rois[", n, ", ", k, "] = ", static_cast<double>(r[k]),
+          " is not finite");
+    }
+  }
+}
+
+} // namespace opforge

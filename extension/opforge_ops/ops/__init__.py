@@ -1,0 +1,1 @@
+"""Public operators, one module per op (function, nn.Module, fake and autograd registrations)."""
