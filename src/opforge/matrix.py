@@ -251,7 +251,7 @@ class _Reader:
 
     def fail(self, node: yaml.Node | None, key: str, message: str) -> MatrixError:
         line = node.start_mark.line + 1 if node is not None else 1
-        return MatrixError(f"{self.filename}:{line}: {key}: {message}")
+        return MatrixError(f"{self.filename}:{line}: {key or '(top)'}: {message}")
 
     def mapping(self, node: yaml.Node, key: str, allowed: dict[str, bool]) -> dict[str, yaml.Node]:
         """Mapping node -> {name: value node}; ``allowed`` maps each key to whether it is required."""

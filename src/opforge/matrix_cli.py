@@ -55,15 +55,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def print_table(matrix: Matrix, filters: dict, console: Console | None = None) -> None:
-    console = console or Console(width=None if sys.stdout.isatty() else 160)
+    console = console or Console(width=None if sys.stdout.isatty() else 200)
     jobs = matrix.jobs(**filters)
     table = Table(title=f"{matrix.path.name}: {len(jobs)} jobs "
                         f"(torch {matrix.torch.channel} {matrix.torch.version})")
-    for column in ("job", "runner", "container", "cuda / archs", "torch", "expected keys"):
+    for column in ("job", "runner", "container", "cuda / archs", "torch", "index",
+                   "expected keys"):
         table.add_column(column)
     for job in jobs:
         v = job.variant
         archs = f"{v.cuda} / {v.arch_list}" if v.cuda else ("mps" if v.mps else "-")
-        table.add_row(job.name, job.runner, v.container or "-", archs,
-                      f"{job.torch_spec} @ {job.torch_index}", ",".join(v.expected_keys))
+        index = job.torch_index.removeprefix(matrix.torch.index.rstrip("/"))
+        table.add_row(job.name, job.runner, v.container or "-", archs, job.torch_spec,
+                      index, ",".join(v.expected_keys))
     console.print(table)

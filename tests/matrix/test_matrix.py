@@ -1,0 +1,221 @@
+"""matrix.yaml: parsing into typed objects, validation errors, CLI output (golden files)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from opforge.cli import main
+from opforge.matrix import MatrixError, load_matrix, parse_matrix
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).parent / "golden"
+DEFAULT = (ROOT / "matrix.yaml").read_text()
+
+
+def test_default_matrix_has_the_shipped_variants():
+    matrix = load_matrix(ROOT / "matrix.yaml")
+    assert [v.name for v in matrix.variants] == ["cpu", "cu126", "cu128", "cu130", "mps"]
+    cpu = matrix.variant("cpu")
+    assert cpu.platforms == ("linux-x86_64", "linux-aarch64", "macos-arm64")
+    assert cpu.expected_keys == ("CPU", "Meta", "Autograd", "AutocastCPU")
+    cu130 = matrix.variant("cu130")
+    assert cu130.cuda == "13.0" and "CUDA" in cu130.expected_keys
+    assert cu130.backends == ("cpu", "cuda")
+    assert matrix.variant("mps").backends == ("cpu", "mps")
+    assert matrix.variant("mps").backend_keys == ("CPU", "MPS", "Meta")
+    assert matrix.extension.ops == ("nms", "roi_align", "roi_pool", "deform_conv2d")
+
+
+def test_objects_are_frozen():
+    matrix = load_matrix(ROOT / "matrix.yaml")
+    with pytest.raises(AttributeError):
+        matrix.variants[0].name = "other"  # type: ignore[misc]
+
+
+def test_jobs_expand_variant_platform_python():
+    matrix = load_matrix(ROOT / "matrix.yaml")
+    jobs = matrix.jobs()
+    # cpu: 3 platforms, cu126/cu128/cu130: 1 each, mps: 1; times 4 pythons
+    assert len(jobs) == (3 + 1 + 1 + 1 + 1) * 4
+    names = [j.name for j in jobs]
+    assert len(set(names)) == len(names)
+    mps = matrix.jobs(variant="mps", python="3.11")[0]
+    assert mps.runner == "macos-14"
+    assert mps.torch_index == "https://download.pytorch.org/whl/cpu"
+    cu = matrix.jobs(variant="cu130", python="3.12")[0].as_dict()
+    assert cu["container"] == "pytorch/manylinux2_28-builder:cuda13.0"
+    assert cu["torch_install"] == ("pip install torch==2.14.1 --index-url "
+                                   "https://download.pytorch.org/whl/cu130")
+    assert cu["build_session"] == "build_cu130"
+
+
+def test_pull_request_trims_to_one_python_per_variant_platform():
+    matrix = load_matrix(ROOT / "matrix.yaml")
+    jobs = matrix.jobs(pull_request=True)
+    assert {j.python for j in jobs} == {matrix.pr_python}
+    assert len(jobs) == 7
+
+
+def test_unknown_filter_is_a_usage_error(capsys):
+    assert main(["matrix", "--file", str(ROOT / "matrix.yaml"), "--variant", "cu999"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown variant 'cu999'" in err and "Traceback" not in err
+
+
+def _with(old: str, new: str) -> str:
+    assert old in DEFAULT, old
+    return DEFAULT.replace(old, new, 1)
+
+
+def _line_of(text: str, needle: str) -> int:
+    """The line of the last occurrence of ``needle`` (a duplicate is reported where it repeats)."""
+    lines = [n for n, line in enumerate(text.splitlines(), 1) if needle in line]
+    assert lines, needle
+    return lines[-1]
+
+
+# (id, file text, key in the message, words in the message, line marker or None)
+MALFORMED = [
+    ("unknown-top-key", DEFAULT + "colour: blue\n", "colour", "unknown key", "colour: blue"),
+    ("unknown-variant-key", _with("  - name: cu128\n", "  - name: cu128\n    cudaa: '12.8'\n"),
+     "variants[2].cudaa", "unknown key", "cudaa"),
+    ("cuda-on-macos", _with('    platforms: [linux-x86_64]\n    cuda: "13.0"',
+                            '    platforms: [macos-arm64]\n    cuda: "13.0"'),
+     "variants[3].platforms", "cannot target macos-arm64", None),
+    ("mps-on-linux", _with("    platforms: [macos-arm64]\n    mps: true",
+                           "    platforms: [linux-x86_64]\n    mps: true"),
+     "variants[4].platforms", "MPS needs macOS", None),
+    ("duplicate-variant", _with("  - name: cu128\n", "  - name: cu126\n"),
+     "variants[2].name", "duplicate variant 'cu126'", "  - name: cu126"),
+    ("arch-rejected-by-nvcc13", _with('"7.5;8.0;8.6;9.0;10.0;12.0+PTX"', '"5.0;7.5;9.0"'),
+     "variants[3].arch_list", "does not accept sm_50", '"5.0;7.5;9.0"'),
+    ("arch-garbage", _with('"7.5;8.0;8.6;9.0;10.0;12.0"', '"7.5;sm_90"'),
+     "variants[2].arch_list", "not an architecture", '"7.5;sm_90"'),
+    ("arch-bad-suffix", _with('"7.5;8.0;8.6;9.0;10.0;12.0"', '"8.0a"'),
+     "variants[2].arch_list", "has no 'a' variant", '"8.0a"'),
+    ("unknown-python", _with('pythons: ["3.10", "3.11", "3.12", "3.13"]',
+                             'pythons: ["3.10", "3.11", "2.7"]'),
+     "pythons[2]", "unknown Python version '2.7'", "pythons:"),
+    ("python-as-float", _with('pythons: ["3.10", "3.11", "3.12", "3.13"]',
+                              "pythons: [3.10, 3.11]"),
+     "pythons[0]", "expected a string", "pythons:"),
+    ("wrong-type-platforms", _with("    platforms: [linux-x86_64, linux-aarch64, macos-arm64]",
+                                   "    platforms: linux-x86_64"),
+     "variants[0].platforms", "expected a list", "    platforms: linux-x86_64"),
+    ("wrong-type-bool", _with("    device_checks: false", "    device_checks: maybe"),
+     "variants[4].device_checks", "expected true or false", "device_checks: maybe"),
+    ("unknown-dispatch-key", _with("    expected_keys: [CPU, Meta, Autograd, AutocastCPU]",
+                                   "    expected_keys: [CPU, Meta, Autogard, AutocastCPU]"),
+     "variants[0].expected_keys[2]", "unknown dispatch key 'Autogard'", "Autogard"),
+    ("unknown-platform", _with("    platforms: [linux-x86_64, linux-aarch64, macos-arm64]",
+                               "    platforms: [linux-x86_64, windows-arm64]"),
+     "variants[0].platforms[1]", "unknown platform 'windows-arm64'", "windows-arm64"),
+    ("bad-channel", _with("  channel: stable ", "  channel: beta "),
+     "torch.channel", "not one of stable, test, nightly", "channel: beta"),
+    ("nightly-needs-dev-version", _with("  channel: stable ", "  channel: nightly "),
+     "torch.version", "nightly channel needs", 'version: "2.13.0"'),
+    ("local-version", _with('version: "2.13.0"', 'version: "2.13.0+cpu"'),
+     "torch.version", "leave out the local part", 'version: "2.13.0+cpu"'),
+    ("missing-required", _with("  namespace: opforge         # torch.ops.<namespace>\n", ""),
+     "extension.namespace", "required key missing", None),
+    ("duplicate-yaml-key", _with("  package: opforge_ops       # import name\n",
+                                 "  package: opforge_ops\n  package: other\n"),
+     "extension.package", "duplicate key", "  package: other"),
+    ("cuda-without-keys", _with("    cuda: \"12.6\"\n    arch_list: \"5.0;6.0;7.0;7.5;8.0;8.6;9.0\"\n"
+                                "    container: pytorch/manylinux2_28-builder:cuda12.6\n"
+                                "    expected_keys: [CPU, CUDA, Meta, Autograd, AutocastCPU, AutocastCUDA]",
+                                "    cuda: \"12.6\"\n    arch_list: \"8.0\"\n"
+                                "    expected_keys: [CPU, Meta]"),
+     "variants[1].expected_keys", "must expect CUDA", "    expected_keys: [CPU, Meta]"),
+    ("unknown-cuda", _with('cuda: "12.8"', 'cuda: "12.7"'),
+     "variants[2].cuda", "unknown CUDA version '12.7'", 'cuda: "12.7"'),
+    ("bad-variant-name", _with("  - name: cu128\n", "  - name: CU-128\n"),
+     "variants[2].name", "lower-case", "CU-128"),
+    ("yaml-syntax", DEFAULT.replace("variants:\n", "variants:\n  - name: [unclosed\n", 1),
+     "(yaml)", "", None),
+    ("empty-file", "", "(top)", "empty", None),
+    ("top-is-list", "- a\n- b\n", "(top)", "expected a mapping", None),
+    ("arch-list-on-cpu", _with("    expected_keys: [CPU, Meta, Autograd, AutocastCPU]",
+                               "    arch_list: \"9.0\"\n    expected_keys: [CPU, Meta, Autograd, AutocastCPU]"),
+     "variants[0].arch_list", "needs cuda: set", 'arch_list: "9.0"'),
+]
+
+
+@pytest.mark.parametrize("case_id,text,key,words,marker", MALFORMED,
+                         ids=[c[0] for c in MALFORMED])
+def test_malformed_matrix_gives_one_line_with_file_line_key(tmp_path, capsys, case_id, text,
+                                                            key, words, marker):
+    path = tmp_path / "matrix.yaml"
+    path.write_text(text)
+    with pytest.raises(MatrixError) as info:
+        load_matrix(path)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith("matrix.yaml:")
+    assert f": {key}:" in message or key in message
+    assert words in message
+    if marker is not None:
+        assert int(message.split(":")[1]) == _line_of(text, marker), message
+    # through the CLI: exit 2, the same single line, no traceback
+    assert main(["matrix", "--file", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().count("\n") == 0 and "Traceback" not in err and key in err
+
+
+def test_at_least_fifteen_malformed_files():
+    assert len(MALFORMED) >= 15
+
+
+def test_missing_file_is_a_usage_error(tmp_path, capsys):
+    assert main(["matrix", "--file", str(tmp_path / "nope.yaml")]) == 2
+    assert "cannot read" in capsys.readouterr().err
+
+
+def test_parse_is_deterministic():
+    a = parse_matrix(DEFAULT, Path("matrix.yaml"))
+    b = parse_matrix(DEFAULT, Path("matrix.yaml"))
+    assert [j.as_dict() for j in a.jobs()] == [j.as_dict() for j in b.jobs()]
+
+
+def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "opforge", "matrix", *args], cwd=ROOT,
+                          capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "src"),
+                               "COLUMNS": "160", **(env or {})})
+
+
+def test_golden_table():
+    result = _cli()
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (GOLDEN / "matrix_table.txt").read_text()
+
+
+def test_golden_json():
+    result = _cli("--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == json.loads((GOLDEN / "matrix_jobs.json").read_text())
+
+
+def test_github_output_is_strategy_matrix_and_written_to_github_output(tmp_path):
+    out = tmp_path / "github_output"
+    result = _cli("--github", "--pull-request", env={"GITHUB_OUTPUT": str(out)})
+    assert result.returncode == 0, result.stderr
+    payload = json.loads(result.stdout)
+    assert set(payload) == {"include"} and len(payload["include"]) == 7
+    cell = next(c for c in payload["include"] if c["variant"] == "mps")
+    for key in ("python", "cuda", "container", "runner", "torch_install", "build_name"):
+        assert key in cell
+    line = out.read_text()
+    assert line.startswith("matrix=") and json.loads(line[len("matrix="):]) == payload
+
+
+def test_filters_combine():
+    result = _cli("--json", "--variant", "cpu", "--platform", "macos-arm64", "--python", "3.12")
+    jobs = json.loads(result.stdout)
+    assert [j["name"] for j in jobs] == ["cpu-macos-arm64-py3.12"]
