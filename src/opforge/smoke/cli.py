@@ -1,0 +1,159 @@
+"""``opforge smoke``: prove every op has every kernel its variant promises, or say why not."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+from opforge.errors import UsageError
+
+_KEY = re.compile(r"^[A-Z][A-Za-z]*$")
+
+
+def _csv(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "smoke", help="install a wheel in a fresh env and prove its ops and kernels work",
+        description="Install the wheel (or requirement) in a fresh virtual environment the way a "
+                    "user does, import it with a new interpreter outside the source tree, take a "
+                    "census of every op x dispatch key, run each op on every present device, "
+                    "under FakeTensorMode, torch.compile and autocast. Exit 0 pass, 1 fail, 2 usage.")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--wheel", type=Path, help="wheel file to install (pip install WHEEL)")
+    src.add_argument("--requirement", metavar="REQ", help="requirement to install, e.g. torchvision==0.29.1")
+    src.add_argument("--python", type=Path, metavar="PATH",
+                     help="probe this existing interpreter's environment instead (installs nothing)")
+    p.add_argument("--package", help="import name (default: the matrix's extension package)")
+    p.add_argument("--namespace", help="torch.ops namespace (default: the matrix's)")
+    p.add_argument("--variant", help="take the expected keys from this matrix.yaml variant "
+                                     "(default: the wheel's local version, e.g. +cpu)")
+    p.add_argument("--expect-keys", type=_csv, metavar="K1,K2",
+                   help="dispatch keys every op must have (overrides --variant)")
+    p.add_argument("--ops", type=_csv, metavar="OP1,OP2",
+                   help="ops that must exist (default: the matrix's, for the matrix's package)")
+    p.add_argument("--internal-ops", type=_csv, metavar="OP1,OP2",
+                   help="backward ops, checked against backend keys and Meta only")
+    p.add_argument("--torch", dest="torch_spec", metavar="SPEC",
+                   help="install this torch beside the wheel (wheel with --no-deps), "
+                        "e.g. torch==2.14.1, to test ABI drift")
+    p.add_argument("--torch-index", help="index for torch: URL, file://, local dir or 'pypi' "
+                                         "(default: $OPFORGE_TORCH_INDEX, else the variant's)")
+    p.add_argument("--junit", type=Path, metavar="PATH", help="write JUnit XML here")
+    p.add_argument("--json", type=Path, metavar="PATH", help="write the probe's JSON document here")
+    p.add_argument("--keep-env", action="store_true", help="keep the fresh environment")
+    p.add_argument("--env-dir", type=Path, help="create the fresh environment here")
+    p.add_argument("--device-checks", choices=("auto", "skip"), default="auto",
+                   help="auto: run ops on every device that is present; skip: CPU only")
+    p.add_argument("--matrix", type=Path, metavar="FILE", help="matrix file (default: matrix.yaml)")
+    p.set_defaults(func=run)
+
+
+def _load_matrix(path: Path | None, required: bool):
+    from opforge.errors import OpforgeError
+    from opforge.matrix import load_matrix
+
+    try:
+        return load_matrix(path)
+    except OpforgeError:
+        if required:
+            raise
+        return None
+
+
+def _wheel_local_version(wheel: Path | None) -> str | None:
+    if wheel is None:
+        return None
+    parts = wheel.name.split("-")
+    return parts[1].split("+", 1)[1] if len(parts) > 2 and "+" in parts[1] else None
+
+
+def resolve(args: argparse.Namespace):
+    """Arguments + matrix -> (Target, ProbeRequest, variant name or None)."""
+    from opforge.smoke.runner import ProbeRequest, Target
+    from opforge.torchsource import resolve_index
+
+    if not (args.wheel or args.requirement or args.python):
+        raise UsageError("smoke: give one of --wheel PATH, --requirement REQ, --python PATH")
+    if args.wheel is not None and args.wheel.suffix != ".whl":
+        raise UsageError(f"smoke: --wheel {args.wheel}: not a .whl file")
+    if args.wheel is not None and not args.wheel.is_file():
+        raise UsageError(f"smoke: --wheel {args.wheel}: no such file")
+    if args.python is not None and (args.torch_spec or args.keep_env):
+        raise UsageError("smoke: --torch and --keep-env apply to a fresh environment, not --python")
+    needs_matrix = args.variant is not None or args.package is None or args.namespace is None
+    matrix = _load_matrix(args.matrix, required=needs_matrix)
+    ext = matrix.extension if matrix else None
+    package = args.package or ext.package
+    namespace = args.namespace or ext.namespace
+    for what, value in (("--package", package), ("--namespace", namespace)):
+        if not value.replace(".", "_").isidentifier():
+            raise UsageError(f"smoke: {what} {value!r} is not an identifier")
+
+    variant = None
+    variant_name = args.variant
+    if variant_name is None and matrix and package == ext.package:
+        local = _wheel_local_version(args.wheel)
+        if local and local in {v.name for v in matrix.variants}:
+            variant_name = local
+    if variant_name is not None:
+        variant = matrix.variant(variant_name)
+    keys = args.expect_keys if args.expect_keys is not None else \
+        (variant.expected_keys if variant else ())
+    for key in keys:
+        if not _KEY.match(key):
+            raise UsageError(f"smoke: --expect-keys: {key!r} is not a dispatch key name "
+                             "(e.g. CPU, CUDA, MPS, Meta, Autograd, AutocastCPU)")
+    own = ext is not None and package == ext.package
+    ops = args.ops if args.ops is not None else (ext.ops if own else ())
+    internal = args.internal_ops if args.internal_ops is not None else \
+        (ext.internal_ops if own else ())
+    for op in (*ops, *internal):
+        if not op.isidentifier():
+            raise UsageError(f"smoke: {op!r} is not an operator name")
+    device_checks = args.device_checks
+    if variant is not None and not variant.device_checks and device_checks == "auto":
+        device_checks = "skip"
+
+    channel_index = matrix.torch_index(variant) if (matrix and variant) else None
+    index = resolve_index(channel_index, args.torch_index)
+    target = Target(wheel=args.wheel, requirement=args.requirement, python=args.python,
+                    torch_spec=args.torch_spec, torch_index=index, env_dir=args.env_dir)
+    request = ProbeRequest(package=package, namespace=namespace, ops=tuple(ops),
+                           internal_ops=tuple(internal), expect_keys=tuple(keys),
+                           device_checks=device_checks)
+    return target, request, variant_name
+
+
+def run(args: argparse.Namespace) -> int:
+    from opforge.smoke import report
+    from opforge.smoke.runner import cleanup, prepare_environment, run_probe
+
+    target, request, variant = resolve(args)
+    print(f"opforge smoke: {target.describe()}"
+          + (f", variant {variant}" if variant else "")
+          + (f", expecting {','.join(request.expect_keys)}" if request.expect_keys
+             else ", no expected keys (census is informational; pass --variant or --expect-keys)"),
+          file=sys.stderr, flush=True)
+    env = prepare_environment(target)
+    try:
+        doc = run_probe(env, request)
+    finally:
+        cleanup(env, keep=args.keep_env)
+    if variant:
+        doc["variant"] = variant
+    report.render_terminal(doc)
+    if args.keep_env and env.env_dir:
+        print(f"environment kept at {env.env_dir} (python: {env.python})", file=sys.stderr)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    if args.junit:
+        report.write_junit(doc, args.junit)
+    report.publish_github(doc)
+    return report.exit_code(doc)

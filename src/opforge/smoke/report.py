@@ -1,0 +1,226 @@
+"""The probe's JSON document as a terminal table, JUnit XML, a GitHub step summary, an exit code."""
+
+from __future__ import annotations
+
+import os
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+CELL = {  # census cell status -> (terminal text, style, markdown)
+    "ok": ("ok", "green", "✅"),
+    "missing": ("MISSING", "bold red", "❌ MISSING"),
+    "present": ("+", "cyan", "+"),
+    "absent": ("·", "dim", "·"),
+}
+STATUS_STYLE = {"pass": "green", "fail": "bold red", "warn": "yellow", "skip": "dim"}
+
+
+def exit_code(doc: dict) -> int:
+    return 1 if any(c["status"] == "fail" for c in doc.get("checks", [])) else 0
+
+
+def counts(doc: dict) -> dict[str, int]:
+    out = {s: 0 for s in ("pass", "fail", "warn", "skip")}
+    for c in doc.get("checks", []):
+        out[c["status"]] += 1
+    return out
+
+
+def headline(doc: dict) -> str:
+    n = counts(doc)
+    verdict = "FAIL" if n["fail"] else "PASS"
+    skipped = sum(1 for c in doc.get("checks", []) if c.get("reason") == "no-device")
+    return (f"{verdict} {doc.get('package')} ({doc.get('namespace')}): {n['pass']} passed, "
+            f"{n['fail']} failed, {n['warn']} warnings, {n['skip']} skipped "
+            f"({skipped} skipped-no-device)")
+
+
+# --------------------------------------------------------------------------- terminal
+
+
+RUN_CATEGORIES = ("run", "backward", "fake", "compile", "autocast")
+SKIP_LABEL = {"no-device": "no device", "no-kernel": "no kernel", "import-failed": "not run",
+              "no-recipe": "census only"}
+
+
+def _run_column(check: dict) -> str:
+    """Forward and backward on a device share its column; autocast is one column."""
+    cat = check["category"]
+    if cat in ("run", "backward"):
+        return check.get("device") or "run"
+    return cat
+
+
+def _cell(checks: list[dict]) -> Text:
+    statuses = {c["status"] for c in checks}
+    if "fail" in statuses:
+        bad = [c.get("device") or c["category"] for c in checks if c["status"] == "fail"]
+        detail = ",".join(sorted({b for b in bad if b})) if checks[0]["category"] == "autocast" else ""
+        return Text("FAIL" + (f" {detail}" if detail else ""), style=STATUS_STYLE["fail"])
+    passed = [c for c in checks if c["status"] in ("pass", "warn")]
+    if passed:
+        if checks[0]["category"] == "autocast":
+            return Text("ok " + ",".join(c.get("device", "") for c in passed), style="green")
+        grad = any(c["category"] == "backward" for c in passed)
+        return Text("ok+grad" if grad else "ok", style="green")
+    reasons = {c.get("reason") for c in checks}
+    return Text(SKIP_LABEL.get(reasons.pop(), "skip") if len(reasons) == 1 else "skip", style="dim")
+
+
+def render_terminal(doc: dict, console: Console | None = None) -> None:
+    # CI logs are not terminals but are wide: do not squeeze the tables to 80 columns
+    console = console or Console(highlight=False, width=None if sys.stdout.isatty() else 120)
+    env = doc.get("environment", {})
+    build = doc.get("build", {})
+    runner = doc.get("runner", {})
+    devices = doc.get("devices", {})
+    console.print(f"[bold]opforge smoke[/] {doc.get('package')} · namespace {doc.get('namespace')}")
+    if env.get("torch_version"):
+        console.print(f"  torch {env['torch_version']} ({(env.get('torch_git_version') or '')[:12]})"
+                      f" · python {env.get('python')} · {env.get('executable')}")
+    if build.get("built_against_torch") or build.get("distribution"):
+        console.print(f"  {build.get('distribution') or doc.get('package')} "
+                      f"{build.get('distribution_version') or ''} built against torch "
+                      f"{build.get('built_against_torch') or 'unknown'}"
+                      f" ({build.get('source') or 'no build info, no exact torch pin'})")
+    if devices:
+        parts = []
+        for dev, entry in devices.items():
+            parts.append(f"{dev}: {'present' if entry.get('present') else 'absent'}")
+        console.print("  devices: " + ", ".join(parts))
+    if runner.get("installs"):
+        timing = ", ".join(f"{k} {v}s" for k, v in runner.items() if k.endswith("_s"))
+        console.print(f"  env: {runner.get('env_dir') or runner.get('python')} ({timing})")
+
+    census = doc.get("census", {})
+    if census.get("ops"):
+        keys = census["keys"]
+        expected = set(doc.get("expected_keys") or [])
+        table = Table(title="kernel census (* promised by the variant; ok = promised and "
+                            "registered, MISSING = promised but absent, + = registered, "
+                            "· = neither)", title_justify="left", box=box.SIMPLE_HEAD)
+        table.add_column("op", no_wrap=True)
+        for key in keys:
+            label = key.replace("Autocast", "Autocast\n") + ("*" if key in expected else "")
+            table.add_column(label, justify="center", no_wrap=True)
+        for row in census["ops"]:
+            name = row["op"] if row.get("found", True) else f"{row['op']} (NOT REGISTERED)"
+            cells = []
+            for key in keys:
+                status = row["keys"].get(key, {}).get("status", "absent")
+                text, style, _ = CELL[status]
+                cells.append(Text(text, style=style))
+            table.add_row(Text(name, style="bold red" if not row.get("found", True) else ""), *cells)
+        console.print(table)
+
+    grid: dict[str, dict[str, list[dict]]] = {}
+    census_only = []
+    for c in doc.get("checks", []):
+        if c["category"] in RUN_CATEGORIES and c.get("op"):
+            if c.get("reason") == "no-recipe":
+                census_only.append(c["op"])
+                continue
+            grid.setdefault(c["op"], {}).setdefault(_run_column(c), []).append(c)
+    if grid:
+        cols = list(dict.fromkeys(col for cells in grid.values() for col in cells))
+        table = Table(title="runs (device columns: forward, +grad = backward too; compared with "
+                            "CPU)", title_justify="left", box=box.SIMPLE_HEAD)
+        table.add_column("op", no_wrap=True)
+        for col in cols:
+            table.add_column(col, justify="center", no_wrap=True)
+        for op, cells in grid.items():
+            table.add_row(op, *[_cell(cells[col]) if col in cells else Text("–", style="dim")
+                                for col in cols])
+        console.print(table)
+    if census_only:
+        console.print(f"  census only (no call recipe): {', '.join(census_only)}")
+
+    problems = [c for c in doc.get("checks", []) if c["status"] in ("fail", "warn")]
+    for c in problems:
+        style = STATUS_STYLE[c["status"]]
+        console.print(Text(f"{c['status'].upper()} {c['id']}: ", style=style) + Text(c["message"]))
+    n = counts(doc)
+    console.print(Text(headline(doc), style="bold red" if n["fail"] else "bold green"))
+
+
+# --------------------------------------------------------------------------- JUnit
+
+
+def write_junit(doc: dict, path: Path) -> None:
+    n = counts(doc)
+    suite = ET.Element("testsuite", name=f"opforge smoke {doc.get('package')}",
+                       tests=str(len(doc.get("checks", []))), failures=str(n["fail"]),
+                       errors="0", skipped=str(n["skip"]),
+                       time=str((doc.get("summary") or {}).get("duration_s", 0)))
+    for c in doc.get("checks", []):
+        case = ET.SubElement(suite, "testcase", classname=f"smoke.{c['category']}", name=c["id"])
+        if c["status"] == "fail":
+            ET.SubElement(case, "failure", message=c["message"]).text = c["message"]
+        elif c["status"] == "skip":
+            ET.SubElement(case, "skipped", message=c["message"])
+        elif c["status"] == "warn":
+            ET.SubElement(case, "system-out").text = "WARNING: " + c["message"]
+    root = ET.Element("testsuites")
+    root.append(suite)
+    ET.indent(root)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
+
+
+# --------------------------------------------------------------------------- GitHub
+
+
+def step_summary(doc: dict) -> str:
+    lines = [f"### opforge smoke: {doc.get('package')}", "", f"**{headline(doc)}**", ""]
+    env = doc.get("environment", {})
+    if env.get("torch_version"):
+        build = doc.get("build", {})
+        lines += [f"torch `{env['torch_version']}`, built against "
+                  f"`{build.get('built_against_torch') or 'unknown'}`; devices: "
+                  + ", ".join(f"{d} {'present' if e.get('present') else 'absent'}"
+                              for d, e in doc.get("devices", {}).items()), ""]
+    census = doc.get("census", {})
+    if census.get("ops"):
+        keys = census["keys"]
+        lines.append("| op | " + " | ".join(keys) + " |")
+        lines.append("|---" * (len(keys) + 1) + "|")
+        for row in census["ops"]:
+            cells = [CELL[row["keys"].get(k, {}).get("status", "absent")][2] for k in keys]
+            lines.append(f"| `{row['op']}` | " + " | ".join(cells) + " |")
+        lines.append("")
+    problems = [c for c in doc.get("checks", []) if c["status"] in ("fail", "warn")]
+    for c in problems:
+        lines.append(f"- **{c['status']}** `{c['id']}`: {c['message']}")
+    return "\n".join(lines) + "\n"
+
+
+def _escape(text: str) -> str:
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def annotations(doc: dict) -> list[str]:
+    out = []
+    for c in doc.get("checks", []):
+        if c["status"] in ("fail", "warn"):
+            level = "error" if c["status"] == "fail" else "warning"
+            title = _escape(f"opforge smoke {doc.get('package')}: {c['id']}").replace(",", "%2C") \
+                .replace(":", "%3A")
+            out.append(f"::{level} title={title}::{_escape(c['message'])}")
+    return out
+
+
+def publish_github(doc: dict, environ: dict | None = None, print_fn=print) -> None:
+    environ = os.environ if environ is None else environ
+    summary = environ.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        with open(summary, "a", encoding="utf-8") as fh:
+            fh.write(step_summary(doc))
+    if environ.get("GITHUB_ACTIONS") == "true":
+        for line in annotations(doc):
+            print_fn(line)

@@ -1,0 +1,212 @@
+"""Run the smoke probe where users run: a fresh environment, a user's install, a new interpreter.
+
+``prepare_environment`` makes the environment (or takes ``--python``), ``run_probe`` runs
+probe.py there from a scratch directory outside the source tree and returns its JSON document;
+``opforge.smoke.report`` turns that document into a table, JUnit XML, a step summary and an
+exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from opforge.errors import OpforgeError, UsageError
+
+PROBE = Path(__file__).with_name("probe.py")
+# The probe imports torch and compiles a few ops; anything slower than this is hung.
+PROBE_TIMEOUT_S = 900
+# Variables that would let the checkout or a user's site leak into a fresh environment.
+_LEAKY_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONSAFEPATH", "VIRTUAL_ENV")
+
+
+@dataclass(frozen=True)
+class ProbeRequest:
+    """What the probe checks: which package and namespace, which ops and keys it must have."""
+
+    package: str
+    namespace: str
+    ops: tuple[str, ...] = ()
+    internal_ops: tuple[str, ...] = ()
+    expect_keys: tuple[str, ...] = ()
+    device_checks: str = "auto"
+
+    def argv(self, out: Path) -> list[str]:
+        return ["--package", self.package, "--namespace", self.namespace,
+                "--ops", ",".join(self.ops), "--internal-ops", ",".join(self.internal_ops),
+                "--expect-keys", ",".join(self.expect_keys),
+                "--device-checks", self.device_checks, "--out", str(out)]
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the probe runs: a wheel or requirement in a fresh env, or an existing interpreter."""
+
+    wheel: Path | None = None
+    requirement: str | None = None
+    python: Path | None = None
+    torch_spec: str | None = None      # install this torch beside the wheel (--no-deps wheel)
+    torch_index: str | None = None     # resolved index (None: pip's default)
+    env_dir: Path | None = None        # where to create the env; default: a temporary dir
+
+    def describe(self) -> str:
+        if self.python:
+            return f"existing interpreter {self.python}"
+        what = self.wheel.name if self.wheel else self.requirement
+        extra = f" beside {self.torch_spec}" if self.torch_spec else ""
+        return f"fresh environment with {what}{extra}"
+
+
+@dataclass
+class Environment:
+    python: Path
+    fresh: bool
+    env_dir: Path | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    installs: list[str] = field(default_factory=list)
+
+
+def _pip_args(index: str | None) -> list[str]:
+    from opforge.torchsource import pip_index_args
+
+    return pip_index_args(index)
+
+
+def prepare_environment(target: Target) -> Environment:
+    """Create the environment and install the target the way a user would."""
+    from opforge.venv import create_venv, pip
+
+    if target.python is not None:
+        python = Path(target.python)
+        if not python.exists():
+            raise UsageError(f"--python {python}: no such interpreter")
+        return Environment(python=python, fresh=False)
+    if target.wheel is not None and not target.wheel.is_file():
+        raise UsageError(f"--wheel {target.wheel}: no such file")
+    env_dir = target.env_dir or Path(tempfile.mkdtemp(prefix="opforge-smoke-env-"))
+    env = Environment(python=Path(), fresh=True, env_dir=env_dir)
+    t0 = time.monotonic()
+    env.python = create_venv(env_dir)
+    env.timings["create_env_s"] = round(time.monotonic() - t0, 2)
+    index = _pip_args(target.torch_index)
+    subject = str(target.wheel.resolve()) if target.wheel else target.requirement
+    t0 = time.monotonic()
+    if target.torch_spec:
+        # The wheel pins its torch; to pair it with another one, torch first, then the wheel
+        # without its dependencies (what a user who forces a torch upgrade ends up with).
+        env.installs.append(f"pip install {target.torch_spec} {' '.join(index)}".strip())
+        pip(env.python, "install", "-q", target.torch_spec, *index)
+        env.installs.append(f"pip install --no-deps {subject}")
+        pip(env.python, "install", "-q", "--no-deps", subject)
+    else:
+        env.installs.append(f"pip install {subject} {' '.join(index)}".strip())
+        pip(env.python, "install", "-q", subject, *index)
+    env.timings["install_s"] = round(time.monotonic() - t0, 2)
+    return env
+
+
+def _clean_env(fresh: bool) -> dict[str, str]:
+    env = dict(os.environ)
+    if fresh:
+        for name in _LEAKY_ENV:
+            env.pop(name, None)
+        env["PYTHONNOUSERSITE"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _source_roots() -> list[Path]:
+    """Directories the probe must not import from: the checkout opforge runs from."""
+    here = Path(__file__).resolve().parents[3]
+    return [here] if (here / "matrix.yaml").exists() or (here / ".git").exists() else []
+
+
+def run_probe(env: Environment, request: ProbeRequest, timeout_s: float = PROBE_TIMEOUT_S) -> dict:
+    """Run probe.py with a new interpreter in a scratch directory; return its document."""
+    scratch = Path(tempfile.mkdtemp(prefix="opforge-smoke-run-"))
+    try:
+        probe = scratch / "opforge_smoke_probe.py"
+        shutil.copyfile(PROBE, probe)
+        out = scratch / "result.json"
+        cmd = [str(env.python), str(probe), *request.argv(out)]
+        t0 = time.monotonic()
+        try:
+            proc = subprocess.run(cmd, cwd=scratch, env=_clean_env(env.fresh),
+                                  capture_output=True, text=True, timeout=timeout_s)
+            rc, stderr = proc.returncode, proc.stderr
+        except subprocess.TimeoutExpired as exc:
+            rc, stderr = None, (exc.stderr or b"").decode(errors="replace") \
+                if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        except OSError as exc:
+            raise OpforgeError(f"cannot run {env.python}: {exc.strerror}") from None
+        wall = round(time.monotonic() - t0, 2)
+        doc = _read_document(out, rc, stderr, request, timeout_s)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    runner = doc.setdefault("runner", {})
+    runner.update({"python": str(env.python), "fresh_env": env.fresh, "cwd": str(scratch),
+                   "probe_wall_s": wall, "installs": env.installs, **env.timings})
+    if env.env_dir:
+        runner["env_dir"] = str(env.env_dir)
+    _check_not_from_checkout(doc)
+    return doc
+
+
+def _read_document(out: Path, rc: int | None, stderr: str, request: ProbeRequest,
+                   timeout_s: float) -> dict:
+    if out.is_file():
+        try:
+            doc = json.loads(out.read_text(encoding="utf-8"))
+            if doc.get("probe_error"):
+                _add_check(doc, "probe", "fail",
+                           "the probe itself failed: " + doc["probe_error"].strip().splitlines()[-1])
+            return doc
+        except ValueError:
+            pass
+    tail = " | ".join(stderr.strip().splitlines()[-3:])
+    if rc is None:
+        why = f"the probe did not finish within {timeout_s:.0f} s (hung import or kernel?)"
+    elif rc < 0:
+        name = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else -rc
+        why = (f"the interpreter died with {name} while probing: loading {request.package} or "
+               f"running one of its ops crashed the process")
+    else:
+        why = f"the probe exited {rc} without writing its report"
+    doc = {"schema": 1, "package": request.package, "namespace": request.namespace,
+           "checks": [], "environment": {}, "stderr": stderr[-4000:]}
+    _add_check(doc, "probe", "fail", f"{why}{': ' + tail if tail else ''}")
+    return doc
+
+
+def _add_check(doc: dict, check_id: str, status: str, message: str) -> None:
+    doc.setdefault("checks", []).append({"id": check_id, "category": "probe", "status": status,
+                                         "message": message})
+    summary = doc.setdefault("summary", {"pass": 0, "fail": 0, "warn": 0, "skip": 0})
+    summary[status] = summary.get(status, 0) + 1
+    if status == "fail":
+        summary["status"] = "fail"
+
+
+def _check_not_from_checkout(doc: dict) -> None:
+    """A smoke run that imported the package from the source tree proves nothing."""
+    imported = (doc.get("import") or {}).get("file") or (doc.get("import") or {}).get("package_dir")
+    if not imported:
+        return
+    path = Path(imported).resolve()
+    for root in _source_roots():
+        if path.is_relative_to(root) and ".venv" not in path.parts and "site-packages" not in path.parts:
+            _add_check(doc, "import-location", "fail",
+                       f"{doc.get('package')} was imported from the source tree ({path}), not "
+                       "from the installed wheel")
+
+
+def cleanup(env: Environment, keep: bool) -> None:
+    if env.fresh and env.env_dir and not keep:
+        shutil.rmtree(env.env_dir, ignore_errors=True)
