@@ -265,6 +265,13 @@ def finish(plan: BuildPlan) -> Path:
     return final
 
 
+def verify(wheel: Path, variant: Variant) -> list[str]:
+    """The ways a freshly built wheel contradicts its matrix entry (see ``opforge inspect``)."""
+    from opforge.wheels import check_against_variant, inspect_wheel
+
+    return check_against_variant(inspect_wheel(wheel), variant)
+
+
 def execute(plan: BuildPlan, python: str, *, install: bool = True, log=print) -> Path:
     """Run the plan with ``python`` (an environment that has, or will get, torch)."""
     prepare(plan)

@@ -52,7 +52,7 @@ def run_build(args: argparse.Namespace) -> int:
                               out_dir=args.out, torch_spec=args.torch,
                               torch_index=args.torch_index, omit_kernels=args.omit_kernels,
                               install=args.python is None)
-    problems = wheels.check_against_variant(wheels.inspect_wheel(wheel), plan.variant)
+    problems = build.verify(wheel, plan.variant)
     if problems and not args.omit_kernels:
         for problem in problems:
             print(f"opforge build: {wheel.name}: {problem}", file=sys.stderr)
