@@ -196,8 +196,12 @@ def plan_build(matrix: Matrix, variant_name: str, *, out_dir: Path | None = None
                  ("python", "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
                   "--disable-pip-version-check", "-v", "-w", str(work_dir / "raw"),
                   str(extension_dir)), build_env)
-    repair = _repair_step(host or host_platform(), work_dir)
-    return BuildPlan(variant=variant, host=host or host_platform(), extension_dir=extension_dir,
+    # the platform the wheel is for: this host when the variant targets it, else the
+    # variant's own (a dry run of build_mps on Linux shows the macOS plan)
+    host = host or host_platform()
+    target = host if host in variant.platforms else variant.platforms[0]
+    repair = _repair_step(target, work_dir)
+    return BuildPlan(variant=variant, host=target, extension_dir=extension_dir,
                      out_dir=out_dir, work_dir=work_dir, install=install, build=build,
                      repair=repair, env=build_env)
 

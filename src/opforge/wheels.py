@@ -61,9 +61,10 @@ class WheelReport:
         return data
 
 
-def _arch_sort_key(arch: str) -> tuple[int, str]:
+def _arch_sort_key(arch: str) -> tuple[int, int]:
+    """sm_90 < sm_100 < compute_100 (numeric, SASS before PTX of the same arch)."""
     digits = re.sub(r"\D", "", arch)
-    return (int(digits) if digits else 0, arch)
+    return (int(digits) if digits else 0, 0 if arch.startswith("sm_") else 1)
 
 
 def inspect_wheel(path: str | Path) -> WheelReport:

@@ -1,0 +1,158 @@
+"""Build plans: explicit variants, clear refusals, dry runs; the README and .ci/run agree."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from opforge import build
+from opforge.cli import main
+from opforge.errors import OpforgeError
+from opforge.matrix import load_matrix
+
+ROOT = Path(__file__).resolve().parents[2]
+MATRIX = load_matrix(ROOT / "matrix.yaml")
+
+
+def test_cpu_plan_is_explicit_and_never_forces_accelerators(tmp_path):
+    plan = build.plan_build(MATRIX, "cpu", out_dir=tmp_path / "dist", work_dir=tmp_path / "w",
+                            host="linux-x86_64", env={})
+    env = plan.build.env
+    assert env["OPFORGE_VARIANT"] == "cpu" and env["OPFORGE_LOCAL_VERSION"] == "cpu"
+    assert env["FORCE_CUDA"] == "0" and "FORCE_MPS" not in env
+    assert "torch==2.13.0" in plan.install
+    assert plan.install[plan.install.index("--index-url") + 1] == \
+        "https://download.pytorch.org/whl/cpu"
+    assert plan.repair is not None and "auditwheel" in plan.repair.argv
+    # torch's own libraries are excluded from grafting
+    assert "libtorch*.so*" in plan.repair.argv and "libc10*.so*" in plan.repair.argv
+
+
+def test_cuda_plan_takes_arch_list_from_the_matrix(tmp_path):
+    plan = build.plan_build(MATRIX, "cu130", work_dir=tmp_path, host="linux-x86_64", env={})
+    assert plan.build.env["FORCE_CUDA"] == "1"
+    assert plan.build.env["TORCH_CUDA_ARCH_LIST"] == MATRIX.variant("cu130").arch_list
+    assert "torch==2.14.1" in plan.install
+
+
+def test_mps_plan_sets_deployment_target_and_delocates(tmp_path):
+    plan = build.plan_build(MATRIX, "mps", work_dir=tmp_path, host="macos-arm64", env={})
+    assert plan.build.env["FORCE_MPS"] == "1"
+    assert plan.build.env["MACOSX_DEPLOYMENT_TARGET"] == "12.3"
+    assert "delocate.cmd.delocate_wheel" in plan.repair.argv
+    assert "libtorch" in plan.repair.argv
+
+
+def test_torch_index_override(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPFORGE_TORCH_INDEX", "pypi")
+    plan = build.plan_build(MATRIX, "cpu", work_dir=tmp_path, host="linux-x86_64")
+    assert "--index-url" not in plan.install
+    plan = build.plan_build(MATRIX, "cpu", work_dir=tmp_path, host="linux-x86_64",
+                            torch_index="https://example.invalid/whl/cpu")
+    assert plan.install[plan.install.index("--index-url") + 1] == "https://example.invalid/whl/cpu"
+
+
+def test_mps_refused_on_linux_with_where_it_runs():
+    with pytest.raises(OpforgeError) as info:
+        build.check_host(MATRIX, MATRIX.variant("mps"), host="linux-x86_64")
+    message = str(info.value)
+    assert "build_mps needs macOS on Apple silicon with Xcode command-line tools" in message
+    assert "macos-14" in message
+
+
+def test_cuda_refused_without_nvcc(tmp_path, monkeypatch):
+    monkeypatch.setattr(build, "find_nvcc", lambda env, cuda=None: None)
+    with pytest.raises(OpforgeError) as info:
+        build.check_host(MATRIX, MATRIX.variant("cu128"), host="linux-x86_64", env={})
+    assert "build_cu128 needs nvcc 12.8" in str(info.value)
+    assert "pytorch/manylinux2_28-builder:cuda12.8" in str(info.value)
+
+
+def test_cuda_refused_with_the_wrong_nvcc(tmp_path, monkeypatch):
+    fake = tmp_path / "bin" / "nvcc"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 12.6, V12.6.77'\n")
+    fake.chmod(0o755)
+    with pytest.raises(OpforgeError) as info:
+        build.check_host(MATRIX, MATRIX.variant("cu130"), host="linux-x86_64",
+                         env={"CUDA_HOME": str(tmp_path)})
+    assert "needs nvcc 13.0" in str(info.value) and "CUDA 12.6" in str(info.value)
+
+
+def test_cpu_refused_on_an_unlisted_platform():
+    with pytest.raises(OpforgeError) as info:
+        build.check_host(MATRIX, MATRIX.variant("cu130"), host="macos-arm64")
+    assert "build_cu130 builds for linux-x86_64; this host is macos-arm64" in str(info.value)
+
+
+def test_dry_run_prints_environment_and_commands(capsys):
+    assert main(["build", "--variant", "cu130", "--dry-run", "--file",
+                 str(ROOT / "matrix.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "FORCE_CUDA=1" in out and "TORCH_CUDA_ARCH_LIST=7.5;8.0;8.6;9.0;10.0;12.0+PTX" in out
+    assert "pip wheel --no-build-isolation" in out and "auditwheel repair" in out
+
+
+def test_finish_replaces_older_wheels_atomically(tmp_path):
+    plan = build.plan_build(MATRIX, "cpu", out_dir=tmp_path / "dist", work_dir=tmp_path / "w",
+                            host="linux-x86_64", env={})
+    build.prepare(plan)
+    (plan.out_dir).mkdir(parents=True)
+    (plan.out_dir / "opforge_ops-0.0.9+cpu-cp311-cp311-manylinux_2_34_x86_64.whl").write_text("old")
+    new = plan.repaired_dir / "opforge_ops-0.1.0+cpu-cp311-cp311-manylinux_2_34_x86_64.whl"
+    new.write_text("new")
+    final = build.finish(plan)
+    assert [p.name for p in plan.out_dir.iterdir()] == [new.name]
+    assert final.read_text() == "new"
+
+
+def test_finish_refuses_when_the_build_made_no_wheel(tmp_path):
+    plan = build.plan_build(MATRIX, "cpu", out_dir=tmp_path / "dist", work_dir=tmp_path / "w",
+                            host="linux-x86_64", env={})
+    build.prepare(plan)
+    with pytest.raises(OpforgeError, match="produced 0 wheels"):
+        build.finish(plan)
+    assert not (tmp_path / "dist").exists() or not list((tmp_path / "dist").iterdir())
+
+
+def _readme_test_command() -> str:
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"# the whole test suite[^\n]*\n([^\n]+)\n", text)
+    assert block, "README must show the test command under '# the whole test suite'"
+    return block.group(1).strip()
+
+
+def test_ci_run_runs_exactly_the_readme_test_command():
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
+          if line.strip() and not line.startswith("#") and not line.startswith(("set ", "cd "))]
+    assert ci == [_readme_test_command()]
+
+
+@pytest.mark.skipif(shutil.which("nox") is None and not (Path(sys.executable).parent / "nox").exists(),
+                    reason="nox is not installed in this environment")
+def test_nox_build_mps_fails_clearly_and_dry_run_prints_the_plan(tmp_path):
+    nox = [shutil.which("nox") or str(Path(sys.executable).parent / "nox"),
+           "--envdir", str(tmp_path)]
+    env = {**os.environ, "NOX_SCRIPT_MODE": "none"}
+    listing = subprocess.run([*nox, "-l"], cwd=ROOT, capture_output=True, text=True, env=env)
+    assert listing.returncode == 0, listing.stderr
+    for variant in MATRIX.variants:
+        assert f"{variant.build_session} -> Build the {variant.name} wheel" in listing.stdout
+    if build.host_platform() == "macos-arm64":
+        return
+    failed = subprocess.run([*nox, "-s", "build_mps"], cwd=ROOT, capture_output=True, text=True,
+                            env=env)
+    assert failed.returncode != 0
+    assert "build_mps needs macOS on Apple silicon" in failed.stdout + failed.stderr
+    dry = subprocess.run([*nox, "-s", "build_mps", "--", "--dry-run"], cwd=ROOT,
+                         capture_output=True, text=True, env=env)
+    output = dry.stdout + dry.stderr
+    assert dry.returncode == 0, output
+    assert "FORCE_MPS=1" in output and "MACOSX_DEPLOYMENT_TARGET=12.3" in output
+    assert "delocate" in output
