@@ -1,0 +1,234 @@
+// RoIPool (max pooling over quantized roi bins) on the CPU. Forward work is
+// split over (roi, channel) pairs; backward over channels so no two threads
+// add into the same input-gradient element.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <tuple>
+#include <vector>
+
+#include "../common.h"
+
+namespace opforge::cpu {
+namespace {
+
+// Half-open ranges [start, end) of input rows and columns covered by each bin.
+struct RoiBins {
+  std::vector<int64_t> h_start, h_end, w_start, w_end;
+};
+
+// Rounds a roi coordinate to the input grid; the clamp keeps far-away rois finite in int64.
+inline int64_t round_coordinate(double value) {
+  return static_cast<int64_t>(std::round(std::clamp(value, -1e15, 1e15)));
+}
+
+template <typename scalar_t>
+void compute_bins(
+    RoiBins& bins,
+    const scalar_t* roi,
+    double spatial_scale,
+    int64_t height,
+    int64_t width,
+    int64_t pooled_h,
+    int64_t pooled_w) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const acc_t scale = static_cast<acc_t>(spatial_scale);
+  const int64_t start_w = round_coordinate(static_cast<acc_t>(roi[1]) * scale);
+  const int64_t start_h = round_coordinate(static_cast<acc_t>(roi[2]) * scale);
+  const int64_t end_w = round_coordinate(static_cast<acc_t>(roi[3]) * scale);
+  const int64_t end_h = round_coordinate(static_cast<acc_t>(roi[4]) * scale);
+  // Malformed rois are forced to be at least 1x1.
+  const int64_t roi_w = std::max<int64_t>(end_w - start_w + 1, 1);
+  const int64_t roi_h = std::max<int64_t>(end_h - start_h + 1, 1);
+  const acc_t bin_h = static_cast<acc_t>(roi_h) / static_cast<acc_t>(pooled_h);
+  const acc_t bin_w = static_cast<acc_t>(roi_w) / static_cast<acc_t>(pooled_w);
+  auto fill = [](std::vector<int64_t>& lo, std::vector<int64_t>& hi, int64_t pooled,
+                 acc_t bin, int64_t start, int64_t limit) {
+    lo.resize(pooled);
+    hi.resize(pooled);
+    for (int64_t p = 0; p < pooled; ++p) {
+      const int64_t a = static_cast<int64_t>(std::floor(static_cast<acc_t>(p) * bin));
+      const int64_t b = static_cast<int64_t>(std::ceil(static_cast<acc_t>(p + 1) * bin));
+      lo[p] = std::clamp<int64_t>(a + start, 0, limit);
+      hi[p] = std::clamp<int64_t>(b + start, 0, limit);
+    }
+  };
+  fill(bins.h_start, bins.h_end, pooled_h, bin_h, start_h, height);
+  fill(bins.w_start, bins.w_end, pooled_w, bin_w, start_w, width);
+}
+
+template <typename scalar_t>
+void roi_pool_forward_impl(
+    const at::Tensor& input,
+    const at::Tensor& rois,
+    at::Tensor& output,
+    at::Tensor& argmax,
+    double spatial_scale,
+    int64_t pooled_h,
+    int64_t pooled_w) {
+  const int64_t num_rois = rois.size(0);
+  const int64_t channels = input.size(1);
+  const int64_t height = input.size(2);
+  const int64_t width = input.size(3);
+  const scalar_t* in = input.data_ptr<scalar_t>();
+  const scalar_t* roi_p = rois.data_ptr<scalar_t>();
+  scalar_t* out = output.data_ptr<scalar_t>();
+  int32_t* arg = argmax.data_ptr<int32_t>();
+  const int64_t bins_per_plane = pooled_h * pooled_w;
+  const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, bins_per_plane * 4));
+
+  at::parallel_for(0, num_rois * channels, grain, [&](int64_t begin, int64_t end) {
+    RoiBins bins;
+    int64_t current = -1;
+    int64_t batch_index = 0;
+    for (int64_t index = begin; index < end; ++index) {
+      const int64_t n = index / channels;
+      const int64_t c = index % channels;
+      if (n != current) {
+        compute_bins(bins, roi_p + n * 5, spatial_scale, height, width, pooled_h, pooled_w);
+        batch_index = static_cast<int64_t>(roi_p[n * 5]);
+        current = n;
+      }
+      const scalar_t* plane = in + (batch_index * channels + c) * height * width;
+      scalar_t* out_plane = out + index * bins_per_plane;
+      int32_t* arg_plane = arg + index * bins_per_plane;
+      for (int64_t ph = 0; ph < pooled_h; ++ph) {
+        for (int64_t pw = 0; pw < pooled_w; ++pw) {
+          const bool empty = bins.h_end[ph] <= bins.h_start[ph] || bins.w_end[pw] <= bins.w_start[pw];
+          // An empty bin outputs 0 with argmax -1; NaN never wins the comparison.
+          scalar_t best = empty ? scalar_t(0) : std::numeric_limits<scalar_t>::lowest();
+          int64_t best_index = -1;
+          for (int64_t h = bins.h_start[ph]; h < bins.h_end[ph]; ++h) {
+            for (int64_t w = bins.w_start[pw]; w < bins.w_end[pw]; ++w) {
+              const int64_t i = h * width + w;
+              if (plane[i] > best) {
+                best = plane[i];
+                best_index = i;
+              }
+            }
+          }
+          out_plane[ph * pooled_w + pw] = best;
+          arg_plane[ph * pooled_w + pw] = static_cast<int32_t>(best_index);
+        }
+      }
+    }
+  });
+}
+
+template <typename scalar_t>
+void roi_pool_backward_impl(
+    const at::Tensor& grad,
+    const at::Tensor& rois,
+    const at::Tensor& argmax,
+    at::Tensor& grad_input) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const int64_t num_rois = rois.size(0);
+  const int64_t channels = grad_input.size(1);
+  const int64_t plane_size = grad_input.size(2) * grad_input.size(3);
+  const int64_t bins = grad.size(2) * grad.size(3);
+  const scalar_t* g = grad.data_ptr<scalar_t>();
+  const scalar_t* roi_p = rois.data_ptr<scalar_t>();
+  const int32_t* arg = argmax.data_ptr<int32_t>();
+  acc_t* gi = grad_input.data_ptr<acc_t>();
+
+  at::parallel_for(0, channels, 1, [&](int64_t c_begin, int64_t c_end) {
+    for (int64_t n = 0; n < num_rois; ++n) {
+      const int64_t batch_index = static_cast<int64_t>(roi_p[n * 5]);
+      for (int64_t c = c_begin; c < c_end; ++c) {
+        const int64_t plane = n * channels + c;
+        acc_t* gi_plane = gi + (batch_index * channels + c) * plane_size;
+        for (int64_t bin = 0; bin < bins; ++bin) {
+          const int64_t i = arg[plane * bins + bin];
+          if (i == -1) {
+            continue;
+          }
+          TORCH_CHECK(
+              i >= 0 && i < plane_size,
+              "_roi_pool_backward: argmax holds ", i, ", outside an input plane of ",
+              plane_size, " elements");
+          gi_plane[i] += static_cast<acc_t>(g[plane * bins + bin]);
+        }
+      }
+    }
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> roi_pool_forward_kernel(
+    const at::Tensor& input,
+    const at::Tensor& rois,
+    double spatial_scale,
+    int64_t pooled_height,
+    int64_t pooled_width) {
+  check_roi_inputs("roi_pool", input, rois, pooled_height, pooled_width);
+  const std::vector<int64_t> shape{rois.size(0), input.size(1), pooled_height, pooled_width};
+  at::Tensor output = at::empty(shape, input.options());
+  at::Tensor argmax = at::empty(shape, input.options().dtype(at::kInt));
+  if (output.numel() == 0) {
+    return {output, argmax};
+  }
+  const at::Tensor input_c = input.contiguous();
+  const at::Tensor rois_c = rois.contiguous();
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, input.scalar_type(), "opforge_roi_pool_forward_cpu", [&] {
+        check_rois_values("roi_pool", rois_c.data_ptr<scalar_t>(), rois_c.size(0), input.size(0));
+        roi_pool_forward_impl<scalar_t>(
+            input_c, rois_c, output, argmax, spatial_scale, pooled_height, pooled_width);
+      });
+  return {output, argmax};
+}
+
+at::Tensor roi_pool_backward_kernel(
+    const at::Tensor& grad,
+    const at::Tensor& rois,
+    const at::Tensor& argmax,
+    double spatial_scale,
+    int64_t pooled_height,
+    int64_t pooled_width,
+    int64_t batch_size,
+    int64_t channels,
+    int64_t height,
+    int64_t width) {
+  check_roi_backward_inputs(
+      "_roi_pool_backward", grad, rois, pooled_height, pooled_width, batch_size,
+      channels, height, width);
+  TORCH_CHECK(
+      is_supported_float(grad),
+      "_roi_pool_backward: grad must be a floating point tensor, got ", grad.scalar_type());
+  TORCH_CHECK(
+      argmax.scalar_type() == at::kInt && argmax.sizes() == grad.sizes() &&
+          argmax.device() == grad.device(),
+      "_roi_pool_backward: argmax must be an int32 tensor shaped like grad ", grad.sizes(),
+      " on ", grad.device(), ", got ", argmax.scalar_type(), " ", argmax.sizes(), " on ",
+      argmax.device());
+  (void)spatial_scale;  // argmax already says where each bin's maximum came from
+  const auto acc_dtype = at::toOpMathType(grad.scalar_type());
+  at::Tensor grad_input =
+      at::zeros({batch_size, channels, height, width}, grad.options().dtype(acc_dtype));
+  if (grad.numel() == 0 || grad_input.numel() == 0) {
+    return grad_input.to(grad.scalar_type());
+  }
+  const at::Tensor grad_c = grad.contiguous();
+  const at::Tensor rois_c = rois.contiguous();
+  const at::Tensor argmax_c = argmax.contiguous();
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, grad.scalar_type(), "opforge_roi_pool_backward_cpu", [&] {
+        check_rois_values("_roi_pool_backward", rois_c.data_ptr<scalar_t>(), rois_c.size(0), batch_size);
+        roi_pool_backward_impl<scalar_t>(grad_c, rois_c, argmax_c, grad_input);
+      });
+  return grad_input.to(grad.scalar_type());
+}
+
+} // namespace
+
+TORCH_LIBRARY_IMPL(opforge, CPU, m) {
+  m.impl("roi_pool", TORCH_FN(roi_pool_forward_kernel));
+  m.impl("_roi_pool_backward", TORCH_FN(roi_pool_backward_kernel));
+}
+
+} // namespace opforge::cpu

@@ -1,0 +1,102 @@
+"""roi_align and RoIAlign (torch.ops.opforge.roi_align)."""
+
+import torch
+from torch import Tensor, nn
+
+from ._first_order import forbid_double_backward
+from ._utils import pair, rois_from_boxes
+
+
+def roi_align(
+    input: Tensor,
+    boxes,
+    output_size,
+    spatial_scale: float = 1.0,
+    sampling_ratio: int = -1,
+    aligned: bool = False,
+) -> Tensor:
+    """Region of Interest Align (Mask R-CNN).
+
+    input: Tensor[N, C, H, W]; boxes: Tensor[K, 5] (batch index, x1, y1, x2, y2) or a list of
+    Tensor[L, 4], one per image. output_size: int or (height, width). spatial_scale maps box
+    coordinates onto input coordinates. sampling_ratio: bilinear samples per bin side (<= 0:
+    adaptive, ceil(roi size / output size)). aligned: shift boxes by -0.5 pixel for exact alignment.
+    Returns Tensor[K, C, output_size[0], output_size[1]].
+    """
+    rois = rois_from_boxes(boxes)
+    pooled_height, pooled_width = pair(output_size, "output_size")
+    return torch.ops.opforge.roi_align(
+        input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned
+    )
+
+
+class RoIAlign(nn.Module):
+    """nn.Module form of roi_align."""
+
+    def __init__(self, output_size, spatial_scale: float, sampling_ratio: int, aligned: bool = False):
+        super().__init__()
+        self.output_size = output_size
+        self.spatial_scale = spatial_scale
+        self.sampling_ratio = sampling_ratio
+        self.aligned = aligned
+
+    def forward(self, input: Tensor, rois) -> Tensor:
+        return roi_align(input, rois, self.output_size, self.spatial_scale, self.sampling_ratio, self.aligned)
+
+    def __repr__(self) -> str:
+        return (
+            f"{self.__class__.__name__}(output_size={self.output_size}, spatial_scale={self.spatial_scale}, "
+            f"sampling_ratio={self.sampling_ratio}, aligned={self.aligned})"
+        )
+
+
+def _check_roi_inputs(op, input, rois, pooled_height, pooled_width):
+    torch._check(input.dim() == 4, lambda: f"{op}: input must be a 4-D tensor [N, C, H, W], got shape {list(input.shape)}")
+    torch._check(
+        rois.dim() == 2 and rois.size(1) == 5,
+        lambda: f"{op}: rois (boxes) must have shape [K, 5] (batch index, x1, y1, x2, y2), got shape {list(rois.shape)}",
+    )
+    torch._check(input.device == rois.device, lambda: f"{op}: input and rois must be on the same device")
+    torch._check(input.dtype == rois.dtype, lambda: f"{op}: input and rois must have the same dtype, got {input.dtype} and {rois.dtype}")
+    torch._check(input.dtype.is_floating_point, lambda: f"{op}: input must be a floating point tensor, got {input.dtype}")
+    torch._check(
+        pooled_height > 0 and pooled_width > 0,
+        lambda: f"{op}: output_size (pooled_height, pooled_width) must be positive, got ({pooled_height}, {pooled_width})",
+    )
+
+
+@torch.library.register_fake("opforge::roi_align")
+def _roi_align_fake(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned):
+    _check_roi_inputs("roi_align", input, rois, pooled_height, pooled_width)
+    return input.new_empty((rois.size(0), input.size(1), pooled_height, pooled_width))
+
+
+@torch.library.register_fake("opforge::_roi_align_backward")
+def _roi_align_backward_fake(
+    grad, rois, spatial_scale, pooled_height, pooled_width, batch_size, channels, height, width, sampling_ratio, aligned
+):
+    torch._check(grad.dim() == 4, lambda: f"_roi_align_backward: grad must be 4-D, got shape {list(grad.shape)}")
+    torch._check(grad.dtype == rois.dtype, lambda: "_roi_align_backward: grad and rois must have the same dtype")
+    return grad.new_empty((batch_size, channels, height, width))
+
+
+def _roi_align_setup_context(ctx, inputs, output):
+    input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned = inputs
+    ctx.save_for_backward(rois)
+    ctx.input_shape = input.shape
+    ctx.args = (spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned)
+
+
+def _roi_align_backward(ctx, grad_output):
+    (rois,) = ctx.saved_tensors
+    spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned = ctx.args
+    batch_size, channels, height, width = ctx.input_shape
+    grad_input = torch.ops.opforge._roi_align_backward(
+        grad_output, rois, spatial_scale, pooled_height, pooled_width,
+        batch_size, channels, height, width, sampling_ratio, aligned,
+    )
+    return grad_input, None, None, None, None, None, None
+
+
+torch.library.register_autograd("opforge::roi_align", _roi_align_backward, setup_context=_roi_align_setup_context)
+forbid_double_backward("opforge::_roi_align_backward", "roi_align")

@@ -1,0 +1,75 @@
+"""roi_pool and RoIPool (torch.ops.opforge.roi_pool)."""
+
+import torch
+from torch import Tensor, nn
+
+from ._first_order import forbid_double_backward
+from ._utils import pair, rois_from_boxes
+from .roi_align import _check_roi_inputs
+
+
+def roi_pool(input: Tensor, boxes, output_size, spatial_scale: float = 1.0) -> Tensor:
+    """Region of Interest Pool (Fast R-CNN): max over each quantized bin.
+
+    input: Tensor[N, C, H, W]; boxes: Tensor[K, 5] (batch index, x1, y1, x2, y2) or a list of
+    Tensor[L, 4], one per image. Returns Tensor[K, C, output_size[0], output_size[1]].
+    """
+    rois = rois_from_boxes(boxes)
+    pooled_height, pooled_width = pair(output_size, "output_size")
+    output, _ = torch.ops.opforge.roi_pool(input, rois, spatial_scale, pooled_height, pooled_width)
+    return output
+
+
+class RoIPool(nn.Module):
+    """nn.Module form of roi_pool."""
+
+    def __init__(self, output_size, spatial_scale: float):
+        super().__init__()
+        self.output_size = output_size
+        self.spatial_scale = spatial_scale
+
+    def forward(self, input: Tensor, rois) -> Tensor:
+        return roi_pool(input, rois, self.output_size, self.spatial_scale)
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__name__}(output_size={self.output_size}, spatial_scale={self.spatial_scale})"
+
+
+@torch.library.register_fake("opforge::roi_pool")
+def _roi_pool_fake(input, rois, spatial_scale, pooled_height, pooled_width):
+    _check_roi_inputs("roi_pool", input, rois, pooled_height, pooled_width)
+    shape = (rois.size(0), input.size(1), pooled_height, pooled_width)
+    return input.new_empty(shape), input.new_empty(shape, dtype=torch.int32)
+
+
+@torch.library.register_fake("opforge::_roi_pool_backward")
+def _roi_pool_backward_fake(
+    grad, rois, argmax, spatial_scale, pooled_height, pooled_width, batch_size, channels, height, width
+):
+    torch._check(grad.dim() == 4, lambda: f"_roi_pool_backward: grad must be 4-D, got shape {list(grad.shape)}")
+    torch._check(argmax.dtype == torch.int32, lambda: f"_roi_pool_backward: argmax must be int32, got {argmax.dtype}")
+    return grad.new_empty((batch_size, channels, height, width))
+
+
+def _roi_pool_setup_context(ctx, inputs, output):
+    input, rois, spatial_scale, pooled_height, pooled_width = inputs
+    _, argmax = output
+    ctx.mark_non_differentiable(argmax)
+    ctx.save_for_backward(rois, argmax)
+    ctx.input_shape = input.shape
+    ctx.args = (spatial_scale, pooled_height, pooled_width)
+
+
+def _roi_pool_backward(ctx, grad_output, grad_argmax):
+    rois, argmax = ctx.saved_tensors
+    spatial_scale, pooled_height, pooled_width = ctx.args
+    batch_size, channels, height, width = ctx.input_shape
+    grad_input = torch.ops.opforge._roi_pool_backward(
+        grad_output, rois, argmax, spatial_scale, pooled_height, pooled_width,
+        batch_size, channels, height, width,
+    )
+    return grad_input, None, None, None, None
+
+
+torch.library.register_autograd("opforge::roi_pool", _roi_pool_backward, setup_context=_roi_pool_setup_context)
+forbid_double_backward("opforge::_roi_pool_backward", "roi_pool")
