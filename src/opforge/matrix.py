@@ -7,8 +7,9 @@ Everything after ``load_matrix`` receives objects, never dicts. A malformed file
 
 from __future__ import annotations
 
+import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -250,7 +251,8 @@ class _Reader:
         self.filename = filename
 
     def fail(self, node: yaml.Node | None, key: str, message: str) -> MatrixError:
-        line = node.start_mark.line + 1 if node is not None else 1
+        mark = getattr(node, "start_mark", None)
+        line = mark.line + 1 if mark is not None else 1
         return MatrixError(f"{self.filename}:{line}: {key or '(top)'}: {message}")
 
     def mapping(self, node: yaml.Node, key: str, allowed: dict[str, bool]) -> dict[str, yaml.Node]:
@@ -315,14 +317,43 @@ def _kind(node: yaml.Node) -> str:
     return repr(node.value) if node.value != "" else "nothing"
 
 
-def load_matrix(path: str | Path | None = None) -> Matrix:
-    """Read and validate a matrix file (default: ./matrix.yaml, else the repository's)."""
+CHANNEL_ENV = "OPFORGE_TORCH_CHANNEL"
+VERSION_ENV = "OPFORGE_TORCH_VERSION"
+
+
+def load_matrix(path: str | Path | None = None, env: dict[str, str] | None = None) -> Matrix:
+    """Read and validate a matrix file (default: ./matrix.yaml, else the repository's).
+
+    ``OPFORGE_TORCH_CHANNEL`` / ``OPFORGE_TORCH_VERSION`` replace the file's torch channel and
+    version (and every variant's own torch_version), so one workflow-level setting moves
+    every session and job to, say, today's nightly without editing the file.
+    """
     path = Path(path) if path is not None else find_matrix()
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise MatrixError(f"{path}:0: (file): cannot read: {exc.strerror}") from None
-    return parse_matrix(text, path)
+    matrix = parse_matrix(text, path)
+    env = os.environ if env is None else env
+    channel, version = env.get(CHANNEL_ENV), env.get(VERSION_ENV)
+    if channel or version:
+        matrix = with_torch(matrix, channel or matrix.torch.channel,
+                            version or ("latest" if channel == "nightly" else matrix.torch.version))
+    return matrix
+
+
+def with_torch(matrix: Matrix, channel: str, version: str) -> Matrix:
+    """The matrix with another torch channel/version (validated like the file's)."""
+    if channel not in CHANNELS:
+        raise UsageError(f"{CHANNEL_ENV}={channel!r} is not one of {', '.join(CHANNELS)}")
+    node = yaml.ScalarNode("tag:yaml.org,2002:str", version)
+    try:
+        _check_torch_version(_Reader(VERSION_ENV), node, VERSION_ENV, version, channel)
+    except MatrixError as exc:
+        raise UsageError(str(exc).split(": ", 2)[-1] + f" ({VERSION_ENV}={version!r})") from None
+    torch = replace(matrix.torch, channel=channel, version=version)
+    variants = tuple(replace(v, torch_version=None) for v in matrix.variants)
+    return replace(matrix, torch=torch, variants=variants)
 
 
 def find_matrix() -> Path:

@@ -219,3 +219,27 @@ def test_filters_combine():
     result = _cli("--json", "--variant", "cpu", "--platform", "macos-arm64", "--python", "3.12")
     jobs = json.loads(result.stdout)
     assert [j["name"] for j in jobs] == ["cpu-macos-arm64-py3.12"]
+
+
+def test_env_overrides_torch_channel_and_version_everywhere():
+    matrix = load_matrix(ROOT / "matrix.yaml", env={"OPFORGE_TORCH_CHANNEL": "nightly"})
+    assert matrix.torch.channel == "nightly" and matrix.torch.version == "latest"
+    cu = matrix.jobs(variant="cu130", python="3.11")[0]
+    # the variant's own torch_version pin gives way to the override
+    assert cu.torch_install == ("pip install --pre torch --index-url "
+                                "https://download.pytorch.org/whl/nightly/cu130")
+    pinned = load_matrix(ROOT / "matrix.yaml", env={"OPFORGE_TORCH_CHANNEL": "nightly",
+                                                    "OPFORGE_TORCH_VERSION": "2.14.0.dev20261201"})
+    assert pinned.jobs(variant="mps")[0].torch_spec == "torch==2.14.0.dev20261201"
+
+
+@pytest.mark.parametrize("env,words", [
+    ({"OPFORGE_TORCH_CHANNEL": "weekly"}, "is not one of stable, test, nightly"),
+    ({"OPFORGE_TORCH_CHANNEL": "nightly", "OPFORGE_TORCH_VERSION": "2026-12-01"},
+     "is not a PEP 440 version"),
+    ({"OPFORGE_TORCH_VERSION": "2.14.0.dev20261201"}, "is a nightly"),
+])
+def test_bad_env_override_is_one_line_exit_2(env, words):
+    result = _cli("--check", env=env)
+    assert result.returncode == 2
+    assert words in result.stderr and "Traceback" not in result.stderr
