@@ -158,6 +158,10 @@ class Job:
             "python": self.python,
             "runner": self.runner,
             "container": v.container or "",
+            # the CPython inside a manylinux builder image (its PATH python is conda's)
+            "container_python": (f"/opt/python/cp{self.python.replace('.', '')}-"
+                                 f"cp{self.python.replace('.', '')}/bin/python"
+                                 if v.container else ""),
             "cuda": v.cuda or "",
             "arch_list": v.arch_list or "",
             "mps": v.mps,
