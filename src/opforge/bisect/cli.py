@@ -1,0 +1,226 @@
+"""``opforge bisect``: find the PyTorch nightly, and the commit range, where a regression appeared."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from opforge.errors import UsageError
+
+DESCRIPTION = """\
+Test PyTorch nightlies between a good and a bad date by halving, like git bisect, and report
+the last good and first bad nightly with their commits. The test is, by default, building the
+extension from this checkout against the nightly and running the smoke test; --wheel PATH
+installs a prebuilt wheel beside each nightly instead; `-- CMD ...` runs any command in the
+nightly's environment (exit 0 good, 125 skip, 1-127 bad, 128 and above abort).
+"""
+
+EPILOG = """\
+examples:
+  opforge bisect --good 2024-06-01 --bad 2024-06-10
+  opforge bisect --bad 2024-06-10 --wheel dist/cpu/opforge_ops-0.1.0+cpu-*.whl
+  opforge bisect --good 2024-06-01 --bad 2024-06-10 --match 'does not exist' -- \\
+      python -c 'import torch, opforge_ops; torch.ops.opforge.nms'
+  opforge bisect --resume
+"""
+
+# options that define a bisect: on --resume they must agree with the stored ones if given
+_DEFINING = ("good", "bad", "variant", "python", "index", "wheel", "match", "regress",
+             "retries", "timeout", "timeout_skip")
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("bisect", help="find the nightly where a regression appeared",
+                              description=DESCRIPTION, epilog=EPILOG,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--good", metavar="DATE",
+                   help="a nightly that passes (YYYY-MM-DD); left out: walk back from --bad "
+                        "(2 days, a week, then two weeks at a time) until one passes")
+    p.add_argument("--bad", metavar="DATE", help="a nightly that fails (default: the newest)")
+    p.add_argument("--variant", help="the variant whose nightly index is used and, by default, "
+                                     "built (cpu, cu126, ..., mps; default cpu)")
+    p.add_argument("--python", help="Python version (3.11) or interpreter path for the "
+                                    "nightly environments (default: this interpreter)")
+    p.add_argument("--index", metavar="URL|DIR",
+                   help="the variant's nightly index: https URL (PEP 503/691), file:// URL or "
+                        "directory (default https://download.pytorch.org/whl/nightly/<variant>)")
+    p.add_argument("--wheel", metavar="PATH", help="install this prebuilt wheel beside each "
+                                                   "nightly instead of building the extension")
+    p.add_argument("--match", metavar="REGEX", help="count a failure as bad only when its output "
+                                                    "matches; other failures are skipped")
+    p.add_argument("--regress", choices=("failure", "success"),
+                   help="what the newer nightlies do: failure (default) or success (find where "
+                        "something started to work)")
+    p.add_argument("--retries", type=int, metavar="N", help="rerun a failing probe up to N "
+                                                           "times (flaky tests; default 0)")
+    p.add_argument("--timeout", type=float, metavar="SECONDS",
+                   help="bound each probe; a timeout counts as a failure")
+    p.add_argument("--timeout-skip", action="store_true", default=None,
+                   help="count a timeout as a skip instead")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the interrupted bisect without repeating finished steps")
+    p.add_argument("--pytorch-repo", metavar="PATH",
+                   help="a local pytorch clone (with its nightly branch): map the nightlies to "
+                        "main-branch commits and list the commits in between")
+    p.add_argument("--json", nargs="?", const="-", metavar="PATH",
+                   help="write the report as JSON (to stdout, or to PATH)")
+    p.add_argument("--markdown", nargs="?", const="-", metavar="PATH",
+                   help="write the report as Markdown for an issue (to stdout, or to PATH)")
+    p.add_argument("--log", metavar="PATH", help="JSON-lines log of every step "
+                                                 "(default: beside the state file)")
+    p.add_argument("--state", metavar="PATH", help="the state file (default: "
+                                                   "<cache>/bisect/state.json)")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...",
+                   help="the test command, run in each nightly's environment")
+    p.set_defaults(func=run)
+    return p
+
+
+def python_for(spec: str | None) -> tuple[str, str]:
+    """(interpreter, "X.Y") for --python: a version or a path."""
+    if spec is None or spec == f"{sys.version_info[0]}.{sys.version_info[1]}":
+        return sys.executable, f"{sys.version_info[0]}.{sys.version_info[1]}"
+    if re.fullmatch(r"\d+\.\d+", spec):
+        found = shutil.which(f"python{spec}")
+        if found is None:
+            raise UsageError(f"--python {spec}: no python{spec} on PATH; pass an interpreter path")
+        exe = found
+    else:
+        exe = spec
+        if not Path(exe).exists() and shutil.which(exe) is None:
+            raise UsageError(f"--python {spec}: no such interpreter")
+    try:
+        out = subprocess.run([exe, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise UsageError(f"--python {spec}: cannot run it ({exc})") from None
+    if out.returncode != 0:
+        raise UsageError(f"--python {spec}: cannot run it")
+    return exe, out.stdout.strip()
+
+
+def _params(args: argparse.Namespace):
+    from .index import DEFAULT_INDEX, _is_local, variant_index
+    from .session import Params, parse_day
+
+    command = list(args.command or [])
+    if command:
+        if command[0] != "--":
+            raise UsageError(f"unexpected argument {command[0]!r}: put the test command after --")
+        command = command[1:]
+        if not command:
+            raise UsageError("-- must be followed by a command")
+    variant = args.variant or "cpu"
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", variant):
+        raise UsageError(f"--variant {variant!r}: expected a name like cpu, cu126, mps")
+    for option in ("good", "bad"):
+        if getattr(args, option):
+            parse_day(getattr(args, option), f"--{option}")
+    if args.retries is not None and args.retries < 0:
+        raise UsageError("--retries must be 0 or more")
+    if args.timeout is not None and args.timeout <= 0:
+        raise UsageError("--timeout must be a positive number of seconds")
+    if args.timeout_skip and args.timeout is None:
+        raise UsageError("--timeout-skip needs --timeout")
+    if args.match:
+        try:
+            re.compile(args.match)
+        except re.error as exc:
+            raise UsageError(f"--match {args.match!r}: not a regular expression ({exc})") from None
+    wheel = None
+    if args.wheel:
+        path = Path(args.wheel).expanduser()
+        if not path.is_file() or path.suffix != ".whl":
+            raise UsageError(f"--wheel {args.wheel}: no such wheel file")
+        wheel = str(path.resolve())
+    index = args.index or variant_index(DEFAULT_INDEX, variant)
+    if _is_local(index) and not index.startswith("file://"):
+        local = Path(index).expanduser()
+        if not local.is_dir():
+            raise UsageError(f"--index {index}: no such directory")
+        index = str(local.resolve())
+    if not command:
+        _check_variant(variant)
+    _, version = python_for(args.python)
+    return Params(good=args.good, bad=args.bad, variant=variant, python=args.python or version,
+                  index=index, command=command, wheel=wheel, match=args.match,
+                  regress=args.regress or "failure", retries=args.retries or 0,
+                  timeout=args.timeout, timeout_skip=bool(args.timeout_skip),
+                  cwd=str(Path.cwd()))
+
+
+def _check_variant(variant: str) -> None:
+    from opforge.matrix import load_matrix  # the default and --wheel modes use matrix.yaml
+
+    load_matrix().variant(variant)
+
+
+def _resumed_params(args: argparse.Namespace, stored: dict):
+    from .session import Params
+
+    params = Params.from_json(stored)
+    for name in _DEFINING:
+        given = getattr(args, name)
+        if given is None:
+            continue
+        have = getattr(params, name)
+        if name == "wheel":
+            given = str(Path(given).expanduser().resolve())
+        if given != have:
+            raise UsageError(f"--resume: --{name.replace('_', '-')} {given} differs from the "
+                             f"interrupted bisect's {have}; leave it out, or start over "
+                             "without --resume")
+    if args.command and args.command[1:] != params.command:
+        raise UsageError("--resume: the test command differs from the interrupted bisect's")
+    return params
+
+
+def run(args: argparse.Namespace) -> int:
+    from . import state as state_mod
+    from .commits import check_repo, commit_range
+    from .envs import EnvCache, cache_dir
+    from .index import load_index
+    from .report import Display, emit, result_json
+    from .session import Session
+
+    root = cache_dir()
+    state_path = Path(args.state).expanduser() if args.state else root / "bisect" / "state.json"
+    log_path = Path(args.log).expanduser() if args.log else state_path.with_suffix(".log.jsonl")
+    repo = check_repo(Path(args.pytorch_repo)) if args.pytorch_repo else None
+    display = Display()
+    log = state_mod.StepLog(log_path)
+    if args.resume:
+        saved = state_mod.load(state_path)
+        params = _resumed_params(args, saved.params)
+        state = saved
+        display.note(f"resuming: {len(state.steps)} steps already done ({state_path})")
+        log.write("resume", state=str(state_path), steps_done=len(state.steps))
+    else:
+        params = _params(args)
+        if state_path.exists():
+            display.note(f"starting a new bisect (replacing the state in {state_path})")
+        index = load_index(params.index, params.python)
+        state = state_mod.BisectState(params.to_json(), list(index.nightlies))
+        state_mod.save(state, state_path)
+        log.write("start", params=params.to_json(), nightlies=len(index.nightlies))
+    exe, _ = python_for(params.python)
+    from .index import _is_local
+
+    pip_index = [] if _is_local(params.index) else ["--index-url", params.index]
+    envs = EnvCache(root, exe, pip_index)
+    session = Session(params, state, state_path, log, envs, display, exe)
+    with display:
+        outcome = session.run()
+    commits = commit_range(outcome.last_good.git_version, outcome.first_bad.git_version, repo)
+    data = result_json(outcome, commits, f"python{params.python}"
+                       if re.fullmatch(r"\d+\.\d+", params.python) else exe)
+    data["probes_this_run"] = session.probed_now
+    state.result = data
+    state_mod.save(state, state_path)
+    log.write("done", result=data)
+    emit(data, json_to=args.json, markdown_to=args.markdown)
+    return 0

@@ -1,0 +1,59 @@
+"""The glue to the rest of opforge: build the checkout's extension, run the smoke test.
+
+Kept in one module, imported only by the default and ``--wheel`` modes, so the ``-- CMD``
+mode (and its tests) need neither a matrix nor a compiler.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+
+def checkout_revision(root: Path) -> str:
+    """HEAD of the checkout, plus "-dirty" when it has local changes (then nothing is reused)."""
+    def git(*args: str) -> str | None:
+        result = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
+        return result.stdout.strip() if result.returncode == 0 else None
+
+    head = git("rev-parse", "--short=12", "HEAD") or "unknown"
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    return head if dirty == "" else f"{head}-dirty"
+
+
+def build_against(variant: str, env_python: Path, torch_version: str, index: str,
+                  out_dir: Path, work_dir: Path, log) -> Path:
+    """Build the checkout's wheel for ``variant`` inside the nightly's environment."""
+    from opforge.build import build_wheel  # lazily: needs matrix.yaml and a compiler
+
+    return build_wheel(variant, python=str(env_python), out_dir=out_dir, work_dir=work_dir,
+                       torch_spec=f"torch=={torch_version}", torch_index=index, log=log)
+
+
+def smoke_command(env_python: Path, variant: str, package: str | None = None) -> list[str]:
+    """``opforge smoke`` run on an existing environment (it writes its own report)."""
+    cmd = [sys.executable, "-m", "opforge", "smoke", "--python", str(env_python),
+           "--variant", variant]
+    if package:
+        cmd += ["--package", package]
+    return cmd
+
+
+def wheel_package(wheel: Path) -> str | None:
+    """The import name a wheel provides (its top-level package), for ``opforge smoke``."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            names = archive.namelist()
+            for name in names:
+                if name.endswith(".dist-info/top_level.txt"):
+                    tops = archive.read(name).decode().split()
+                    if tops:
+                        return tops[0]
+    except (OSError, zipfile.BadZipFile):
+        return None
+    tops = {n.split("/", 1)[0] for n in names if "/" in n and ".dist-info/" not in n
+            and ".data/" not in n}
+    return sorted(tops)[0] if len(tops) == 1 else None

@@ -1,0 +1,368 @@
+"""One bisect run: endpoints, walk-back, the halving loop, each step saved as it finishes.
+
+The pure search (search.py) decides; this module does the I/O around it: it resolves the
+endpoints against the index, makes each nightly's environment, runs the test, records the
+step in the state file and the JSON-lines log, and shows progress.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import time
+from dataclasses import dataclass, field
+from datetime import date, timedelta
+from pathlib import Path
+
+from opforge.errors import OpforgeError, UsageError
+
+from . import extension
+from . import state as state_mod
+from .envs import EnvCache, NightlyEnv
+from .index import Nightly, NightlyIndex, find_unlisted, with_unlisted
+from .probe import Abort, Attempt, classify, run_command
+from .search import EndpointError, Found, Outcome, Probe, max_probes, next_step, walkback_dates
+from .state import BisectState, StepLog, StepRecord
+
+
+@dataclass
+class Params:
+    """What the user asked for; stored in the state and compared on --resume."""
+
+    good: str | None
+    bad: str | None
+    variant: str
+    python: str
+    index: str
+    command: list[str]
+    wheel: str | None
+    match: str | None
+    regress: str
+    retries: int
+    timeout: float | None
+    timeout_skip: bool
+    cwd: str
+
+    @property
+    def mode(self) -> str:
+        if self.command:
+            return "command"
+        return "wheel" if self.wheel else "build"
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_json(cls, data: dict) -> Params:
+        return cls(**data)
+
+
+@dataclass
+class Outcomes:
+    """The finished bisect, as the report needs it."""
+
+    params: Params
+    last_good: StepRecord
+    first_bad: StepRecord
+    skipped: list[StepRecord]
+    candidates: int
+    probes: int
+    walked_back: list[str] = field(default_factory=list)
+
+
+class Session:
+    def __init__(self, params: Params, state: BisectState, state_path: Path, log: StepLog,
+                 envs: EnvCache, display, base_python: str):
+        self.params = params
+        self.state = state
+        self.state_path = state_path
+        self.log = log
+        self.envs = envs
+        self.display = display
+        self.base_python = base_python
+        self.listing = NightlyIndex(params.index, tuple(state.listed))
+        self.match = re.compile(params.match, re.MULTILINE) if params.match else None
+        self.probed_now = 0
+
+    # -- endpoints ------------------------------------------------------------------------------
+
+    def resolve(self, text: str, which: str) -> Nightly:
+        day = parse_day(text, f"--{which}")
+        found = self.listing.by_date(day)
+        if found is None and day < self.state.index_oldest:
+            self.display.note(f"{day} is older than the index lists; looking for its wheel by URL")
+            found = find_unlisted(self.listing, day)
+            if found is not None:
+                self._remember(found)
+        if found is None:
+            raise UsageError(f"--{which} {day}: no nightly for that date in {self.params.index}"
+                             f" ({self._neighbours(day)})")
+        return found
+
+    def _neighbours(self, day: date) -> str:
+        older = [n.day for n in self.listing.nightlies if n.date < day][-1:]
+        newer = [n.day for n in self.listing.nightlies if n.date > day][:1]
+        parts = [f"nearest before: {older[0]}" if older else "none before it",
+                 f"nearest after: {newer[0]}" if newer else "none after it"]
+        return "; ".join(parts)
+
+    def _remember(self, *nightlies: Nightly) -> None:
+        self.listing = with_unlisted(self.listing, nightlies)
+        self.state.looked_up.extend(n.day for n in nightlies if n.day not in self.state.looked_up)
+        self.state.listed = list(self.listing.nightlies)
+        state_mod.save(self.state, self.state_path)
+
+    # -- the run --------------------------------------------------------------------------------
+
+    def run(self) -> Outcomes:
+        if not self.listing.nightlies:
+            raise UsageError(f"{self.params.index}: no torch nightly for Python "
+                             f"{self.params.python} on this platform")
+        bad = (self.resolve(self.params.bad, "bad") if self.params.bad
+               else self.listing.nightlies[-1])
+        walked: list[str] = []
+        if self.params.good:
+            good = self.resolve(self.params.good, "good")
+            if good.date >= bad.date:
+                raise UsageError(f"--good {good.day} must be older than --bad {bad.day}")
+        else:
+            if not self.params.bad:
+                self.display.note(f"no --bad given: using the newest nightly, {bad.day}")
+            self._check_endpoint(self.probe(bad), "bad")
+            good, bad, walked = self.walk_back(bad)
+        self._fill_unlisted(good.date, bad.date)
+        candidates = sorted({n.date: n for n in [*self.listing.between(good.date, bad.date),
+                                                 good, bad]}.values(), key=lambda n: n.date)
+        while True:
+            results = {i: self.state.steps[c.day].outcome for i, c in enumerate(candidates)
+                       if c.day in self.state.steps}
+            step = next_step(len(candidates), results)
+            if isinstance(step, Probe):
+                self.display.left(self._left(candidates, results))
+                self.probe(candidates[step.index])
+                continue
+            if isinstance(step, EndpointError):
+                which = candidates[0] if step.which == "good" else candidates[-1]
+                self._check_endpoint(self.state.steps[which.day], step.which)
+            assert isinstance(step, Found)
+            outcomes = Outcomes(self.params, self.state.steps[candidates[step.last_good].day],
+                                self.state.steps[candidates[step.first_bad].day],
+                                [self.state.steps[candidates[i].day] for i in step.skipped],
+                                len(candidates), len(self.state.steps), walked)
+            return outcomes
+
+    def _left(self, candidates: list[Nightly], results: dict[int, Outcome]) -> int:
+        bads = [i for i, o in results.items() if o is Outcome.BAD]
+        hi = min(bads) if bads else len(candidates) - 1
+        goods = [i for i, o in results.items() if o is Outcome.GOOD and i < hi]
+        lo = max(goods) if goods else 0
+        untested = sum(1 for i in range(lo + 1, hi) if i not in results)
+        return max(1, untested.bit_length())
+
+    def _fill_unlisted(self, good: date, bad: date) -> None:
+        """Days older than the index lists are candidates too: find them by direct URL."""
+        oldest = self.state.index_oldest
+        known = {n.date for n in self.listing.nightlies}
+        days = [good + timedelta(days=k) for k in range(1, (min(bad, oldest) - good).days)]
+        days = [d for d in days if d not in known and d.isoformat() not in self.state.looked_up]
+        if not days:
+            return
+        self.display.note(f"looking up {len(days)} days older than the index lists "
+                          f"({days[0]}..{days[-1]}) by their direct URLs")
+        found = [n for n in (find_unlisted(self.listing, d) for d in days) if n is not None]
+        self.state.looked_up.extend(d.isoformat() for d in days)
+        self._remember(*found)
+
+    def _unlisted_near(self, day: date) -> Nightly | None:
+        """The newest nightly in the week up to ``day``, found by direct URL."""
+        for k in range(7):
+            found = self.listing.by_date(day - timedelta(days=k)) or find_unlisted(
+                self.listing, day - timedelta(days=k))
+            if found is not None:
+                return found
+        return None
+
+    def _check_endpoint(self, record: StepRecord, which: str) -> None:
+        expected = Outcome.BAD if which == "bad" else Outcome.GOOD
+        if record.outcome is expected:
+            return
+        n = record.nightly
+        what = f"the {which} nightly {n.day} ({n.version})"
+        flip = self.params.regress == "failure"
+        if record.outcome is Outcome.SKIP:
+            raise OpforgeError(f"{what} could not be tested ({record.reason}); pick another --{which}")
+        if which == "bad":
+            hint = " (looking for where it started to pass? use --regress success)" if flip else ""
+            state = "passes" if flip else "fails"
+            raise OpforgeError(f"{what} {state} the test ({record.reason}), so it is not bad: "
+                               f"nothing to bisect{hint}")
+        state = "fails" if flip else "passes"
+        raise OpforgeError(f"{what} already {state} the test ({record.reason}): the change is "
+                           f"older; pick an earlier --good, or leave --good out to walk back")
+
+    def walk_back(self, bad: Nightly) -> tuple[Nightly, Nightly, list[str]]:
+        walked: list[str] = []
+        oldest = self.state.index_oldest
+        misses = 0
+        for day in walkback_dates(bad.date):
+            nightly = self.listing.on_or_before(day) if day >= oldest else None
+            if nightly is None:
+                nightly = self._unlisted_near(day)
+                if nightly is None:
+                    misses += 1
+                    if misses >= 3:
+                        break
+                    continue
+                self._remember(nightly)
+            if nightly.date >= bad.date or nightly.day in walked:
+                continue
+            walked.append(nightly.day)
+            record = self.probe(nightly)
+            if record.outcome is Outcome.GOOD:
+                self.display.note(f"no --good given: walked back from {bad.day}; "
+                                  f"{nightly.day} is good")
+                return nightly, bad, walked
+            if record.outcome is Outcome.BAD:
+                bad = nightly
+        raise OpforgeError(f"no good nightly found walking back from {bad.day} (tried "
+                           f"{', '.join(walked) or 'nothing'}); pass --good with a date that passes")
+
+    # -- one step -------------------------------------------------------------------------------
+
+    def probe(self, nightly: Nightly) -> StepRecord:
+        done = self.state.steps.get(nightly.day)
+        if done is not None:
+            return done
+        self.display.start(nightly)
+        t0 = time.monotonic()
+        try:
+            env = self.envs.ensure(nightly)
+        except OpforgeError as exc:
+            return self._finish(StepRecord(nightly, Outcome.SKIP, f"cannot install: {exc}", None,
+                                           0, time.monotonic() - t0, None, None, False), [])
+        self.display.step(nightly, "installed" if env.actions else "environment reused")
+        try:
+            cmd, run_env = self._prepare(env, nightly)
+        except OpforgeError as exc:
+            # the extension no longer builds against this nightly: a failure, like a test's
+            attempt = Attempt(1, time.monotonic() - t0, str(exc))
+            return self._verdict(nightly, env, [attempt], ["opforge", "build"], t0)
+        attempts: list[Attempt] = []
+        for k in range(self.params.retries + 1):
+            if k:
+                self.display.step(nightly, f"retry {k} of {self.params.retries}")
+            else:
+                self.display.step(nightly, "testing")
+            attempt = run_command(cmd, run_env, self.params.timeout, Path(self.params.cwd))
+            attempts.append(attempt)
+            try:
+                verdict = classify(attempt, match=self.match, regress=self.params.regress,
+                                   timeout_skip=self.params.timeout_skip)
+            except Abort as exc:
+                self.log.write("abort", date=nightly.day, exit_code=attempt.exit_code,
+                               output_tail=attempt.tail, message=str(exc))
+                raise OpforgeError(f"{nightly.day}: {exc}; the finished steps are saved, "
+                                   "fix the command and rerun with --resume") from None
+            if verdict.passed is not False:
+                break
+        return self._verdict(nightly, env, attempts, cmd, t0)
+
+    def _verdict(self, nightly: Nightly, env: NightlyEnv, attempts: list[Attempt],
+                 cmd: list[str], t0: float) -> StepRecord:
+        last = attempts[-1]
+        verdict = classify(last, match=self.match, regress=self.params.regress,
+                           timeout_skip=self.params.timeout_skip)
+        reason = verdict.reason + (f" (after {len(attempts)} attempts)" if len(attempts) > 1 else "")
+        record = StepRecord(nightly, verdict.outcome, reason, last.exit_code, len(attempts),
+                            time.monotonic() - t0, env.sha256, env.git_version, env.reused,
+                            last.tail)
+        return self._finish(record, env.actions, cmd, attempts)
+
+    def _finish(self, record: StepRecord, actions: list[str], cmd: list[str] | None = None,
+                attempts: list[Attempt] | None = None) -> StepRecord:
+        self.state.record(record)
+        state_mod.save(self.state, self.state_path)
+        self.probed_now += 1
+        self.log.write("probe", date=record.nightly.day, version=record.nightly.version,
+                       url=record.nightly.url, sha256=record.sha256, commit=record.git_version,
+                       outcome=record.outcome.value, reason=record.reason,
+                       exit_code=record.exit_code, duration_s=round(record.duration_s, 3),
+                       attempts=[{"exit_code": a.exit_code, "duration_s": round(a.duration_s, 3)}
+                                 for a in attempts or []],
+                       command=cmd, reused_env=record.reused_env, actions=actions,
+                       output_tail=record.output_tail)
+        self.display.done(record)
+        return record
+
+    def _prepare(self, env: NightlyEnv, nightly: Nightly) -> tuple[list[str], dict | None]:
+        """The command to run in ``env`` and its environment, per mode."""
+        wheel = Path(self.params.wheel) if self.params.wheel else None
+        if self.params.mode == "build":
+            rev = extension.checkout_revision(Path(self.params.cwd))
+            builds = self.envs.root / "builds" / f"{env.path.name}-{rev}"
+            built = sorted(builds.glob("*.whl"))
+            if not built or rev.endswith("-dirty"):
+                self.display.step(nightly, "building the extension")
+                built = [extension.build_against(
+                    self.params.variant, env.python, env.torch_version, self.params.index,
+                    builds, builds / "work", log=lambda line: None)]
+            wheel = built[-1]
+        if wheel is not None:
+            self.envs.add_wheel(env, wheel, nightly)
+        if self.params.command:
+            return list(self.params.command), env.run_env()
+        package = extension.wheel_package(wheel) if self.params.wheel and wheel else None
+        return extension.smoke_command(env.python, self.params.variant, package), None
+
+
+def parse_day(text: str, option: str) -> date:
+    """YYYY-MM-DD, YYYYMMDD, or a nightly version (2.5.0.dev20240610+cpu)."""
+    found = re.fullmatch(r"(\d{4})-?(\d{2})-?(\d{2})", text.strip())
+    if found is None:
+        found = re.search(r"\.dev(\d{4})(\d{2})(\d{2})", text)
+    if found is None:
+        raise UsageError(f"{option} {text!r}: expected a date like 2024-06-01 (or a nightly "
+                         "version like 2.5.0.dev20240601)")
+    try:
+        return date(*(int(g) for g in found.groups()))
+    except ValueError as exc:
+        raise UsageError(f"{option} {text!r}: {exc}") from None
+
+
+def reproduce_command(params: Params, nightly: Nightly, python: str) -> str:
+    """Shell lines that recreate the first bad nightly's environment and run the test."""
+    env = f"/tmp/torch-{nightly.date:%Y%m%d}"
+    lines = [f"{python} -m venv {env}",
+             f"{env}/bin/python -m pip install {shlex.quote(nightly.url)}"
+             + (f" --index-url {shlex.quote(params.index)}" if "://" in params.index
+                and not params.index.startswith("file://") else "")]
+    if params.wheel:
+        lines.append(f"{env}/bin/python -m pip install --no-deps {shlex.quote(params.wheel)}")
+    if params.command:
+        lines.append(f"(. {env}/bin/activate && {shlex.join(params.command)})")
+    else:
+        if not params.wheel:
+            lines.append(f"opforge build --variant {params.variant}  # against {env}/bin/python")
+        lines.append(f"opforge smoke --python {env}/bin/python --variant {params.variant}")
+    return " && \\\n  ".join(lines)
+
+
+def rerun_command(params: Params, good: Nightly, bad: Nightly) -> str:
+    argv = ["opforge", "bisect", "--good", good.day, "--bad", bad.day,
+            "--variant", params.variant, "--python", params.python, "--index", params.index]
+    if params.wheel:
+        argv += ["--wheel", params.wheel]
+    if params.match:
+        argv += ["--match", params.match]
+    if params.regress != "failure":
+        argv += ["--regress", params.regress]
+    if params.timeout:
+        argv += ["--timeout", f"{params.timeout:g}"]
+        if params.timeout_skip:
+            argv.append("--timeout-skip")
+    if params.command:
+        argv += ["--", *params.command]
+    return shlex.join(argv)
+
+
+__all__ = ["Params", "Session", "Outcomes", "max_probes", "parse_day"]

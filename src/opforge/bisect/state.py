@@ -1,0 +1,130 @@
+"""The bisect's state on disk, rewritten atomically after every step, and its JSON-lines log.
+
+The state holds the parameters, the nightlies the index listed when the bisect began (so a
+resumed bisect sees the same candidates even if the index has moved on) and every finished
+step. ``--resume`` reloads it and repeats no finished step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from opforge.errors import UsageError
+
+from .index import Nightly
+from .search import Outcome
+
+SCHEMA = 1
+
+
+@dataclass
+class StepRecord:
+    """One finished probe of one nightly."""
+
+    nightly: Nightly
+    outcome: Outcome
+    reason: str
+    exit_code: int | None
+    attempts: int
+    duration_s: float
+    sha256: str | None
+    git_version: str | None
+    reused_env: bool
+    output_tail: str = ""
+
+    def to_json(self) -> dict:
+        return {"nightly": self.nightly.to_json(), "outcome": self.outcome.value,
+                "reason": self.reason, "exit_code": self.exit_code, "attempts": self.attempts,
+                "duration_s": round(self.duration_s, 3), "sha256": self.sha256,
+                "git_version": self.git_version, "reused_env": self.reused_env,
+                "output_tail": self.output_tail}
+
+    @classmethod
+    def from_json(cls, data: dict) -> StepRecord:
+        return cls(Nightly.from_json(data["nightly"]), Outcome(data["outcome"]), data["reason"],
+                   data["exit_code"], data["attempts"], data["duration_s"], data["sha256"],
+                   data["git_version"], data["reused_env"], data.get("output_tail", ""))
+
+
+@dataclass
+class BisectState:
+    params: dict
+    listed: list[Nightly]
+    steps: dict[str, StepRecord] = field(default_factory=dict)   # date -> record
+    result: dict | None = None
+    looked_up: list[str] = field(default_factory=list)  # unlisted days already searched by URL
+
+    @property
+    def index_oldest(self):
+        """The oldest date the index itself listed (older ones were found by URL)."""
+        dates = [n.date for n in self.listed if n.day not in self.looked_up]
+        return min(dates) if dates else None
+
+    def record(self, step: StepRecord) -> None:
+        self.steps[step.nightly.day] = step
+
+    def to_json(self) -> dict:
+        return {"schema": SCHEMA, "params": self.params,
+                "listed": [n.to_json() for n in self.listed],
+                "steps": [s.to_json() for s in self.steps.values()], "result": self.result,
+                "looked_up": self.looked_up}
+
+    @classmethod
+    def from_json(cls, data: dict) -> BisectState:
+        state = cls(data["params"], [Nightly.from_json(n) for n in data["listed"]])
+        for step in data["steps"]:
+            state.record(StepRecord.from_json(step))
+        state.result = data.get("result")
+        state.looked_up = list(data.get("looked_up", []))
+        return state
+
+
+def save(state: BisectState, path: Path) -> None:
+    """Write the state so that a kill at any instant leaves the old or the new file whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(state.to_json(), f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load(path: Path) -> BisectState:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"--resume: no bisect state at {path}; start a bisect without --resume"
+                         ) from None
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--resume: cannot read {path}: {exc}") from None
+    if data.get("schema") != SCHEMA:
+        raise UsageError(f"--resume: {path} was written by another opforge version; start over")
+    try:
+        return BisectState.from_json(data)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UsageError(f"--resume: {path} is damaged ({exc}); start over without --resume"
+                         ) from None
+
+
+class StepLog:
+    """Append-only JSON lines: one object per event, flushed as it happens."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, event: str, **fields) -> None:
+        line = json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                           "event": event, **fields})
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
