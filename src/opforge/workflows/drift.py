@@ -1,0 +1,406 @@
+"""Rules that tie the workflows to matrix.yaml, the noxfile and the ``opforge`` CLI."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from opforge.errors import OpforgeError
+from opforge.workflows.commands import Command, ScriptError, classify, commands
+from opforge.workflows.expressions import (
+    RUNTIME,
+    ExpressionError,
+    Placeholder,
+    condition,
+    expressions,
+    render,
+    to_str,
+)
+from opforge.workflows.project import Project
+from opforge.workflows.workflow import (
+    Report,
+    Workflow,
+    action_name,
+    all_needs,
+    line_of,
+    needs_of,
+    steps_of,
+    strings_in,
+)
+
+_FROMJSON = re.compile(r"^\$\{\{\s*fromjson\(\s*needs\.([\w-]+)\.outputs\.([\w-]+)\s*\)\s*\}\}$",
+                       re.I)
+_MATRIX_FIELD = re.compile(r"(?<![\w.-])matrix\.([A-Za-z_][\w-]*)")
+_NEEDS_OUTPUT = re.compile(r"\bneeds\.([\w-]+)\.outputs\.([\w-]+)")
+_ENV_REF = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?")
+FILTER_FLAGS = ("--variant", "--platform", "--python", "--file")
+
+
+def _squash(value: Any) -> str:
+    return re.sub(r"\s+", "", str(value))
+
+
+def matrix_source(job: Any) -> tuple[str, str] | None:
+    """(producer job, output) of a ``fromJSON(needs.X.outputs.Y)`` matrix; ("", "") if typed."""
+    strategy = job.get("strategy") if isinstance(job, dict) else None
+    if not isinstance(strategy, dict) or "matrix" not in strategy:
+        return None
+    m = _FROMJSON.match(str(strategy["matrix"]).strip()) \
+        if isinstance(strategy["matrix"], str) else None
+    return (m.group(1), m.group(2)) if m else ("", "")
+
+
+def is_per_cell(job: Any) -> bool:
+    return matrix_source(job) not in (None, ("", ""))
+
+
+def context(wf: Workflow, cell: dict[str, Any] | None, event: str = "push") -> dict[str, Any]:
+    """Contexts to judge a step by: the cell, the event; run-time values as placeholders."""
+    inputs = {}
+    for name, spec in wf.dispatch_inputs.items():
+        spec = spec if isinstance(spec, dict) else {}
+        default = spec.get("default", (spec.get("options") or [None])[0])
+        inputs[name] = to_str(default) if default is not None else f"{RUNTIME}inputs.{name}__"
+    return {
+        "matrix": cell or {}, "inputs": inputs, "env": {}, "strategy": {}, "job": {},
+        "vars": {}, "secrets": {},
+        "github": {"event_name": event, "workflow": str(wf.data.get("name", "")),
+                   "run_id": "1", "run_attempt": "1", "sha": "0" * 40,
+                   "ref": "refs/heads/main", "workspace": "/workspace", "event": {}},
+        "runner": {"os": "Linux", "arch": "X64", "temp": "/runner-temp"},
+        "steps": Placeholder("steps"), "needs": Placeholder("needs"),
+    }
+
+
+def resolved_commands(wf: Workflow, job: dict, step: dict, ctx: dict[str, Any]
+                      ) -> list[list[str]]:
+    """The step's argv lists as the runner would run them for ``ctx``.
+
+    Like GitHub: ``${{ }}`` is substituted into the script text first (so an expression that
+    renders empty leaves no argument), then the line is split, then ``$VARS`` from ``env:``
+    are filled in. The rendered text passes the same allow-list checks as the source.
+    """
+    env: dict[str, str] = {}
+    for scope in (wf.data.get("env"), job.get("env"), step.get("env")):
+        for key, value in (scope or {}).items():
+            env[key] = to_str(render(value, {**ctx, "env": env}))
+    script = to_str(render(str(step.get("run", "")), {**ctx, "env": env}))
+    return [[_ENV_REF.sub(lambda m: env.get(m.group(1), m.group(0)), arg) for arg in argv]
+            for argv in commands(script)]
+
+
+def _matrix_producer(job: Any) -> tuple[set[str], list[Command]]:
+    """The outputs of ``job`` that carry an ``opforge matrix --github`` step's matrix."""
+    ids, cmds = set(), []
+    for step, _ in steps_of(job):
+        try:
+            found = [classify(argv) for argv in commands(str(step.get("run", "")))]
+        except ScriptError:
+            continue
+        for cmd in found:
+            if cmd.subcommand == "matrix" and "--github" in cmd.args or \
+                    cmd.tool == "nox" and "matrix" in cmd.sessions and "--github" in cmd.posargs:
+                cmds.append(cmd)
+                if step.get("id"):
+                    ids.add(str(step["id"]))
+    outputs = job.get("outputs") if isinstance(job, dict) else None
+    fed = {name for name, value in (outputs or {}).items()
+           if any(f"steps.{i}.outputs.matrix" in _squash(value) for i in ids)}
+    return fed, cmds
+
+
+def check_matrix_use(wf: Workflow, project: Project, report: Report) -> None:
+    fields = project.fields
+    for job_id, job in wf.jobs.items():
+        if not isinstance(job, dict):
+            continue
+        where, source = f"jobs.{job_id}", matrix_source(job)
+        runs_on, container = job.get("runs-on"), job.get("container")
+        if isinstance(container, dict):
+            container = container.get("image")
+        if source is None:
+            _check_plain_job(wf, job, where, runs_on, container, project, report)
+        else:
+            _check_cell_job(wf, job, where, source, runs_on, container, fields, report)
+        for text in strings_in(job):
+            for need, output in _NEEDS_OUTPUT.findall(text):
+                if need not in needs_of(job):
+                    report(wf, line_of(job), where, f"reads needs.{need} without needs: {need}")
+                elif output not in ((wf.jobs.get(need) or {}).get("outputs") or {}):
+                    report(wf, line_of(job), where, f"job {need} has no output {output!r}")
+    typed = {v.container: "container image" for v in project.matrix.variants if v.container}
+    typed.update({v.arch_list: "CUDA arch list" for v in project.matrix.variants if v.arch_list})
+    typed[project.matrix.torch.index.rstrip("/")] = "torch index"
+    for number, text in enumerate(wf.lines, 1):
+        for value, what in typed.items():
+            if value in text:
+                report(wf, number, "(text)", f"{what} {value!r} typed in the workflow; it "
+                                             "comes from matrix.yaml through the matrix job")
+
+
+def _check_plain_job(wf: Workflow, job: dict, where: str, runs_on: Any, container: Any,
+                     project: Project, report: Report) -> None:
+    if container is not None:
+        report(wf, line_of(job, "container"), f"{where}.container",
+               f"{container!r}: images come from matrix.yaml; run the job per cell with "
+               "container: ${{ matrix.container }}")
+    for label in [runs_on] if isinstance(runs_on, str) else list(runs_on or []):
+        label = str(label)
+        if "${{" in label:
+            if "needs." not in label:
+                report(wf, line_of(job, "runs-on"), f"{where}.runs-on",
+                       f"{label!r}: runners come from matrix.yaml through the matrix job")
+        elif label not in project.runners:
+            report(wf, line_of(job, "runs-on"), f"{where}.runs-on",
+                   f"runner {label!r} is not declared in matrix.yaml "
+                   f"({', '.join(sorted(project.runners))})")
+
+
+def _check_cell_job(wf: Workflow, job: dict, where: str, source: tuple[str, str], runs_on: Any,
+                    container: Any, fields: set[str], report: Report) -> None:
+    producer, output = source
+    line = line_of(job, "strategy")
+    if not producer:
+        report(wf, line, f"{where}.strategy.matrix", "matrix typed in the workflow; take it "
+                                                     "from fromJSON(needs.<matrix job>.outputs.matrix)")
+    else:
+        fed, _ = _matrix_producer(wf.jobs.get(producer))
+        if producer not in needs_of(job):
+            report(wf, line, f"{where}.strategy.matrix",
+                   f"reads needs.{producer} but does not list it in needs")
+        if output not in fed:
+            report(wf, line, f"{where}.strategy.matrix", f"needs.{producer}.outputs.{output} is "
+                                                         "not fed by an 'opforge matrix --github' step")
+    if _squash(runs_on) != "${{matrix.runner}}":
+        report(wf, line_of(job, "runs-on"), f"{where}.runs-on",
+               f"{runs_on!r}: a per-cell job runs on ${{{{ matrix.runner }}}}")
+    if container is not None and _squash(container) != "${{matrix.container}}":
+        report(wf, line_of(job, "container"), f"{where}.container",
+               f"{container!r}: the image comes from the matrix (${{{{ matrix.container }}}})")
+    unknown = sorted({name for text in strings_in(job) for expr in expressions(text)
+                      for name in _MATRIX_FIELD.findall(expr)} - fields)
+    for name in unknown:
+        report(wf, line_of(job), where, f"matrix.{name} is not a field opforge matrix --github "
+                                        "emits")
+    for step, swhere in steps_of(job):
+        if action_name(step.get("uses")) == "actions/setup-python":
+            version = _squash((step.get("with") or {}).get("python-version", ""))
+            if version != "${{matrix.python}}":
+                report(wf, line_of(step), f"{where}.{swhere}",
+                       "a per-cell job sets up python-version: ${{ matrix.python }}")
+
+
+def check_run_steps(wf: Workflow, project: Project, report: Report) -> None:
+    """Every run: step is on the allow-list, for every cell it runs for."""
+    for job_id, job in wf.jobs.items():
+        if not isinstance(job, dict):
+            continue
+        cells = project.cells if is_per_cell(job) else [None]
+        for step, swhere in steps_of(job):
+            if "run" not in step:
+                continue
+            where, line, seen = f"jobs.{job_id}.{swhere}", line_of(step, "run"), set()
+            try:
+                commands(str(step["run"]))
+            except ScriptError as exc:
+                report(wf, line, where, str(exc))
+                continue
+            for cell in cells:
+                try:
+                    argvs = resolved_commands(wf, job, step, context(wf, cell))
+                    problems = []
+                    for argv in argvs:
+                        problems += _command_problems(classify(argv), project)
+                except (ScriptError, ExpressionError) as exc:
+                    problems = [str(exc)]
+                for problem in problems:
+                    if problem not in seen:
+                        seen.add(problem)
+                        report(wf, line, where, problem + (f" (cell {cell['name']})"
+                                                           if cell else ""))
+
+
+def _command_problems(cmd: Command, project: Project) -> list[str]:
+    problems = []
+    if cmd.tool == "nox" and project.sessions is not None:
+        for session in cmd.sessions:
+            if session not in project.sessions:
+                problems.append(f"nox session {session!r} is not defined in noxfile.py "
+                                f"(defined: {', '.join(sorted(project.sessions))})")
+    if cmd.tool == "opforge":
+        parser = project.opforge_commands.get(cmd.subcommand or "")
+        if parser is None:
+            problems.append(f"'opforge {cmd.subcommand}' is not an opforge command "
+                            f"({', '.join(sorted(project.opforge_commands))})")
+        elif not any(RUNTIME in arg for arg in cmd.args):  # run-time values: cannot judge
+            try:
+                parser.parse_args(list(cmd.args[1:]))
+            except OpforgeError as exc:
+                problems.append(f"'opforge {' '.join(cmd.args)}': {exc}")
+            except SystemExit:
+                problems.append(f"'opforge {' '.join(cmd.args)}' exits while parsing")
+    return problems
+
+
+# --------------------------------------------------------------------------- every variant's path
+
+
+@dataclass
+class _Found:
+    """Where one cell's wheel is built, uploaded, downloaded and smoke-tested."""
+
+    build: list[tuple[str, str]] = field(default_factory=list)      # (job, step)
+    upload: list[tuple[str, str]] = field(default_factory=list)
+    download: list[tuple[str, str, str]] = field(default_factory=list)  # + path
+    smoke: list[tuple[str, str, Command]] = field(default_factory=list)
+
+
+def check_variant_paths(wf: Workflow, project: Project, report: Report) -> None:
+    """In ci.yml and nightly.yml: every variant is built, uploaded, downloaded and smoked."""
+    producers = {job_id: _matrix_producer(job)[1] for job_id, job in wf.jobs.items()}
+    producers = {job_id: cmds for job_id, cmds in producers.items() if cmds}
+    if not producers:
+        report(wf, line_of(wf.data, "jobs"), "jobs",
+               "no job runs 'opforge matrix --github' to feed the cells")
+        return
+    for job_id, cmds in producers.items():
+        for cmd in cmds:
+            for flag in FILTER_FLAGS:
+                if cmd.option(flag) is not None or flag in cmd.args:
+                    report(wf, line_of(wf.jobs[job_id]), f"jobs.{job_id}",
+                           f"'opforge matrix {flag}' drops cells: {wf.path.name} builds every "
+                           "variant (--pull-request trims Pythons, nothing else)")
+    for variant in project.matrix.variants:
+        for cell in [c for c in project.cells if c["variant"] == variant.name]:
+            problems = _cell_path_problems(wf, project, cell)
+            for problem in problems:
+                report(wf, line_of(wf.data, "jobs"), f"variant {variant.name}",
+                       f"{problem} (cell {cell['name']})")
+            if problems:
+                break  # one cell shows what is wrong with the variant
+
+
+def _cell_path_problems(wf: Workflow, project: Project, cell: dict[str, Any]) -> list[str]:
+    problems: list[str] = []
+    for event in ("push", "pull_request"):
+        found = _find_path(wf, cell, context(wf, cell, event))
+        problems = _judge_path(wf, cell, found)
+        if problems:
+            return [f"on {event}: {p}" for p in problems]
+    return problems
+
+
+def _find_path(wf: Workflow, cell: dict[str, Any], ctx: dict[str, Any]) -> _Found:
+    found = _Found()
+    for job_id, job in wf.jobs.items():
+        if not is_per_cell(job):
+            continue
+        try:
+            if not condition(job.get("if"), {**ctx, "matrix": {}}):
+                continue
+        except ExpressionError:
+            pass  # a job-level if cannot read the matrix; the steps decide
+        for step, swhere in steps_of(job):
+            try:
+                if not condition(step.get("if"), ctx):
+                    continue
+                args = {k: to_str(render(v, ctx)) for k, v in (step.get("with") or {}).items()}
+                argvs = resolved_commands(wf, job, step, ctx) if "run" in step else []
+            except (ExpressionError, ScriptError):
+                continue  # reported by check_run_steps
+            action = action_name(step.get("uses"))
+            if action == "actions/upload-artifact" and args.get("name") == cell["artifact"]:
+                found.upload.append((job_id, swhere))
+            if action == "actions/download-artifact" and args.get("name") == cell["artifact"]:
+                found.download.append((job_id, swhere, args.get("path", "")))
+            for argv in argvs:
+                try:
+                    cmd = classify(argv)
+                except ScriptError:
+                    continue
+                if cmd.tool == "nox" and cell["build_session"] in cmd.sessions or \
+                        cmd.subcommand == "build" and cmd.option("--variant") == cell["variant"]:
+                    found.build.append((job_id, swhere))
+                if cmd.subcommand == "smoke" or cmd.tool == "nox" and "smoke" in cmd.sessions:
+                    found.smoke.append((job_id, swhere, cmd))
+    return found
+
+
+def _judge_path(wf: Workflow, cell: dict[str, Any], found: _Found) -> list[str]:
+    problems = []
+    if not found.build:
+        problems.append(f"no step runs {cell['build_session']}")
+    if not found.upload:
+        problems.append(f"no step uploads artifact {cell['artifact']!r}")
+    if not found.download:
+        problems.append(f"no job downloads artifact {cell['artifact']!r}")
+    if not found.smoke:
+        problems.append("no step runs opforge smoke")
+    build_jobs = {job for job, _ in found.build + found.upload}
+    for job, _, _ in found.download:
+        if job in build_jobs:
+            problems.append(f"jobs.{job} smokes the wheel in the job that built it; use a "
+                            "fresh job so nothing from the build leaks in")
+        elif not build_jobs & all_needs(wf.jobs, job):
+            problems.append(f"jobs.{job} downloads the wheel without needing the build job")
+    downloads = {job: path for job, _, path in found.download}
+    for job, swhere, cmd in found.smoke:
+        where = f"jobs.{job}.{swhere}"
+        if job not in downloads:
+            problems.append(f"{where} smokes a wheel its job did not download")
+            continue
+        if (wf.jobs[job] or {}).get("container") is not None:
+            problems.append(f"jobs.{job} smokes inside a container; smoke on the cell's runner, "
+                            "where users run")
+        wheel = cmd.option("--wheel") or ""
+        if downloads[job] and not wheel.startswith(downloads[job].rstrip("/") + "/"):
+            problems.append(f"{where} smokes --wheel {wheel or '(none)'}, not the wheel "
+                            f"downloaded into {downloads[job]}")
+        if cmd.option("--variant") != cell["variant"]:
+            problems.append(f"{where} does not pass --variant {cell['variant']}")
+        checks = cmd.option("--device-checks")
+        if (checks == "skip") == bool(cell["device_checks"]):
+            problems.append(f"{where} passes --device-checks {checks or '(nothing)'}, but "
+                            f"matrix.yaml says device_checks: "
+                            f"{str(bool(cell['device_checks'])).lower()}")
+    return problems
+
+
+# --------------------------------------------------------------------------- triggers and inputs
+
+
+def check_bisect_dispatch(wf: Workflow, project: Project, report: Report) -> None:
+    """bisect.yml: dispatch inputs that list exactly matrix.yaml's choices."""
+    inputs = wf.dispatch_inputs
+    if not inputs:
+        report(wf, line_of(wf.data, "on") or 1, "on.workflow_dispatch.inputs",
+               "needs inputs good, bad, variant, python, match")
+        return
+    for name in ("good", "bad", "variant", "python", "match"):
+        if name not in inputs:
+            report(wf, line_of(inputs), f"on.workflow_dispatch.inputs.{name}", "missing")
+    expected = {"variant": [v.name for v in project.matrix.variants],
+                "platform": list(project.matrix.platforms),
+                "python": list(project.matrix.pythons)}
+    for name, want in expected.items():
+        spec = inputs.get(name)
+        if isinstance(spec, dict) and spec.get("type") == "choice":
+            options = [str(o) for o in spec.get("options") or []]
+            if options != want:
+                report(wf, line_of(spec, "options"), f"on.workflow_dispatch.inputs.{name}",
+                       f"options {options} differ from matrix.yaml's {want}")
+
+
+def check_runs_command(wf: Workflow, subcommand: str, report: Report) -> None:
+    """The workflow has a step that runs ``opforge <subcommand>`` (or its nox session)."""
+    for job in wf.jobs.values():
+        for step, _ in steps_of(job):
+            try:
+                cmds = [classify(argv) for argv in commands(str(step.get("run", "")))]
+            except ScriptError:
+                continue
+            if any(c.subcommand == subcommand or c.tool == "nox" and subcommand in c.sessions
+                   for c in cmds):
+                return
+    report(wf, line_of(wf.data, "jobs"), "jobs", f"no step runs opforge {subcommand}")
