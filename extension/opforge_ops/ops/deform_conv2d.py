@@ -1,0 +1,283 @@
+"""Deformable convolution (v1 and v2): ``deform_conv2d`` and ``DeformConv2d``.
+
+Same signatures, defaults and checks as ``torchvision.ops.deform_conv2d``; the
+kernels are ``torch.ops.opforge.deform_conv2d`` and
+``torch.ops.opforge._deform_conv2d_backward``. This module also registers their
+fake (meta) kernels and the autograd formula. It must be imported only after the
+compiled library has loaded.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+from torch.nn import init
+from torch.nn.modules.utils import _pair
+from torch.nn.parameter import Parameter
+
+__all__ = ["deform_conv2d", "DeformConv2d"]
+
+
+def deform_conv2d(
+    input: Tensor,
+    offset: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: tuple[int, int] = (1, 1),
+    padding: tuple[int, int] = (0, 0),
+    dilation: tuple[int, int] = (1, 1),
+    mask: Tensor | None = None,
+) -> Tensor:
+    r"""Deformable Convolution v2 (https://arxiv.org/abs/1811.11168) if ``mask``
+    is given, Deformable Convolution (https://arxiv.org/abs/1703.06211) otherwise.
+
+    Args:
+        input (Tensor[batch_size, in_channels, in_height, in_width]): input tensor
+        offset (Tensor[batch_size, 2 * offset_groups * kernel_height * kernel_width, out_height, out_width]):
+            offsets to be applied for each position in the convolution kernel.
+        weight (Tensor[out_channels, in_channels // groups, kernel_height, kernel_width]):
+            convolution weights, split into groups of size (in_channels // groups)
+        bias (Tensor[out_channels]): optional bias. Default: None
+        stride (int or Tuple[int, int]): distance between convolution centers. Default: 1
+        padding (int or Tuple[int, int]): zero padding around each image. Default: 0
+        dilation (int or Tuple[int, int]): spacing between kernel elements. Default: 1
+        mask (Tensor[batch_size, offset_groups * kernel_height * kernel_width, out_height, out_width]):
+            masks to be applied for each position in the convolution kernel. Default: None
+
+    Returns:
+        Tensor[batch_sz, out_channels, out_h, out_w]: result of convolution
+    """
+    for name, value in (("input", input), ("offset", offset), ("weight", weight)):
+        if not isinstance(value, Tensor):
+            raise TypeError(f"deform_conv2d: {name} must be a Tensor, got {type(value).__name__}")
+    if input.dim() != 4:
+        raise ValueError(
+            f"deform_conv2d: input must be 4-D (batch, channels, height, width), got shape {tuple(input.shape)}"
+        )
+    if weight.dim() != 4:
+        raise ValueError(
+            "deform_conv2d: weight must be 4-D (out_channels, in_channels / groups, kernel_h, kernel_w), "
+            f"got shape {tuple(weight.shape)}"
+        )
+    if offset.dim() != 4:
+        raise ValueError(
+            "deform_conv2d: offset must be 4-D (batch, 2 * offset_groups * kernel_h * kernel_w, out_h, out_w), "
+            f"got shape {tuple(offset.shape)}"
+        )
+    out_channels = weight.shape[0]
+    use_mask = mask is not None
+    if mask is None:
+        mask = torch.zeros((input.shape[0], 1), device=input.device, dtype=input.dtype)
+    if bias is None:
+        bias = torch.zeros(out_channels, device=input.device, dtype=input.dtype)
+
+    stride_h, stride_w = _pair(stride)
+    pad_h, pad_w = _pair(padding)
+    dil_h, dil_w = _pair(dilation)
+    weights_h, weights_w = weight.shape[-2:]
+    n_in_channels = input.shape[1]
+
+    if weights_h * weights_w == 0 or weight.shape[1] == 0:
+        raise ValueError(
+            "deform_conv2d: weight must have a non-empty kernel and in_channels / groups > 0, "
+            f"got shape {tuple(weight.shape)}"
+        )
+    n_offset_grps = offset.shape[1] // (2 * weights_h * weights_w)
+    n_weight_grps = n_in_channels // weight.shape[1]
+
+    if n_offset_grps == 0:
+        raise RuntimeError(
+            "the shape of the offset tensor at dimension 1 is not valid. It should "
+            "be a multiple of 2 * weight.size[2] * weight.size[3].\n"
+            f"Got offset.shape[1]={offset.shape[1]}, while 2 * weight.size[2] * weight.size[3]={2 * weights_h * weights_w}"
+        )
+
+    return torch.ops.opforge.deform_conv2d(
+        input,
+        weight,
+        offset,
+        mask,
+        bias,
+        stride_h,
+        stride_w,
+        pad_h,
+        pad_w,
+        dil_h,
+        dil_w,
+        n_weight_grps,
+        n_offset_grps,
+        use_mask,
+    )
+
+
+class DeformConv2d(nn.Module):
+    """See :func:`deform_conv2d`."""
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int,
+        stride: int = 1,
+        padding: int = 0,
+        dilation: int = 1,
+        groups: int = 1,
+        bias: bool = True,
+    ):
+        super().__init__()
+        if in_channels % groups != 0:
+            raise ValueError("in_channels must be divisible by groups")
+        if out_channels % groups != 0:
+            raise ValueError("out_channels must be divisible by groups")
+
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.kernel_size = _pair(kernel_size)
+        self.stride = _pair(stride)
+        self.padding = _pair(padding)
+        self.dilation = _pair(dilation)
+        self.groups = groups
+
+        self.weight = Parameter(
+            torch.empty(out_channels, in_channels // groups, self.kernel_size[0], self.kernel_size[1])
+        )
+        if bias:
+            self.bias = Parameter(torch.empty(out_channels))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            fan_in, _ = init._calculate_fan_in_and_fan_out(self.weight)
+            bound = 1 / math.sqrt(fan_in)
+            init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, input: Tensor, offset: Tensor, mask: Tensor | None = None) -> Tensor:
+        return deform_conv2d(
+            input,
+            offset,
+            self.weight,
+            self.bias,
+            stride=self.stride,
+            padding=self.padding,
+            dilation=self.dilation,
+            mask=mask,
+        )
+
+    def __repr__(self) -> str:
+        s = (
+            f"{self.__class__.__name__}("
+            f"{self.in_channels}"
+            f", {self.out_channels}"
+            f", kernel_size={self.kernel_size}"
+            f", stride={self.stride}"
+        )
+        s += f", padding={self.padding}" if self.padding != (0, 0) else ""
+        s += f", dilation={self.dilation}" if self.dilation != (1, 1) else ""
+        s += f", groups={self.groups}" if self.groups != 1 else ""
+        s += ", bias=False" if self.bias is None else ""
+        s += ")"
+        return s
+
+
+# --- fake (meta) kernels -------------------------------------------------------
+
+
+def _check_shapes(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w,
+                  dilation_h, dilation_w, groups, offset_groups, use_mask):
+    """The shape rules of the CPU kernel, for tracing (torch.compile, export)."""
+    torch._check(input.dim() == 4, lambda: f"deform_conv2d: input must be 4-D, got {input.dim()}-D")
+    torch._check(weight.dim() == 4, lambda: f"deform_conv2d: weight must be 4-D, got {weight.dim()}-D")
+    torch._check(offset.dim() == 4, lambda: f"deform_conv2d: offset must be 4-D, got {offset.dim()}-D")
+    torch._check(not use_mask or mask.dim() == 4, lambda: f"deform_conv2d: mask must be 4-D, got {mask.dim()}-D")
+    for name, t in (("weight", weight), ("offset", offset), ("mask", mask), ("bias", bias)):
+        torch._check(
+            t.device == input.device,
+            lambda name=name, t=t: f"deform_conv2d: {name} must be on the same device as input ({input.device}), got {t.device}",
+        )
+        torch._check(
+            t.dtype == input.dtype,
+            lambda name=name, t=t: f"deform_conv2d: expected {name} to have the same dtype as input ({input.dtype}), got {t.dtype}",
+        )
+    torch._check(groups > 0, lambda: f"deform_conv2d: groups must be positive, got {groups}")
+    torch._check(offset_groups > 0, lambda: f"deform_conv2d: offset_groups must be positive, got {offset_groups}")
+    kk = weight.shape[2] * weight.shape[3]
+    torch._check(
+        offset.shape[1] == 2 * offset_groups * kk,
+        lambda: f"deform_conv2d: offset.shape[1] must be 2 * offset_groups * kernel_h * kernel_w, got {offset.shape[1]}",
+    )
+    torch._check(
+        weight.shape[1] * groups == input.shape[1],
+        lambda: f"deform_conv2d: weight.shape[1] must be in_channels / groups, got {weight.shape[1]}",
+    )
+    torch._check(
+        offset.shape[0] == input.shape[0],
+        lambda: f"deform_conv2d: offset.shape[0] must equal the batch size {input.shape[0]}",
+    )
+
+
+@torch.library.register_fake("opforge::deform_conv2d")
+def _deform_conv2d_fake(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w,
+                        dilation_h, dilation_w, groups, offset_groups, use_mask):
+    _check_shapes(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w,
+                  dilation_h, dilation_w, groups, offset_groups, use_mask)
+    out_h, out_w = offset.shape[-2:]
+    return input.new_empty((input.shape[0], weight.shape[0], out_h, out_w))
+
+
+@torch.library.register_fake("opforge::_deform_conv2d_backward")
+def _deform_conv2d_backward_fake(grad, input, weight, offset, mask, bias, stride_h, stride_w,
+                                 pad_h, pad_w, dilation_h, dilation_w, groups, offset_groups,
+                                 use_mask):
+    _check_shapes(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w,
+                  dilation_h, dilation_w, groups, offset_groups, use_mask)
+    return (
+        input.new_empty(input.shape),
+        weight.new_empty(weight.shape),
+        offset.new_empty(offset.shape),
+        mask.new_empty(mask.shape),
+        bias.new_empty(bias.shape),
+    )
+
+
+# --- autograd ------------------------------------------------------------------
+
+_PARAMS = ("stride_h", "stride_w", "pad_h", "pad_w", "dilation_h", "dilation_w",
+           "groups", "offset_groups", "use_mask")
+
+
+def _setup_context(ctx, inputs, output):
+    input, weight, offset, mask, bias, *params = inputs
+    ctx.save_for_backward(input, weight, offset, mask, bias)
+    ctx.params = params
+
+
+def _backward(ctx, grad):
+    input, weight, offset, mask, bias = ctx.saved_tensors
+    grad_input, grad_weight, grad_offset, grad_mask, grad_bias = torch.ops.opforge._deform_conv2d_backward(
+        grad, input, weight, offset, mask, bias, *ctx.params
+    )
+    return (grad_input, grad_weight, grad_offset, grad_mask, grad_bias) + (None,) * len(_PARAMS)
+
+
+torch.library.register_autograd("opforge::deform_conv2d", _backward, setup_context=_setup_context)
+
+
+def _backward_setup_context(ctx, inputs, output):
+    pass
+
+
+def _double_backward(ctx, *grads):
+    raise RuntimeError(
+        "double backward of deform_conv2d is not supported: "
+        "opforge computes first-order gradients only"
+    )
+
+
+torch.library.register_autograd(
+    "opforge::_deform_conv2d_backward", _double_backward, setup_context=_backward_setup_context
+)
