@@ -213,8 +213,14 @@ def run(args: argparse.Namespace) -> int:
     pip_index = [] if _is_local(params.index) else ["--index-url", params.index]
     envs = EnvCache(root, exe, pip_index)
     session = Session(params, state, state_path, log, envs, display, exe)
-    with display:
-        outcome = session.run()
+    try:
+        with display:
+            outcome = session.run()
+    except KeyboardInterrupt:
+        display.note(f"interrupted after {len(state.steps)} finished steps; "
+                     "`opforge bisect --resume` continues without repeating them")
+        log.write("interrupted", steps_done=len(state.steps))
+        raise
     commits = commit_range(outcome.last_good.git_version, outcome.first_bad.git_version, repo)
     data = result_json(outcome, commits, f"python{params.python}"
                        if re.fullmatch(r"\d+\.\d+", params.python) else exe)

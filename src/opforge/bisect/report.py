@@ -25,11 +25,11 @@ class Display:
     """Progress on stderr: which nightly, what step, roughly how many probes are left."""
 
     def __init__(self, console: Console | None = None):
-        self.console = console or Console(stderr=True, highlight=False, soft_wrap=True)
-        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+        self.console = console or Console(stderr=True, highlight=False)
+        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(bar_width=20),
                                  TextColumn("{task.fields[count]}"), TimeElapsedColumn(),
                                  console=self.console, transient=True)
-        self.task = self.progress.add_task("starting", total=None, count="")
+        self.task = self.progress.add_task("reading the index", total=None, count="")
         self.probes = 0
         self.remaining = 0
 
@@ -41,7 +41,7 @@ class Display:
         self.progress.stop()
 
     def _update(self, text: str) -> None:
-        count = f"{self.probes} tested" + (f", ~{self.remaining} left" if self.remaining else "")
+        count = f"{self.probes} done" + (f", ~{self.remaining} left" if self.remaining else "")
         self.progress.update(self.task, description=text, count=count,
                              total=self.probes + self.remaining or None, completed=self.probes)
 
@@ -52,10 +52,10 @@ class Display:
         self.remaining = remaining
 
     def start(self, nightly: Nightly) -> None:
-        self._update(f"{nightly.day} {nightly.version}: preparing the environment")
+        self._update(f"{nightly.day}: preparing the environment")
 
     def step(self, nightly: Nightly, what: str) -> None:
-        self._update(f"{nightly.day} {nightly.version}: {what}")
+        self._update(f"{nightly.day}: {what}")
 
     def done(self, record: StepRecord) -> None:
         self.probes += 1
@@ -104,8 +104,8 @@ def _headline(data: dict) -> str:
 
 def print_rich(data: dict, console: Console) -> None:
     console.print(f"[bold]opforge bisect:[/] {escape(_headline(data))}")
-    table = Table(show_header=True, header_style="bold", box=box.SIMPLE_HEAD)
-    for column in ("", "date", "version", "nightly commit", "main commit"):
+    table = Table(show_header=True, header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    for column in ("", "date", "version", "nightly commit", "main commit"):  # commits: 12 hex
         table.add_column(column, no_wrap=True)
     c = data["commits"]
     rows = [("last good", data["last_good"], c["good_main_commit"]),

@@ -1,0 +1,79 @@
+"""The default mode's glue: build the checkout against each nightly, then run the smoke test.
+
+Real nightlies (and a compile per nightly) are not available here, so the compile and the
+smoke command are replaced by a tiny wheel and a one-line import; what is pinned is the
+plumbing: one build per nightly, made with that nightly's environment and torch version,
+installed beside it, smoke-tested there, and reused on the next run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import write_wheel
+
+import opforge
+from opforge.bisect import extension
+from opforge.cli import main
+
+REPO_ROOT = Path(opforge.__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def fake_build(monkeypatch):
+    builds, smokes = [], []
+
+    def build_against(variant, env_python, torch_version, index, out_dir, work_dir, log):
+        builds.append((variant, Path(env_python), torch_version))
+        out_dir.mkdir(parents=True, exist_ok=True)
+        return write_wheel(out_dir, "fakeops", "0.1.0", "py3-none-any",
+                           {"fakeops/__init__.py": "import torch\ntorch.nms_check()\n"})
+
+    real_smoke = extension.smoke_command
+
+    def smoke_command(env_python, variant, package=None):
+        smokes.append(real_smoke(env_python, variant, package))
+        return [str(env_python), "-c", "import fakeops"]
+
+    monkeypatch.setattr(extension, "build_against", build_against)
+    monkeypatch.setattr(extension, "smoke_command", smoke_command)
+    monkeypatch.setattr(extension, "checkout_revision", lambda root: "0123456789ab")
+    monkeypatch.chdir(REPO_ROOT)  # the checkout, with its matrix.yaml
+    return builds, smokes
+
+
+def test_default_mode_builds_each_nightly_once_and_smoke_tests_it(fake_build, fake_index,
+                                                                   tmp_path, monkeypatch, capsys):
+    builds, smokes = fake_build
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    argv = ["bisect", "--index", str(fake_index.root), "--good", "2024-06-01", "--bad",
+            "2024-06-10", "--match", "does not exist", "--state", str(tmp_path / "state.json"),
+            "--json"]
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["first_bad"]["date"] == "2024-06-07"
+    assert len(builds) == data["probes"]
+    envs = {p.name for p in (tmp_path / "cache" / "envs").iterdir()}
+    for variant, env_python, torch_version in builds:
+        assert variant == "cpu"
+        assert env_python.parent.parent.name in envs
+        assert env_python.parent.parent.name.startswith(f"torch-{torch_version.replace('+', '_')}")
+    # the real smoke command: opforge smoke on the nightly's environment, the variant's keys
+    cmd = smokes[0]
+    assert cmd[1:5] == ["-m", "opforge", "smoke", "--python"]
+    assert cmd[cmd.index("--variant") + 1] == "cpu"
+
+    assert main(argv) == 0  # a second run reuses every build and environment
+    capsys.readouterr()
+    assert len(builds) == data["probes"]
+
+
+def test_default_mode_checks_the_variant_against_the_matrix(fake_build, fake_index, tmp_path,
+                                                           capsys):
+    assert main(["bisect", "--index", str(fake_index.root), "--variant", "cu999",
+                 "--state", str(tmp_path / "s.json")]) == 2
+    assert "unknown variant 'cu999'" in capsys.readouterr().err
