@@ -71,6 +71,17 @@ def test_match_turns_unrelated_failures_into_skips(bisector):
     assert skip and skip[0]["outcome"] == "skip" and "--match" in skip[0]["reason"]
 
 
+def test_skips_next_to_the_regression_leave_the_smallest_range(bisector):
+    bisector.env.update(PROBE_MODE="bad_from:20240605", SKIP_AT="20240605,20240603")
+    run = bisector("--good", "2024-06-01", "--bad", "2024-06-10", "--json")
+    assert run.returncode == 0, run.stderr
+    data = run.json()
+    assert not data["exact"]
+    assert (data["last_good"]["date"], data["first_bad"]["date"]) == ("2024-06-04", "2024-06-07")
+    assert [s["date"] for s in data["skipped"]] == ["2024-06-05"]
+    assert "could not be tested (2024-06-05)" in " ".join(run.stderr.split())  # the headline
+
+
 def test_nightly_choice_takes_the_last_build_of_a_date_for_this_platform(bisector, fake_index):
     bisector.env["PROBE_MODE"] = "bad_from:20240602"
     run = bisector("--good", "2024-06-01", "--bad", "2024-06-03", "--json")

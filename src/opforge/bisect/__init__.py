@@ -1,0 +1,13 @@
+"""``opforge bisect``: the PyTorch nightly (and commit range) where a regression appeared.
+
+search.py   the pure search (good / bad / skip like git bisect; no I/O)
+index.py    the nightly index (PEP 503 / 691, https, file://, a directory), wheel choice, downloads
+envs.py     one cached environment per nightly
+probe.py    running the test and turning its exit into a verdict
+session.py  one bisect run: endpoints, walk-back, the loop, each step saved
+state.py    the atomic state file (--resume) and the JSON-lines step log
+commits.py  nightly commits -> main-branch commits (--pytorch-repo)
+report.py   progress display and the final report (rich, --json, --markdown)
+extension.py  the glue to `opforge build` / `opforge smoke` (default and --wheel modes)
+cli.py      the subcommand's arguments
+"""

@@ -25,7 +25,11 @@ examples:
   opforge bisect --bad 2024-06-10 --wheel dist/cpu/opforge_ops-0.1.0+cpu-*.whl
   opforge bisect --good 2024-06-01 --bad 2024-06-10 --match 'does not exist' -- \\
       python -c 'import torch, opforge_ops; torch.ops.opforge.nms'
+  opforge bisect --good 2024-06-01 --wheel my_ops.whl -- python -m pytest tests/test_ops.py
   opforge bisect --resume
+
+With --wheel and a command, the command tests the wheel; the command runs with the nightly's
+environment activated (PATH, VIRTUAL_ENV; PYTHONPATH removed) in the current directory.
 """
 
 # options that define a bisect: on --resume they must agree with the stored ones if given

@@ -6,6 +6,7 @@ mode (and its tests) need neither a matrix nor a compiler.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -36,8 +37,19 @@ def smoke_command(env_python: Path, variant: str, package: str | None = None) ->
     cmd = [sys.executable, "-m", "opforge", "smoke", "--python", str(env_python),
            "--variant", variant]
     if package:
+        from opforge.matrix import load_matrix
+
         cmd += ["--package", package]
+        if package != load_matrix().extension.package:
+            cmd += ["--namespace", package]  # another project's wheel: torchvision -> torchvision
     return cmd
+
+
+def smoke_env() -> dict[str, str]:
+    """The smoke run's environment: one report per nightly must not land in the job summary."""
+    env = dict(os.environ)
+    env.pop("GITHUB_STEP_SUMMARY", None)
+    return env
 
 
 def wheel_package(wheel: Path) -> str | None:

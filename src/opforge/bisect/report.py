@@ -64,7 +64,7 @@ class Display:
         self.console.print(
             f"  {record.nightly.day}  {escape(record.nightly.version):<28} "
             f"[{_STYLE[record.outcome]}]{record.outcome.value:<4}[/]  {escape(record.reason)}"
-            f"  [dim]({record.duration_s:.1f} s, {env})[/]")
+            f"  [dim]({record.duration_s:.2f} s, {env})[/]")
         self._update("")
 
 

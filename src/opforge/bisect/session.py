@@ -312,7 +312,8 @@ class Session:
         if self.params.command:
             return list(self.params.command), env.run_env()
         package = extension.wheel_package(wheel) if self.params.wheel and wheel else None
-        return extension.smoke_command(env.python, self.params.variant, package), None
+        return extension.smoke_command(env.python, self.params.variant, package), \
+            extension.smoke_env()
 
 
 def parse_day(text: str, option: str) -> date:
