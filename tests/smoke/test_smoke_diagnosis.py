@@ -1,0 +1,81 @@
+"""The probe's dlopen-error diagnosis, on the error texts glibc and macOS dyld print."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from opforge.smoke.probe import classify_load_error, missing_key_message, read_build_facts
+
+CPU_TORCH = SimpleNamespace(__version__="2.14.1+cpu", version=SimpleNamespace(cuda=None))
+CUDA_TORCH = SimpleNamespace(__version__="2.14.1+cu130", version=SimpleNamespace(cuda="13.0"))
+BUILT_213 = {"built_against_torch": "2.13.0", "source": "opforge_ops/_build_info.json",
+             "build_info": {"cuda_version": "12.6"}}
+
+
+@pytest.mark.parametrize("error", [
+    "/x/_C.so: undefined symbol: _ZN3c104impl3cow11cow_deleterEPv",
+    "dlopen(/x/_C.so, 0x0006): Symbol not found: __ZN3c104impl3cow11cow_deleterEPv\n"
+    "  Referenced from: /x/_C.so\n  Expected in: /y/libc10.dylib",
+])
+def test_undefined_symbol_under_another_torch_is_abi_drift(error):
+    d = classify_load_error("/x/_C.so", error, BUILT_213, CPU_TORCH)
+    assert d["kind"] == "abi_drift"
+    assert d["message"].startswith("ABI drift: _C.so needs symbol")
+    assert "built against torch 2.13.0 (opforge_ops/_build_info.json), running torch 2.14.1+cpu" \
+        in d["message"]
+    assert "pip install torch==2.13.0" in d["message"]
+
+
+def test_undefined_symbol_with_the_same_torch_is_not_called_drift():
+    d = classify_load_error("/x/_C.so", "/x/_C.so: undefined symbol: foo",
+                            {"built_against_torch": "2.14.1", "source": "pin"}, CPU_TORCH)
+    assert d["kind"] == "undefined_symbol"
+    assert "rebuild it in this environment" in d["message"]
+
+
+@pytest.mark.parametrize("error", [
+    "libc10_cuda.so: cannot open shared object file: No such file or directory",
+    "dlopen(/x/_C.so, 0x0006): Library not loaded: @rpath/libcudart.13.dylib",
+])
+def test_cuda_library_missing_beside_cpu_torch(error):
+    d = classify_load_error("/x/_C.so", error, BUILT_213, CPU_TORCH)
+    assert d["kind"] == "cuda_extension_cpu_torch"
+    assert "a CUDA build of the extension was installed beside a CPU torch" in d["message"]
+
+
+def test_cuda_library_missing_beside_cuda_torch_is_a_cuda_mismatch():
+    d = classify_load_error("/x/_C.so", "libcudart.so.12: cannot open shared object file: "
+                            "No such file or directory", BUILT_213, CUDA_TORCH)
+    assert d["kind"] == "cuda_mismatch"
+    assert "built for another CUDA version (build info cuda_version: 12.6)" in d["message"]
+
+
+def test_other_missing_library_says_bundle_it():
+    d = classify_load_error("/x/_C.so", "libfoo.so.1: cannot open shared object file: "
+                            "No such file or directory", {}, CPU_TORCH)
+    assert d == {**d, "kind": "missing_library", "missing": "libfoo.so.1"}
+    assert "auditwheel repair" in d["message"]
+
+
+def test_missing_key_messages_say_what_the_user_hits():
+    assert "Could not run 'opforge::nms' with arguments from the 'MPS' backend" in \
+        missing_key_message("opforge", "nms", "MPS")
+    assert "no fake impl or Meta kernel registered" in missing_key_message("opforge", "nms", "Meta")
+    assert "torch.autocast('cuda')" in missing_key_message("opforge", "nms", "AutocastCUDA")
+
+
+def test_build_facts_fall_back_to_the_wheel_pin(tmp_path, monkeypatch):
+    import importlib.metadata as md
+
+    class Dist:
+        metadata = {"Name": "pinned-pkg"}
+        version = "1.0"
+        requires = ["numpy", "torch==2.13.0", "scipy; extra == 'x'"]
+
+    monkeypatch.setattr(md, "packages_distributions", lambda: {"pinned_pkg": ["pinned-pkg"]})
+    monkeypatch.setattr(md, "distribution", lambda name: Dist)
+    facts = read_build_facts("pinned_pkg", str(tmp_path))
+    assert facts["built_against_torch"] == "2.13.0"
+    assert facts["source"] == "pinned-pkg wheel pin torch==2.13.0"

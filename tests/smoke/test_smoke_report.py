@@ -1,0 +1,96 @@
+"""The report: table, JUnit XML, step summary, annotations and exit code from a probe document."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+from rich.console import Console
+
+from opforge.smoke import report
+
+
+def document(*checks: dict) -> dict:
+    return {
+        "schema": 1, "package": "pkg", "namespace": "ns", "expected_keys": ["CPU", "Meta"],
+        "environment": {"torch_version": "2.13.0+cpu", "python": "3.11"},
+        "build": {"built_against_torch": "2.13.0"},
+        "devices": {"cpu": {"present": True}, "cuda": {"present": False}},
+        "census": {"keys": ["CPU", "Meta", "CUDA"], "ops": [
+            {"op": "nms", "found": True, "keys": {"CPU": {"status": "ok"},
+                                                   "Meta": {"status": "missing"},
+                                                   "CUDA": {"status": "absent"}}}]},
+        "checks": list(checks), "summary": {"duration_s": 1.5},
+    }
+
+
+PASS = {"id": "run:nms:cpu", "category": "run", "status": "pass", "message": "ok", "op": "nms",
+        "device": "cpu"}
+NODEV = {"id": "run:nms:cuda", "category": "run", "status": "skip", "message": "skipped-no-device",
+         "op": "nms", "device": "cuda", "reason": "no-device"}
+FAIL = {"id": "census:nms:Meta", "category": "census", "status": "fail", "op": "nms",
+        "key": "Meta", "message": "nms has no Meta (fake) kernel: 100% broken\nsecond line"}
+WARN = {"id": "torch-match", "category": "environment", "status": "warn",
+        "message": "built against torch 2.13.0, running 2.14.1"}
+
+
+def test_exit_code_is_one_only_for_failures():
+    assert report.exit_code(document(PASS, NODEV, WARN)) == 0
+    assert report.exit_code(document(PASS, FAIL)) == 1
+
+
+def test_skipped_no_device_is_counted_as_skipped_not_passed():
+    line = report.headline(document(PASS, NODEV))
+    assert line.startswith("PASS pkg (ns): 1 passed, 0 failed, 0 warnings, 1 skipped")
+    assert "(1 skipped-no-device)" in line
+
+
+def test_junit_has_one_case_per_check_with_failure_and_skip(tmp_path):
+    path = tmp_path / "out" / "junit.xml"
+    report.write_junit(document(PASS, NODEV, FAIL, WARN), path)
+    suite = ET.parse(path).getroot().find("testsuite")
+    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("4", "1", "1")
+    cases = {c.get("name"): c for c in suite.findall("testcase")}
+    assert cases["census:nms:Meta"].find("failure").get("message").startswith("nms has no Meta")
+    assert cases["run:nms:cuda"].find("skipped") is not None
+    assert "WARNING" in cases["torch-match"].find("system-out").text
+    assert cases["run:nms:cpu"].get("classname") == "smoke.run"
+
+
+def test_annotations_escape_newlines_and_percent():
+    lines = report.annotations(document(PASS, FAIL, WARN))
+    assert lines[0].startswith("::error title=opforge smoke pkg%3A census%3Anms%3AMeta::")
+    assert "100%25 broken%0Asecond line" in lines[0]
+    assert lines[1].startswith("::warning ")
+    assert len(lines) == 2
+
+
+def test_publish_writes_summary_and_annotations_only_when_asked(tmp_path):
+    printed = []
+    summary = tmp_path / "summary.md"
+    report.publish_github(document(FAIL), environ={}, print_fn=printed.append)
+    assert printed == [] and not summary.exists()
+    report.publish_github(document(FAIL), print_fn=printed.append,
+                          environ={"GITHUB_STEP_SUMMARY": str(summary), "GITHUB_ACTIONS": "true"})
+    text = summary.read_text()
+    assert "**FAIL pkg (ns)" in text and "| `nms` | ✅ | ❌ MISSING | · |" in text
+    assert printed and printed[0].startswith("::error ")
+
+
+def test_terminal_table_shows_census_runs_and_problems():
+    console = Console(record=True, width=160)
+    report.render_terminal(document(PASS, NODEV, FAIL), console=console)
+    text = console.export_text()
+    assert "kernel census" in text and "MISSING" in text
+    assert "no device" in text  # the cuda column of the runs table
+    assert "FAIL census:nms:Meta: nms has no Meta (fake) kernel" in text
+    assert text.strip().splitlines()[-1].startswith("FAIL pkg (ns): 1 passed, 1 failed")
+
+
+def test_probe_that_died_is_a_failure_with_the_signal(tmp_path):
+    from opforge.smoke.runner import ProbeRequest, _read_document
+
+    doc = _read_document(tmp_path / "missing.json", -6, "Fatal Python error: Aborted\n",
+                         ProbeRequest("pkg", "ns"), 60)
+    assert report.exit_code(doc) == 1
+    assert doc["checks"][0]["message"].startswith("the interpreter died with SIGABRT")
+    assert "Fatal Python error: Aborted" in doc["checks"][0]["message"]
