@@ -1,0 +1,274 @@
+// deform_conv2d forward and backward on MPS.  The sampling steps are Metal
+// kernels (csrc/metal/deform_conv2d.metal); the GEMMs between them are ATen
+// bmm on MPS, encoded on the same stream.  Images are processed in chunks so
+// the column buffer stays below kMaxColumnElements.
+#include <opforge_metal/deform_conv2d.h>
+#include <torch/library.h>
+
+#include "mps/metal_host.h"
+
+namespace opforge::mps {
+namespace {
+
+// 64 Mi elements: 256 MB of float columns per chunk at most.
+constexpr int64_t kMaxColumnElements = int64_t(1) << 26;
+
+KernelLibrary& deform_library() {
+#ifdef OPFORGE_METALLIB_DEFORM_CONV2D
+  static KernelLibrary lib("deform_conv2d", opforge::metal::deform_conv2d_source,
+                           opforge::metal::deform_conv2d_metallib,
+                           opforge::metal::deform_conv2d_metallib_size);
+#else
+  static KernelLibrary lib("deform_conv2d", opforge::metal::deform_conv2d_source, nullptr, 0);
+#endif
+  return lib;
+}
+
+struct Shape {
+  int64_t batch, channels, height, width, out_channels, kernel_h, kernel_w, out_h, out_w;
+};
+
+Shape check_inputs(const char* op, const at::Tensor& input, const at::Tensor& weight,
+                   const at::Tensor& offset, const at::Tensor& mask, const at::Tensor& bias,
+                   int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w,
+                   int64_t dilation_h, int64_t dilation_w, int64_t groups,
+                   int64_t offset_groups, bool use_mask) {
+  TORCH_CHECK(input.dim() == 4, op, ": input must be [B, C, H, W], got shape ", input.sizes());
+  TORCH_CHECK(weight.dim() == 4, op, ": weight must be [OC, C/groups, KH, KW], got shape ",
+              weight.sizes());
+  TORCH_CHECK(offset.dim() == 4, op, ": offset must be 4-D, got shape ", offset.sizes());
+  check_mps(op, "input", input);
+  auto check_like_input = [&](const char* name, const at::Tensor& t) {
+    TORCH_CHECK(t.device() == input.device(), op, ": ", name, " must be on ", input.device(),
+                ", got ", t.device());
+    TORCH_CHECK(t.scalar_type() == input.scalar_type(), op, ": ", name, " must be ",
+                input.scalar_type(), ", got ", t.scalar_type());
+  };
+  check_like_input("weight", weight);
+  check_like_input("offset", offset);
+  check_like_input("bias", bias);
+  TORCH_CHECK(stride_h > 0 && stride_w > 0, op, ": stride must be positive, got (", stride_h,
+              ", ", stride_w, ")");
+  TORCH_CHECK(pad_h >= 0 && pad_w >= 0, op, ": padding must be non-negative, got (", pad_h, ", ",
+              pad_w, ")");
+  TORCH_CHECK(dilation_h > 0 && dilation_w > 0, op, ": dilation must be positive, got (",
+              dilation_h, ", ", dilation_w, ")");
+  Shape s{input.size(0), input.size(1), input.size(2), input.size(3), weight.size(0),
+          weight.size(2), weight.size(3), 0, 0};
+  TORCH_CHECK(groups > 0 && offset_groups > 0, op, ": groups and offset_groups must be positive");
+  TORCH_CHECK(s.channels % groups == 0 && s.out_channels % groups == 0 &&
+                  weight.size(1) * groups == s.channels,
+              op, ": channels (", s.channels, ") and out channels (", s.out_channels,
+              ") must divide into ", groups, " groups matching weight ", weight.sizes());
+  TORCH_CHECK(s.channels % offset_groups == 0, op, ": channels (", s.channels,
+              ") must be divisible by offset_groups (", offset_groups, ")");
+  s.out_h = (s.height + 2 * pad_h - (dilation_h * (s.kernel_h - 1) + 1)) / stride_h + 1;
+  s.out_w = (s.width + 2 * pad_w - (dilation_w * (s.kernel_w - 1) + 1)) / stride_w + 1;
+  TORCH_CHECK(s.out_h > 0 && s.out_w > 0, op, ": the output would be empty (", s.out_h, "x",
+              s.out_w, "); input ", input.sizes(), " is too small for the kernel");
+  const int64_t taps = offset_groups * s.kernel_h * s.kernel_w;
+  TORCH_CHECK(offset.size(0) == s.batch && offset.size(1) == 2 * taps &&
+                  offset.size(2) == s.out_h && offset.size(3) == s.out_w,
+              op, ": offset must have shape [", s.batch, ", ", 2 * taps, ", ", s.out_h, ", ",
+              s.out_w, "], got ", offset.sizes());
+  if (use_mask) {
+    TORCH_CHECK(mask.device() == input.device() && mask.scalar_type() == input.scalar_type(), op,
+                ": mask must be a ", input.scalar_type(), " tensor on ", input.device());
+    TORCH_CHECK(mask.dim() == 4 && mask.size(0) == s.batch && mask.size(1) == taps &&
+                    mask.size(2) == s.out_h && mask.size(3) == s.out_w,
+                op, ": mask must have shape [", s.batch, ", ", taps, ", ", s.out_h, ", ", s.out_w,
+                "], got ", mask.sizes());
+  }
+  TORCH_CHECK(bias.numel() == s.out_channels, op, ": bias must have ", s.out_channels,
+              " elements, got ", bias.numel());
+  return s;
+}
+
+OpfDeformParams make_params(const Shape& s, int64_t chunk, int64_t stride_h, int64_t stride_w,
+                            int64_t pad_h, int64_t pad_w, int64_t dilation_h, int64_t dilation_w,
+                            int64_t offset_groups, bool use_mask) {
+  OpfDeformParams p{};
+  p.batch = chunk;
+  p.channels = s.channels;
+  p.height = s.height;
+  p.width = s.width;
+  p.out_h = s.out_h;
+  p.out_w = s.out_w;
+  p.kernel_h = s.kernel_h;
+  p.kernel_w = s.kernel_w;
+  p.stride_h = stride_h;
+  p.stride_w = stride_w;
+  p.pad_h = pad_h;
+  p.pad_w = pad_w;
+  p.dilation_h = dilation_h;
+  p.dilation_w = dilation_w;
+  p.offset_groups = offset_groups;
+  p.use_mask = use_mask ? 1 : 0;
+  return p;
+}
+
+int64_t chunk_size(const Shape& s) {
+  const int64_t per_image = s.channels * s.kernel_h * s.kernel_w * s.out_h * s.out_w;
+  return std::max<int64_t>(1, std::min<int64_t>(s.batch, kMaxColumnElements / std::max<int64_t>(per_image, 1)));
+}
+
+// columns[C*KH*KW, nb*OH*OW] of images [b0, b0 + nb).
+at::Tensor im2col(const char* type, const at::Tensor& input, const at::Tensor& offset,
+                  const at::Tensor& mask, OpfDeformParams p, int64_t b0) {
+  const int64_t nb = p.batch;
+  at::Tensor columns = at::empty({p.channels * p.kernel_h * p.kernel_w, nb * p.out_h * p.out_w},
+                                 input.options());
+  p.total = metal::deform_im2col_items(p);
+  const at::Tensor in = input.narrow(0, b0, nb);
+  const at::Tensor off = offset.narrow(0, b0, nb);
+  const at::Tensor msk = p.use_mask ? mask.narrow(0, b0, nb) : off;  // bound, never read
+  id<MTLComputePipelineState> pso = deform_library().pipeline(std::string("deform_im2col_") + type);
+  const Dispatch d = metal::dispatch_1d(static_cast<uint64_t>(p.total), max_threads(pso));
+  encode([&](id<MTLComputeCommandEncoder> enc) {
+    [enc setComputePipelineState:pso];
+    bind(enc, in, OPF_DEFORM_IM2COL_BUF_INPUT);
+    bind(enc, off, OPF_DEFORM_IM2COL_BUF_OFFSET);
+    bind(enc, msk, OPF_DEFORM_IM2COL_BUF_MASK);
+    bind(enc, columns, OPF_DEFORM_IM2COL_BUF_COLUMNS);
+    bind_params(enc, p, OPF_DEFORM_IM2COL_BUF_PARAMS);
+    dispatch(enc, d);
+  });
+  return columns;
+}
+
+at::Tensor deform_conv2d_mps(const at::Tensor& input, const at::Tensor& weight,
+                             const at::Tensor& offset, const at::Tensor& mask,
+                             const at::Tensor& bias, int64_t stride_h, int64_t stride_w,
+                             int64_t pad_h, int64_t pad_w, int64_t dilation_h, int64_t dilation_w,
+                             int64_t groups, int64_t offset_groups, bool use_mask) {
+  const Shape s = check_inputs("deform_conv2d", input, weight, offset, mask, bias, stride_h,
+                               stride_w, pad_h, pad_w, dilation_h, dilation_w, groups,
+                               offset_groups, use_mask);
+  const char* type = metal_type(input, "deform_conv2d");
+  const int64_t out_numel = s.batch * s.out_channels * s.out_h * s.out_w;
+  if (out_numel == 0) return at::zeros({s.batch, s.out_channels, s.out_h, s.out_w}, input.options());
+  if (metal::route_to_cpu(CrossoverOp::kDeformConv2d, out_numel)) {
+    auto out = call_cpu("opforge::deform_conv2d",
+                        {input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w,
+                         dilation_h, dilation_w, groups, offset_groups, use_mask});
+    return to_device(out[0], input.device());
+  }
+  const at::Tensor input_ = input.contiguous();
+  const at::Tensor offset_ = offset.contiguous();
+  const at::Tensor mask_ = use_mask ? mask.contiguous() : offset_;
+  const at::Tensor weight_g =
+      weight.contiguous().view({groups, s.out_channels / groups, -1});
+  at::Tensor output = at::empty({s.batch, s.out_channels, s.out_h, s.out_w}, input.options());
+  const int64_t chunk = chunk_size(s);
+  for (int64_t b0 = 0; b0 < s.batch; b0 += chunk) {
+    const int64_t nb = std::min(chunk, s.batch - b0);
+    const OpfDeformParams p = make_params(s, nb, stride_h, stride_w, pad_h, pad_w, dilation_h,
+                                          dilation_w, offset_groups, use_mask);
+    const at::Tensor columns = im2col(type, input_, offset_, mask_, p, b0);
+    const at::Tensor out_g = at::bmm(weight_g, columns.view({groups, -1, columns.size(1)}));
+    output.narrow(0, b0, nb)
+        .copy_(out_g.view({s.out_channels, nb, s.out_h, s.out_w}).transpose(0, 1));
+  }
+  output.add_(bias.view({1, s.out_channels, 1, 1}));
+  return output;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_conv2d_backward_mps(
+    const at::Tensor& grad, const at::Tensor& input, const at::Tensor& weight,
+    const at::Tensor& offset, const at::Tensor& mask, const at::Tensor& bias, int64_t stride_h,
+    int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h, int64_t dilation_w,
+    int64_t groups, int64_t offset_groups, bool use_mask) {
+  const char* op = "deform_conv2d_backward";
+  const Shape s = check_inputs(op, input, weight, offset, mask, bias, stride_h, stride_w, pad_h,
+                               pad_w, dilation_h, dilation_w, groups, offset_groups, use_mask);
+  TORCH_CHECK(grad.dim() == 4 && grad.size(0) == s.batch && grad.size(1) == s.out_channels &&
+                  grad.size(2) == s.out_h && grad.size(3) == s.out_w,
+              op, ": grad must have shape [", s.batch, ", ", s.out_channels, ", ", s.out_h, ", ",
+              s.out_w, "], got ", grad.sizes());
+  TORCH_CHECK(grad.device() == input.device() && grad.scalar_type() == input.scalar_type(), op,
+              ": grad must be a ", input.scalar_type(), " tensor on ", input.device());
+  const char* type = metal_type(input, op);
+  const int64_t out_numel = grad.numel();
+  if (metal::route_to_cpu(CrossoverOp::kDeformConv2d, out_numel)) {
+    auto out = call_cpu("opforge::_deform_conv2d_backward",
+                        {grad, input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w,
+                         dilation_h, dilation_w, groups, offset_groups, use_mask});
+    const auto dev = input.device();
+    return {to_device(out[0], dev), to_device(out[1], dev), to_device(out[2], dev),
+            to_device(out[3], dev), to_device(out[4], dev)};
+  }
+  const at::Tensor grad_ = grad.contiguous();
+  const at::Tensor input_ = input.contiguous();
+  const at::Tensor offset_ = offset.contiguous();
+  const at::Tensor mask_ = use_mask ? mask.contiguous() : offset_;
+  const at::Tensor weight_g = weight.contiguous().view({groups, s.out_channels / groups, -1});
+  const auto float_opts = input.options().dtype(at::kFloat);
+  at::Tensor grad_input = at::zeros_like(input_, float_opts);
+  at::Tensor grad_offset = at::zeros_like(offset_);
+  at::Tensor grad_mask = use_mask ? at::zeros_like(mask_) : at::zeros_like(mask);
+  at::Tensor grad_weight = at::zeros({groups, s.out_channels / groups, weight_g.size(2)}, float_opts);
+
+  id<MTLComputePipelineState> col2im_pso = deform_library().pipeline(std::string("deform_col2im_") + type);
+  id<MTLComputePipelineState> coord_pso =
+      deform_library().pipeline(std::string("deform_col2im_coord_") + type);
+  const int64_t chunk = chunk_size(s);
+  for (int64_t b0 = 0; b0 < s.batch; b0 += chunk) {
+    const int64_t nb = std::min(chunk, s.batch - b0);
+    OpfDeformParams p = make_params(s, nb, stride_h, stride_w, pad_h, pad_w, dilation_h,
+                                    dilation_w, offset_groups, use_mask);
+    // grad of this chunk as [groups, OC/groups, nb*OH*OW].
+    const at::Tensor g_out = grad_.narrow(0, b0, nb)
+                                 .reshape({nb, s.out_channels, s.out_h * s.out_w})
+                                 .transpose(0, 1)
+                                 .reshape({groups, s.out_channels / groups, nb * s.out_h * s.out_w});
+    const at::Tensor grad_columns =
+        at::bmm(weight_g.transpose(1, 2), g_out).reshape({-1, nb * s.out_h * s.out_w}).contiguous();
+    const at::Tensor off = offset_.narrow(0, b0, nb);
+    const at::Tensor msk = use_mask ? mask_.narrow(0, b0, nb) : off;
+    const at::Tensor in = input_.narrow(0, b0, nb);
+    const at::Tensor gin = grad_input.narrow(0, b0, nb);
+    const at::Tensor goff = grad_offset.narrow(0, b0, nb);
+    const at::Tensor gmsk = use_mask ? grad_mask.narrow(0, b0, nb) : goff;  // bound, never written
+    OpfDeformParams col2im_p = p;
+    col2im_p.total = metal::deform_col2im_items(p);
+    OpfDeformParams coord_p = p;
+    coord_p.total = metal::deform_coord_items(p);
+    const Dispatch col2im_d =
+        metal::dispatch_1d(static_cast<uint64_t>(col2im_p.total), max_threads(col2im_pso));
+    const Dispatch coord_d =
+        metal::dispatch_1d(static_cast<uint64_t>(coord_p.total), max_threads(coord_pso));
+    encode([&](id<MTLComputeCommandEncoder> enc) {
+      [enc setComputePipelineState:col2im_pso];
+      bind(enc, grad_columns, OPF_DEFORM_COL2IM_BUF_COLUMNS);
+      bind(enc, off, OPF_DEFORM_COL2IM_BUF_OFFSET);
+      bind(enc, msk, OPF_DEFORM_COL2IM_BUF_MASK);
+      bind(enc, gin, OPF_DEFORM_COL2IM_BUF_GRAD_INPUT);
+      bind_params(enc, col2im_p, OPF_DEFORM_COL2IM_BUF_PARAMS);
+      dispatch(enc, col2im_d);
+      [enc setComputePipelineState:coord_pso];
+      bind(enc, grad_columns, OPF_DEFORM_COORD_BUF_COLUMNS);
+      bind(enc, in, OPF_DEFORM_COORD_BUF_INPUT);
+      bind(enc, off, OPF_DEFORM_COORD_BUF_OFFSET);
+      bind(enc, msk, OPF_DEFORM_COORD_BUF_MASK);
+      bind(enc, goff, OPF_DEFORM_COORD_BUF_GRAD_OFFSET);
+      bind(enc, gmsk, OPF_DEFORM_COORD_BUF_GRAD_MASK);
+      bind_params(enc, coord_p, OPF_DEFORM_COORD_BUF_PARAMS);
+      dispatch(enc, coord_d);
+    });
+    const at::Tensor columns = im2col(type, input_, offset_, mask_, p, b0);
+    grad_weight.add_(at::bmm(g_out, columns.view({groups, -1, columns.size(1)}).transpose(1, 2))
+                         .to(at::kFloat));
+  }
+  const auto dtype = input.scalar_type();
+  return {grad_input.to(dtype), grad_weight.view(weight.sizes()).to(dtype), grad_offset,
+          grad_mask, grad_.sum({0, 2, 3}).to(dtype)};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(opforge, MPS, m) {
+  m.impl("deform_conv2d", TORCH_FN(deform_conv2d_mps));
+  m.impl("_deform_conv2d_backward", TORCH_FN(deform_conv2d_backward_mps));
+}
+
+}  // namespace opforge::mps

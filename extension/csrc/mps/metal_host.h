@@ -1,0 +1,188 @@
+// Host-side helpers shared by csrc/mps/<op>_kernel.mm: one Metal library per
+// op, compiled (or loaded from an embedded metallib) at first use, cached
+// pipeline states, tensor -> MTLBuffer binding, encoding on torch's current
+// MPS stream, and the CPU route for small problems (dispatch.h).
+//
+// Works with and without -fobjc-arc: objects created here are cached for the
+// life of the process and never released.
+#pragma once
+
+#import <Foundation/Foundation.h>
+#import <Metal/Metal.h>
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/mps/MPSDevice.h>
+#include <ATen/mps/MPSStream.h>
+
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "metal/dispatch.h"
+
+namespace opforge::mps {
+
+using opforge::metal::CrossoverOp;
+using opforge::metal::Dispatch;
+
+// "float" / "half": the suffix of the kernel instantiation for a dtype.
+inline const char* metal_type(const at::Tensor& t, const char* op) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return "float";
+    case at::kHalf: return "half";
+    default:
+      TORCH_CHECK(false, op, ": the MPS kernels take float32 or float16 tensors, got ",
+                  t.scalar_type(), "; convert with .float() (float64 does not exist on MPS)");
+  }
+  return "";
+}
+
+class KernelLibrary {
+ public:
+  // `metallib` may be null: the source is then compiled at first use.
+  KernelLibrary(const char* op, const char* source, const unsigned char* metallib,
+                unsigned long metallib_size)
+      : op_(op), source_(source), metallib_(metallib), metallib_size_(metallib_size) {}
+
+  id<MTLComputePipelineState> pipeline(const std::string& kernel) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = pipelines_.find(kernel);
+    if (it != pipelines_.end()) return it->second;
+    id<MTLLibrary> lib = library_locked();
+    id<MTLFunction> fn = [lib newFunctionWithName:[NSString stringWithUTF8String:kernel.c_str()]];
+    TORCH_CHECK(fn != nil, "opforge MPS: kernel ", kernel, " is missing from the ", op_,
+                " Metal library (csrc/metal/", op_, ".metal)");
+    NSError* error = nil;
+    id<MTLComputePipelineState> pso = [device() newComputePipelineStateWithFunction:fn error:&error];
+    TORCH_CHECK(pso != nil, "opforge MPS: creating the pipeline for ", kernel, " failed: ",
+                error ? error.localizedDescription.UTF8String : "unknown error");
+    pipelines_.emplace(kernel, pso);
+    return pso;
+  }
+
+ private:
+  static id<MTLDevice> device() { return at::mps::MPSDevice::getInstance()->device(); }
+
+  id<MTLLibrary> library_locked() {
+    if (library_ != nil) return library_;
+    NSError* error = nil;
+    if (metallib_ != nullptr) {
+      dispatch_data_t data = dispatch_data_create(metallib_, metallib_size_, nullptr,
+                                                  DISPATCH_DATA_DESTRUCTOR_DEFAULT);
+      library_ = [device() newLibraryWithData:data error:&error];
+    } else {
+      MTLCompileOptions* options = [[MTLCompileOptions alloc] init];
+      // Metal 3: atomic_float on device memory (macOS 13+).
+      options.languageVersion = MTLLanguageVersion3_0;
+#pragma clang diagnostic push
+#pragma clang diagnostic ignored "-Wdeprecated-declarations"
+      // IEEE results, as the CPU kernels the tests compare against.
+      options.fastMathEnabled = NO;
+#pragma clang diagnostic pop
+      library_ = [device() newLibraryWithSource:[NSString stringWithUTF8String:source_]
+                                        options:options
+                                          error:&error];
+    }
+    TORCH_CHECK(library_ != nil, "opforge MPS: building the Metal library of ", op_,
+                " failed (needs macOS 13+ / Metal 3): ",
+                error ? error.localizedDescription.UTF8String : "unknown error");
+    return library_;
+  }
+
+  const char* op_;
+  const char* source_;
+  const unsigned char* metallib_;
+  unsigned long metallib_size_;
+  std::mutex mu_;
+  id<MTLLibrary> library_ = nil;
+  std::unordered_map<std::string, id<MTLComputePipelineState>> pipelines_;
+};
+
+inline uint32_t max_threads(id<MTLComputePipelineState> pso) {
+  return static_cast<uint32_t>(pso.maxTotalThreadsPerThreadgroup);
+}
+
+inline id<MTLBuffer> buffer_of(const at::Tensor& t) {
+  return __builtin_bit_cast(id<MTLBuffer>, t.storage().data());
+}
+
+inline NSUInteger byte_offset(const at::Tensor& t) {
+  return static_cast<NSUInteger>(t.storage_offset() * t.element_size());
+}
+
+inline void bind(id<MTLComputeCommandEncoder> enc, const at::Tensor& t, int index) {
+  [enc setBuffer:buffer_of(t) offset:byte_offset(t) atIndex:index];
+}
+
+template <typename Params>
+inline void bind_params(id<MTLComputeCommandEncoder> enc, const Params& p, int index) {
+  [enc setBytes:&p length:sizeof(Params) atIndex:index];
+}
+
+inline void dispatch(id<MTLComputeCommandEncoder> enc, const Dispatch& d) {
+  [enc dispatchThreadgroups:MTLSizeMake(d.groups[0], d.groups[1], d.groups[2])
+      threadsPerThreadgroup:MTLSizeMake(d.threads[0], d.threads[1], d.threads[2])];
+}
+
+inline void check_mps(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK(t.is_mps(), op, ": ", name, " must be an MPS tensor, got ", t.device());
+}
+
+// The plane size must fit the int32 argmax / index the CPU op also uses.
+inline void check_plane_fits_int32(const char* op, int64_t height, int64_t width) {
+  TORCH_CHECK(height * width < (int64_t(1) << 31), op, ": height * width = ", height * width,
+              " is too large (must be below 2^31)");
+}
+
+// Runs the op's CPU kernel through the dispatcher (boxed, so it does not
+// depend on the C++ signature other files declare) and returns its outputs.
+inline std::vector<c10::IValue> call_cpu(const char* qualified_name, std::vector<c10::IValue> args) {
+  const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(qualified_name, "");
+  for (auto& a : args) {
+    if (a.isTensor() && a.toTensor().defined()) a = a.toTensor().cpu();
+  }
+  torch::jit::Stack stack(args.begin(), args.end());
+  op.callBoxed(&stack);
+  return std::vector<c10::IValue>(stack.begin(), stack.end());
+}
+
+inline at::Tensor to_device(const c10::IValue& v, const at::Device& device) {
+  return v.toTensor().to(device);
+}
+
+// Validates rois on the device with one 1-byte read back; only on failure are
+// they copied to the host to name the offending row.
+inline void check_rois_on_device(const char* op, const at::Tensor& rois, int64_t batch_size) {
+  if (rois.size(0) == 0) return;
+  const at::Tensor b = rois.select(1, 0);
+  const bool ok = (b.ge(0) & b.lt(batch_size) & at::isfinite(rois.narrow(1, 1, 4)).all(1))
+                      .all()
+                      .item<bool>();
+  if (ok) return;
+  const at::Tensor host = rois.to(at::kCPU, at::kDouble).contiguous();
+  const double* r = host.data_ptr<double>();
+  for (int64_t n = 0; n < host.size(0); ++n) {
+    TORCH_CHECK(r[n * 5] >= 0 && r[n * 5] < static_cast<double>(batch_size), op, ": rois[", n,
+                ", 0] = ", r[n * 5], " is not a batch index of input (batch size ", batch_size, ")");
+    for (int k = 1; k < 5; ++k) {
+      TORCH_CHECK(std::isfinite(r[n * 5 + k]), op, ": rois[", n, ", ", k, "] = ", r[n * 5 + k],
+                  " is not finite");
+    }
+  }
+}
+
+// Encodes `body` on torch's current MPS stream, the way ATen's own Metal
+// kernels do: the stream's serial queue owns its compute encoder.
+template <typename Body>
+inline void encode(Body body) {
+  at::mps::MPSStream* stream = at::mps::getCurrentMPSStream();
+  dispatch_sync(stream->queue(), ^() {
+    @autoreleasepool {
+      body(stream->commandEncoder());
+    }
+  });
+}
+
+}  // namespace opforge::mps

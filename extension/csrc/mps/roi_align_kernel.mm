@@ -1,0 +1,127 @@
+// roi_align forward and backward on MPS (csrc/metal/roi_align.metal).
+// float16 backward accumulates into a float32 buffer (atomic float adds) and
+// is cast back, so half gradients are supported rather than refused.
+#include <opforge_metal/roi_align.h>
+#include <torch/library.h>
+
+#include "common.h"
+#include "mps/metal_host.h"
+
+namespace opforge::mps {
+namespace {
+
+KernelLibrary& roi_align_library() {
+#ifdef OPFORGE_METALLIB_ROI_ALIGN
+  static KernelLibrary lib("roi_align", opforge::metal::roi_align_source,
+                           opforge::metal::roi_align_metallib,
+                           opforge::metal::roi_align_metallib_size);
+#else
+  static KernelLibrary lib("roi_align", opforge::metal::roi_align_source, nullptr, 0);
+#endif
+  return lib;
+}
+
+OpfRoiAlignParams make_params(int64_t total, int64_t channels, int64_t height, int64_t width,
+                              int64_t pooled_height, int64_t pooled_width,
+                              int64_t sampling_ratio, double spatial_scale, bool aligned) {
+  OpfRoiAlignParams p{};
+  p.total = total;
+  p.channels = channels;
+  p.height = height;
+  p.width = width;
+  p.pooled_height = pooled_height;
+  p.pooled_width = pooled_width;
+  p.sampling_ratio = sampling_ratio;
+  p.spatial_scale = static_cast<float>(spatial_scale);
+  p.aligned = aligned ? 1 : 0;
+  return p;
+}
+
+at::Tensor roi_align_forward_mps(const at::Tensor& input, const at::Tensor& rois,
+                                 double spatial_scale, int64_t pooled_height,
+                                 int64_t pooled_width, int64_t sampling_ratio, bool aligned) {
+  check_roi_inputs("roi_align", input, rois, pooled_height, pooled_width);
+  check_mps("roi_align", "input", input);
+  const char* type = metal_type(input, "roi_align");
+  const int64_t num_rois = rois.size(0);
+  const int64_t channels = input.size(1);
+  const int64_t height = input.size(2);
+  const int64_t width = input.size(3);
+  const int64_t total = metal::roi_work_items(num_rois, channels, pooled_height, pooled_width);
+  at::Tensor output = at::empty({num_rois, channels, pooled_height, pooled_width}, input.options());
+  if (total == 0) return output;
+  if (metal::route_to_cpu(CrossoverOp::kRoiAlign, total)) {
+    auto out = call_cpu("opforge::roi_align", {input, rois, spatial_scale, pooled_height,
+                                               pooled_width, sampling_ratio, aligned});
+    return to_device(out[0], input.device());
+  }
+  check_rois_on_device("roi_align", rois, input.size(0));
+
+  const at::Tensor input_ = input.contiguous();
+  const at::Tensor rois_ = rois.contiguous();
+  const OpfRoiAlignParams p = make_params(total, channels, height, width, pooled_height,
+                                          pooled_width, sampling_ratio, spatial_scale, aligned);
+  id<MTLComputePipelineState> pso =
+      roi_align_library().pipeline(std::string("roi_align_forward_") + type);
+  const Dispatch d = metal::dispatch_1d(static_cast<uint64_t>(total), max_threads(pso));
+  encode([&](id<MTLComputeCommandEncoder> enc) {
+    [enc setComputePipelineState:pso];
+    bind(enc, input_, OPF_ROI_ALIGN_FWD_BUF_INPUT);
+    bind(enc, rois_, OPF_ROI_ALIGN_FWD_BUF_ROIS);
+    bind(enc, output, OPF_ROI_ALIGN_FWD_BUF_OUTPUT);
+    bind_params(enc, p, OPF_ROI_ALIGN_FWD_BUF_PARAMS);
+    dispatch(enc, d);
+  });
+  return output;
+}
+
+at::Tensor roi_align_backward_mps(const at::Tensor& grad, const at::Tensor& rois,
+                                  double spatial_scale, int64_t pooled_height,
+                                  int64_t pooled_width, int64_t batch_size, int64_t channels,
+                                  int64_t height, int64_t width, int64_t sampling_ratio,
+                                  bool aligned) {
+  check_roi_backward_inputs("roi_align_backward", grad, rois, pooled_height, pooled_width,
+                            batch_size, channels, height, width);
+  check_mps("roi_align_backward", "grad", grad);
+  const char* type = metal_type(grad, "roi_align_backward");
+  const int64_t total = grad.numel();
+  at::Tensor grad_input =
+      at::zeros({batch_size, channels, height, width}, grad.options().dtype(at::kFloat));
+  if (total == 0) return grad_input.to(grad.scalar_type());
+  if (metal::route_to_cpu(CrossoverOp::kRoiAlign, total)) {
+    auto out = call_cpu("opforge::_roi_align_backward",
+                        {grad, rois, spatial_scale, pooled_height, pooled_width, batch_size,
+                         channels, height, width, sampling_ratio, aligned});
+    return to_device(out[0], grad.device());
+  }
+
+  const at::Tensor rois_ = rois.contiguous();
+  OpfRoiAlignParams p = make_params(total, channels, height, width, pooled_height, pooled_width,
+                                    sampling_ratio, spatial_scale, aligned);
+  // grad is read through its strides (autograd often hands an expanded one).
+  p.grad_stride_n = grad.stride(0);
+  p.grad_stride_c = grad.stride(1);
+  p.grad_stride_h = grad.stride(2);
+  p.grad_stride_w = grad.stride(3);
+  id<MTLComputePipelineState> pso =
+      roi_align_library().pipeline(std::string("roi_align_backward_") + type);
+  const Dispatch d = metal::dispatch_1d(static_cast<uint64_t>(total), max_threads(pso));
+  encode([&](id<MTLComputeCommandEncoder> enc) {
+    [enc setComputePipelineState:pso];
+    bind(enc, grad, OPF_ROI_ALIGN_BWD_BUF_GRAD);
+    bind(enc, rois_, OPF_ROI_ALIGN_BWD_BUF_ROIS);
+    bind(enc, grad_input, OPF_ROI_ALIGN_BWD_BUF_GRAD_INPUT);
+    bind_params(enc, p, OPF_ROI_ALIGN_BWD_BUF_PARAMS);
+    dispatch(enc, d);
+  });
+  return grad.scalar_type() == at::kFloat ? grad_input : grad_input.to(grad.scalar_type());
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(opforge, MPS, m) {
+  m.impl("roi_align", TORCH_FN(roi_align_forward_mps));
+  m.impl("_roi_align_backward", TORCH_FN(roi_align_backward_mps));
+}
+
+}  // namespace opforge::mps

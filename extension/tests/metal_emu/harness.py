@@ -1,0 +1,275 @@
+"""Run opforge's .metal kernels on the CPU: build, launch, probe, geometry.
+
+    emu = build("roi_align")                   # compiled once per source hash
+    g = geometry.dispatch_1d(work_items)       # the numbers the .mm host code uses
+    emu.launch("roi_align_forward_float", g, {0: input, 1: rois, 2: out, 3: params})
+
+Each .metal file becomes one executable (prepass.py + metal_shim.h) built
+with the address and undefined-behaviour sanitizers: buffers are copied into
+heap blocks of exactly their size, so a kernel touching memory past a buffer
+(e.g. a missing bounds check in the last threadgroup) or overflowing a
+signed index fails the launch.  Executables are cached under the system temp
+dir by a hash of everything that goes into them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from . import prepass
+
+HERE = Path(__file__).resolve().parent
+EXTENSION = HERE.parent.parent
+METAL_DIR = EXTENSION / "csrc" / "metal"
+DISPATCH_H = METAL_DIR / "dispatch.h"
+CXX = os.environ.get("CXX", "g++")
+CXXFLAGS = [
+    "-std=c++20",
+    "-O1",
+    "-g",
+    "-pthread",
+    "-Wno-attributes",
+    "-fsanitize=address,undefined",
+    "-fno-sanitize-recover=all",
+    "-fno-omit-frame-pointer",
+]
+CACHE = Path(os.environ.get("OPFORGE_METAL_EMU_CACHE", Path(tempfile.gettempdir()) / "opforge-metal-emu"))
+_ENV = dict(os.environ, ASAN_OPTIONS="detect_leaks=0:abort_on_error=0", UBSAN_OPTIONS="print_stacktrace=1")
+
+
+class EmuError(RuntimeError):
+    """A kernel failed in the emulation (sanitizer report, barrier divergence, bad binding)."""
+
+
+def _compiler_id() -> str:
+    return subprocess.run([CXX, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
+
+
+def _digest(*parts: bytes) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(hashlib.sha256(p).digest())
+    return h.hexdigest()[:20]
+
+
+def _emu_sources() -> list[bytes]:
+    return [(HERE / n).read_bytes() for n in ("metal_shim.h", "driver_main.h", "prepass.py")] + [
+        DISPATCH_H.read_bytes(),
+        _compiler_id().encode(),
+        " ".join(CXXFLAGS).encode(),
+    ]
+
+
+@dataclasses.dataclass(frozen=True)
+class Dispatch:
+    groups: tuple[int, int, int]
+    threads: tuple[int, int, int]
+
+    @property
+    def total_threads(self) -> int:
+        g, t = self.groups, self.threads
+        return g[0] * g[1] * g[2] * t[0] * t[1] * t[2]
+
+
+class Emulated:
+    """One compiled .metal file."""
+
+    def __init__(self, exe: Path, kernels: list[prepass.Kernel]):
+        self.exe = exe
+        self.kernels = {k.name: k for k in kernels}
+
+    def launch(self, kernel: str, dispatch: Dispatch, buffers: dict[int, np.ndarray | bytes]) -> None:
+        """Run `kernel` over `dispatch`; numpy buffers are updated in place."""
+        if kernel not in self.kernels:
+            raise EmuError(f"{self.exe.name} has no kernel {kernel}; it has {sorted(self.kernels)}")
+        with tempfile.TemporaryDirectory(prefix="emu-launch-") as tmp:
+            args = []
+            for index, buf in buffers.items():
+                path = Path(tmp) / f"b{index}.bin"
+                data = buf if isinstance(buf, bytes) else np.ascontiguousarray(buf).tobytes()
+                path.write_bytes(data)
+                args.append(f"{index}={path}")
+            cmd = [str(self.exe), "launch", kernel, *map(str, dispatch.groups), *map(str, dispatch.threads), *args]
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=_ENV)
+            if proc.returncode != 0:
+                raise EmuError(f"{kernel} failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}")
+            for index, buf in buffers.items():
+                if isinstance(buf, np.ndarray):
+                    if not buf.flags.c_contiguous:
+                        raise EmuError(f"buffer {index} must be C-contiguous to be written back")
+                    raw = (Path(tmp) / f"b{index}.bin").read_bytes()
+                    buf.reshape(-1).view(np.uint8)[:] = np.frombuffer(raw, dtype=np.uint8)
+
+    def probe(self, name: str, values: list[int], n_out: int) -> list[int]:
+        """Evaluate the index probe `name` (see probes/*.cpp) on int64 values."""
+        with tempfile.TemporaryDirectory(prefix="emu-probe-") as tmp:
+            src, dst = Path(tmp) / "in.bin", Path(tmp) / "out.bin"
+            src.write_bytes(np.asarray(values, dtype=np.int64).tobytes())
+            proc = subprocess.run(
+                [str(self.exe), "probe", name, str(src), str(dst), str(n_out)],
+                capture_output=True, text=True, env=_ENV,
+            )
+            if proc.returncode != 0:
+                raise EmuError(f"probe {name} failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}")
+            return [int(v) for v in np.frombuffer(dst.read_bytes(), dtype=np.int64)]
+
+
+def build(op_or_path: str | Path, probes: Path | None = None) -> Emulated:
+    """Compile csrc/metal/<op>.metal (or a given .metal path) for the emulation, cached."""
+    path = Path(op_or_path)
+    metal = path if path.suffix == ".metal" else METAL_DIR / f"{op_or_path}.metal"
+    if probes is None:
+        candidate = HERE / "probes" / f"{metal.stem}_probes.cpp"
+        probes = candidate if candidate.exists() else None
+    source, kernels = prepass.translate(metal, [METAL_DIR, metal.parent], probes, CXX)
+    # Keyed by the expanded source (every #include resolved) minus its line
+    # markers, so the same kernel text built from another path is reused.
+    expanded = re.sub(r'(?m)^# \d+ ".*$', "", source)
+    key = _digest(expanded.encode(), *(_emu_sources()), probes.read_bytes() if probes else b"")
+    out_dir = CACHE / f"{metal.stem}-{key}"
+    exe = out_dir / "emu"
+    if exe.exists():
+        return Emulated(exe, kernels)
+    tmp_dir = Path(tempfile.mkdtemp(prefix=f"{metal.stem}-", dir=_ensure(CACHE)))
+    try:
+        cpp = tmp_dir / f"{metal.stem}.emu.cpp"
+        cpp.write_text(source)
+        proc = subprocess.run([CXX, *CXXFLAGS, str(cpp), "-o", str(tmp_dir / "emu")], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise EmuError(f"compiling {metal.name} for the emulation failed:\n{proc.stderr[-8000:]}")
+        try:
+            tmp_dir.rename(out_dir)  # atomic publish; a concurrent build may have won
+        except OSError:
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+        raise
+    return Emulated(exe, kernels)
+
+
+def _ensure(p: Path) -> Path:
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+# ------------------------------------------------------------- dispatch.h
+_GEOMETRY_SRC = r"""
+#include "dispatch.h"
+using namespace opforge::metal;
+static void put(const Dispatch& d, unsigned* out) {
+  for (int i = 0; i < 3; ++i) { out[i] = d.groups[i]; out[3 + i] = d.threads[i]; }
+}
+extern "C" {
+int emu_dispatch_1d(unsigned long long n, unsigned max_threads, unsigned* out) {
+  try { put(dispatch_1d(n, max_threads), out); return 0; } catch (...) { return 1; }
+}
+int emu_dispatch_nms_mask(long long n, unsigned* out) {
+  try { put(dispatch_nms_mask(n), out); return 0; } catch (...) { return 1; }
+}
+int emu_dispatch_nms_reduce(unsigned max_threads, unsigned* out) {
+  put(dispatch_nms_reduce(max_threads), out); return 0;
+}
+long long emu_nms_col_blocks(long long n) { return nms_col_blocks(n); }
+long long emu_deform_im2col_items(const OpfDeformParams* p) { return deform_im2col_items(*p); }
+long long emu_deform_col2im_items(const OpfDeformParams* p) { return deform_col2im_items(*p); }
+long long emu_deform_coord_items(const OpfDeformParams* p) { return deform_coord_items(*p); }
+%SIZEOFS%
+}
+"""
+
+_STRUCT = re.compile(r"struct\s+(Opf\w+Params)\s*\{(?P<body>[^}]*)\};", re.S)
+_FIELD = re.compile(r"^\s*(int64_t|int32_t|uint32_t|float)\s+(\w+)\s*;", re.M)
+_CTYPES = {"int64_t": ctypes.c_int64, "int32_t": ctypes.c_int32, "uint32_t": ctypes.c_uint32, "float": ctypes.c_float}
+_DEFINE = re.compile(r"^#define\s+(OPF_\w+)\s+(\d+)\b", re.M)
+
+
+class Geometry:
+    """dispatch.h as seen from Python: the host geometry functions (compiled
+    from the header itself), the buffer-binding and tiling constants, and the
+    parameter structs as ctypes types checked against the C++ sizeof."""
+
+    def __init__(self) -> None:
+        text = DISPATCH_H.read_text()
+        self.constants = {name: int(v) for name, v in _DEFINE.findall(text)}
+        self.structs: dict[str, type[ctypes.Structure]] = {}
+        for m in _STRUCT.finditer(text):
+            fields = [(n, _CTYPES[t]) for t, n in _FIELD.findall(m["body"])]
+            self.structs[m[1]] = type(m[1], (ctypes.Structure,), {"_fields_": fields})
+        self._lib = self._compile(text)
+        for name, struct in self.structs.items():
+            native = getattr(self._lib, f"emu_sizeof_{name}")()
+            if native != ctypes.sizeof(struct):
+                raise EmuError(f"{name}: C++ sizeof {native} != parsed layout {ctypes.sizeof(struct)}")
+
+    def _compile(self, text: str) -> ctypes.CDLL:
+        sizeofs = "\n".join(f"long long emu_sizeof_{n}() {{ return sizeof({n}); }}" for n in self.structs)
+        src = _GEOMETRY_SRC.replace("%SIZEOFS%", sizeofs)
+        key = _digest(text.encode(), src.encode(), _compiler_id().encode())
+        lib = _ensure(CACHE) / f"geometry-{key}.so"
+        if not lib.exists():
+            tmp = Path(tempfile.mkdtemp(dir=CACHE))
+            (tmp / "g.cpp").write_text(src)
+            proc = subprocess.run(
+                [CXX, "-std=c++17", "-O1", "-shared", "-fPIC", "-I", str(METAL_DIR), str(tmp / "g.cpp"), "-o", str(tmp / "g.so")],
+                capture_output=True, text=True,
+            )
+            if proc.returncode != 0:
+                raise EmuError(f"compiling dispatch.h failed:\n{proc.stderr}")
+            os.replace(tmp / "g.so", lib)
+            shutil.rmtree(tmp, ignore_errors=True)
+        cdll = ctypes.CDLL(str(lib))
+        for fn in ("emu_nms_col_blocks", "emu_deform_im2col_items", "emu_deform_col2im_items", "emu_deform_coord_items"):
+            getattr(cdll, fn).restype = ctypes.c_longlong
+        cdll.emu_nms_col_blocks.argtypes = [ctypes.c_longlong]
+        for n in self.structs:
+            getattr(cdll, f"emu_sizeof_{n}").restype = ctypes.c_longlong
+        return cdll
+
+    @staticmethod
+    def _result(rc: int, out) -> Dispatch:
+        if rc != 0:
+            raise EmuError("dispatch.h refused the problem size")
+        return Dispatch(tuple(out[:3]), tuple(out[3:]))
+
+    def dispatch_1d(self, work_items: int, pipeline_max_threads: int = 1024) -> Dispatch:
+        out = (ctypes.c_uint * 6)()
+        return self._result(self._lib.emu_dispatch_1d(ctypes.c_ulonglong(work_items), ctypes.c_uint(pipeline_max_threads), out), out)
+
+    def dispatch_nms_mask(self, num_boxes: int) -> Dispatch:
+        out = (ctypes.c_uint * 6)()
+        return self._result(self._lib.emu_dispatch_nms_mask(ctypes.c_longlong(num_boxes), out), out)
+
+    def dispatch_nms_reduce(self, pipeline_max_threads: int = 1024) -> Dispatch:
+        out = (ctypes.c_uint * 6)()
+        return self._result(self._lib.emu_dispatch_nms_reduce(ctypes.c_uint(pipeline_max_threads), out), out)
+
+    def nms_col_blocks(self, n: int) -> int:
+        return self._lib.emu_nms_col_blocks(n)
+
+    def deform_items(self, kind: str, params: ctypes.Structure) -> int:
+        return getattr(self._lib, f"emu_deform_{kind}_items")(ctypes.byref(params))
+
+    def params(self, struct: str, **fields) -> ctypes.Structure:
+        cls = self.structs[struct]
+        known = {f for f, _ in cls._fields_}
+        unknown = set(fields) - known
+        if unknown:
+            raise EmuError(f"{struct} has no field(s) {sorted(unknown)}")
+        return cls(**fields)
+
+    def buffer(self, name: str) -> int:
+        return self.constants[name]
+
+
+def params_bytes(p: ctypes.Structure) -> bytes:
+    return ctypes.string_at(ctypes.addressof(p), ctypes.sizeof(p))

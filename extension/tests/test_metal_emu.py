@@ -1,0 +1,746 @@
+"""Every csrc/metal/*.metal kernel, run on the CPU through tests/metal_emu.
+
+The kernels run with the grid and threadgroup sizes that csrc/metal/dispatch.h
+gives the MPS host code, over buffers sized exactly (address sanitizer on), and
+are compared with the CPU op (torch.ops.opforge.* when the extension is built)
+or, without it, with the slow references below.  What this cannot cover is
+listed in the closing note of the Metal work (Apple's compiler, fast math,
+SIMD-group semantics, the GPU memory model); the macOS CI job compiles and
+runs the real thing.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from metal_emu import harness
+
+pytestmark = pytest.mark.skipif(shutil.which(harness.CXX) is None, reason=f"needs a C++20 compiler ({harness.CXX})")
+
+try:  # the built extension's CPU kernels are the reference when present
+    import opforge_ops  # noqa: F401
+
+    HAVE_OPFORGE = hasattr(torch.ops.opforge, "roi_align")
+except Exception:  # noqa: BLE001 - any import failure means "not built here"
+    HAVE_OPFORGE = False
+
+
+@pytest.fixture(scope="module")
+def geo() -> harness.Geometry:
+    return harness.Geometry()
+
+
+_BUILT: dict[str, harness.Emulated] = {}
+
+
+def emu(op: str) -> harness.Emulated:
+    """Compiled once per session (and cached on disk by source hash)."""
+    if op not in _BUILT:
+        _BUILT[op] = harness.build(op)
+    return _BUILT[op]
+
+
+def np_of(t: torch.Tensor) -> np.ndarray:
+    return t.detach().contiguous().numpy().copy()
+
+
+DTYPE = {torch.float32: "float", torch.float16: "half"}
+
+
+# ----------------------------------------------------------- references
+def ref_roi_align(input, rois, scale, ph_, pw_, sampling, aligned):
+    """Straight transcription of roi_align, differentiable in `input` (float32)."""
+    if HAVE_OPFORGE:
+        return torch.ops.opforge.roi_align(input, rois, scale, ph_, pw_, sampling, aligned)
+    K = rois.shape[0]
+    _, C, H, W = input.shape
+    out = []
+    for k in range(K):
+        r = rois[k].tolist()
+        off = 0.5 if aligned else 0.0
+        f32 = np.float32
+        sw, sh = f32(r[1]) * f32(scale) - f32(off), f32(r[2]) * f32(scale) - f32(off)
+        ew, eh = f32(r[3]) * f32(scale) - f32(off), f32(r[4]) * f32(scale) - f32(off)
+        rw, rh = ew - sw, eh - sh
+        if not aligned:
+            rw, rh = max(rw, f32(1)), max(rh, f32(1))
+        bh, bw = f32(rh / f32(ph_)), f32(rw / f32(pw_))
+        gh = sampling if sampling > 0 else int(math.ceil(rh / f32(ph_)))
+        gw = sampling if sampling > 0 else int(math.ceil(rw / f32(pw_)))
+        count = max(gh * gw, 1)
+        plane = input[int(r[0])]
+        bins = torch.zeros(C, ph_, pw_, dtype=input.dtype)
+        for py in range(ph_):
+            for px in range(pw_):
+                acc = torch.zeros(C, dtype=input.dtype)
+                for iy in range(gh):
+                    y = sh + f32(py) * bh + (f32(iy) + f32(0.5)) * bh / f32(gh)
+                    for ix in range(gw):
+                        x = sw + f32(px) * bw + (f32(ix) + f32(0.5)) * bw / f32(gw)
+                        acc = acc + _bilinear_roi(plane, H, W, float(y), float(x))
+                bins[:, py, px] = acc / count
+        out.append(bins)
+    return torch.stack(out) if out else input.new_zeros(0, C, ph_, pw_)
+
+
+def _bilinear_roi(plane, H, W, y, x):
+    if y < -1.0 or y > H or x < -1.0 or x > W:
+        return plane.new_zeros(plane.shape[0])
+    y, x = max(y, 0.0), max(x, 0.0)
+    yl, xl = int(y), int(x)
+    if yl >= H - 1:
+        yh = yl = H - 1
+        y = float(yl)
+    else:
+        yh = yl + 1
+    if xl >= W - 1:
+        xh = xl = W - 1
+        x = float(xl)
+    else:
+        xh = xl + 1
+    ly, lx = y - yl, x - xl
+    hy, hx = 1 - ly, 1 - lx
+    return hy * hx * plane[:, yl, xl] + hy * lx * plane[:, yl, xh] + ly * hx * plane[:, yh, xl] + ly * lx * plane[:, yh, xh]
+
+
+def ref_roi_pool(input, rois, scale, ph_, pw_):
+    """(output, argmax) of roi_pool."""
+    if HAVE_OPFORGE:
+        return torch.ops.opforge.roi_pool(input, rois, scale, ph_, pw_)
+    K = rois.shape[0]
+    _, C, H, W = input.shape
+    out = torch.zeros(K, C, ph_, pw_, dtype=input.dtype)
+    arg = torch.full((K, C, ph_, pw_), -1, dtype=torch.int32)
+    f32 = np.float32
+    for k in range(K):
+        r = rois[k].tolist()
+        sw, sh = int(round(f32(r[1]) * f32(scale))), int(round(f32(r[2]) * f32(scale)))
+        ew, eh = int(round(f32(r[3]) * f32(scale))), int(round(f32(r[4]) * f32(scale)))
+        rw, rh = max(ew - sw + 1, 1), max(eh - sh + 1, 1)
+        bh, bw = f32(rh) / f32(ph_), f32(rw) / f32(pw_)
+        plane = input[int(r[0])]
+        for py in range(ph_):
+            for px in range(pw_):
+                hs = min(max(int(math.floor(f32(py) * bh)) + sh, 0), H)
+                he = min(max(int(math.ceil(f32(py + 1) * bh)) + sh, 0), H)
+                ws = min(max(int(math.floor(f32(px) * bw)) + sw, 0), W)
+                we = min(max(int(math.ceil(f32(px + 1) * bw)) + sw, 0), W)
+                if he <= hs or we <= ws:
+                    continue
+                region = plane[:, hs:he, ws:we].reshape(C, -1)
+                val, idx = region.max(dim=1)
+                out[k, :, py, px] = val
+                arg[k, :, py, px] = (hs + idx // (we - ws)) * W + ws + idx % (we - ws)
+    return out, arg
+
+
+def ref_nms(boxes, scores, thr):
+    if HAVE_OPFORGE:
+        return torch.ops.opforge.nms(boxes, scores, thr)
+    order = torch.argsort(scores, descending=True, stable=True).tolist()
+    b = boxes.double().tolist()
+    keep, dead = [], set()
+    for a, i in enumerate(order):
+        if i in dead:
+            continue
+        keep.append(i)
+        x1, y1, x2, y2 = b[i]
+        for j in order[a + 1 :]:
+            u1, v1, u2, v2 = b[j]
+            iw = max(min(x2, u2) - max(x1, u1), 0.0)
+            ih = max(min(y2, v2) - max(y1, v1), 0.0)
+            inter = iw * ih
+            union = (x2 - x1) * (y2 - y1) + (u2 - u1) * (v2 - v1) - inter
+            if union > 0 and inter / union > thr:
+                dead.add(j)
+    return torch.tensor(keep, dtype=torch.int64)
+
+
+def ref_deform_conv2d(x, w, off, mask, bias, stride, pad, dil, groups, offset_groups, use_mask):
+    """Vectorised deformable convolution, differentiable in every input."""
+    if HAVE_OPFORGE:
+        return torch.ops.opforge.deform_conv2d(
+            x, w, off, mask, bias, stride[0], stride[1], pad[0], pad[1], dil[0], dil[1], groups, offset_groups, use_mask
+        )
+    B, C, H, W = x.shape
+    OC, _, KH, KW = w.shape
+    OH = (H + 2 * pad[0] - (dil[0] * (KH - 1) + 1)) // stride[0] + 1
+    OW = (W + 2 * pad[1] - (dil[1] * (KW - 1) + 1)) // stride[1] + 1
+    off = off.view(B, offset_groups, KH * KW, 2, OH, OW)
+    m = mask.view(B, offset_groups, KH * KW, OH, OW) if use_mask else None
+    base_y = (torch.arange(OH) * stride[0] - pad[0]).view(1, OH, 1) + (torch.arange(KH) * dil[0]).repeat_interleave(KW).view(-1, 1, 1)
+    base_x = (torch.arange(OW) * stride[1] - pad[1]).view(1, 1, OW) + (torch.arange(KW) * dil[1]).repeat(KH).view(-1, 1, 1)
+    cpg = C // offset_groups
+    cols = []
+    for g in range(offset_groups):
+        y = base_y + off[:, g, :, 0]  # [B, K, OH, OW]
+        xx = base_x + off[:, g, :, 1]
+        val = _bilinear_deform(x[:, g * cpg : (g + 1) * cpg], y, xx)  # [B, cpg, K, OH, OW]
+        if use_mask:
+            val = val * m[:, g].unsqueeze(1)
+        cols.append(val)
+    cols = torch.cat(cols, 1)  # [B, C, K, OH, OW]
+    cols = cols.view(B, groups, C // groups * KH * KW, OH * OW)
+    wg = w.view(groups, OC // groups, -1)
+    out = torch.einsum("gok,bgkp->bgop", wg, cols).reshape(B, OC, OH, OW)
+    return out + bias.view(1, -1, 1, 1)
+
+
+def _bilinear_deform(img, y, x):
+    B, C, H, W = img.shape
+    valid = (y > -1) & (y < H) & (x > -1) & (x < W)
+    y0, x0 = torch.floor(y), torch.floor(x)
+    ly, lx = y - y0, x - x0
+    flat = img.reshape(B, C, H * W)
+    out = 0
+    for dy, dx, wgt in ((0, 0, (1 - ly) * (1 - lx)), (0, 1, (1 - ly) * lx), (1, 0, ly * (1 - lx)), (1, 1, ly * lx)):
+        yy, xx = (y0 + dy).long(), (x0 + dx).long()
+        inside = valid & (yy >= 0) & (yy < H) & (xx >= 0) & (xx < W)
+        idx = (yy.clamp(0, H - 1) * W + xx.clamp(0, W - 1)).view(B, 1, -1).expand(B, C, -1)
+        v = torch.gather(flat, 2, idx).view(B, C, *y.shape[1:])
+        out = out + v * (wgt * inside).unsqueeze(1)
+    return out
+
+
+# --------------------------------------------------------- emulated ops
+def make_rois(gen, K, batch, H, W, scale=1.0, min_size=0.5):
+    b = torch.randint(0, batch, (K, 1), generator=gen).float()
+    x1 = torch.rand(K, 1, generator=gen) * (W / scale) * 0.8
+    y1 = torch.rand(K, 1, generator=gen) * (H / scale) * 0.8
+    x2 = x1 + min_size + torch.rand(K, 1, generator=gen) * (W / scale) * 0.6
+    y2 = y1 + min_size + torch.rand(K, 1, generator=gen) * (H / scale) * 0.6
+    return torch.cat([b, x1, y1, x2, y2], 1)
+
+
+def emu_roi_align_forward(geo, input, rois, scale, PH, PW, sampling, aligned, max_threads=1024):
+    K, (_, C, H, W) = rois.shape[0], input.shape
+    total = K * C * PH * PW
+    p = geo.params("OpfRoiAlignParams", total=total, channels=C, height=H, width=W, pooled_height=PH,
+                   pooled_width=PW, sampling_ratio=sampling, spatial_scale=scale, aligned=int(aligned))
+    out = np.zeros((K, C, PH, PW), dtype=np_of(input).dtype)
+    g = geo.dispatch_1d(total, max_threads)
+    emu("roi_align").launch(f"roi_align_forward_{DTYPE[input.dtype]}", g, {
+        geo.buffer("OPF_ROI_ALIGN_FWD_BUF_INPUT"): np_of(input),
+        geo.buffer("OPF_ROI_ALIGN_FWD_BUF_ROIS"): np_of(rois),
+        geo.buffer("OPF_ROI_ALIGN_FWD_BUF_OUTPUT"): out,
+        geo.buffer("OPF_ROI_ALIGN_FWD_BUF_PARAMS"): harness.params_bytes(p),
+    })
+    return torch.from_numpy(out), g
+
+
+def emu_roi_align_backward(geo, grad, rois, scale, PH, PW, batch, C, H, W, sampling, aligned,
+                           kernel=None, module=None, max_threads=1024):
+    total = grad.numel()
+    s = grad.stride()
+    p = geo.params("OpfRoiAlignParams", total=total, channels=C, height=H, width=W, pooled_height=PH,
+                   pooled_width=PW, sampling_ratio=sampling, spatial_scale=scale, aligned=int(aligned),
+                   grad_stride_n=s[0], grad_stride_c=s[1], grad_stride_h=s[2], grad_stride_w=s[3])
+    grad_input = np.zeros((batch, C, H, W), dtype=np.float32)
+    # Strided grad: hand the kernel the underlying storage, as the .mm does.
+    storage = grad.detach().as_strided((grad.untyped_storage().nbytes() // grad.element_size(),), (1,), 0)
+    g = geo.dispatch_1d(total, max_threads)
+    (module or emu("roi_align")).launch(kernel or f"roi_align_backward_{DTYPE[grad.dtype]}", g, {
+        geo.buffer("OPF_ROI_ALIGN_BWD_BUF_GRAD"): storage.numpy().copy(),
+        geo.buffer("OPF_ROI_ALIGN_BWD_BUF_ROIS"): np_of(rois),
+        geo.buffer("OPF_ROI_ALIGN_BWD_BUF_GRAD_INPUT"): grad_input,
+        geo.buffer("OPF_ROI_ALIGN_BWD_BUF_PARAMS"): harness.params_bytes(p),
+    })
+    return torch.from_numpy(grad_input), g
+
+
+# ------------------------------------------------------------ roi_align
+@pytest.mark.parametrize("aligned", [False, True])
+@pytest.mark.parametrize("sampling", [0, 2])
+def test_roi_align_forward_matches_cpu_over_many_threadgroups(geo, aligned, sampling):
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 3, 11, 13, generator=gen)
+    rois = make_rois(gen, 40, 2, 11, 13, scale=0.5)
+    rois[0, 1:] = torch.tensor([-3.0, -3.0, 30.0, 30.0])  # samples outside the map
+    out, g = emu_roi_align_forward(geo, x, rois, 0.5, 5, 4, sampling, aligned)
+    assert g.groups[0] > 1, "the test must span several threadgroups"
+    torch.testing.assert_close(out, ref_roi_align(x, rois, 0.5, 5, 4, sampling, aligned), rtol=1e-5, atol=1e-5)
+
+
+def _check_roi_align_backward(geo, kernel=None, module=None):
+    gen = torch.Generator().manual_seed(2)
+    B, C, H, W, PH, PW = 2, 2, 9, 10, 4, 4
+    x = torch.randn(B, C, H, W, generator=gen, requires_grad=True)
+    rois = make_rois(gen, 300, B, H, W)  # 9600 grad elements: 38 threadgroups of 256
+    ref_out = ref_roi_align(x, rois, 1.0, PH, PW, 2, False)
+    grad = torch.randn(ref_out.shape, generator=gen)
+    (ref_grad,) = torch.autograd.grad(ref_out, x, grad)
+    got, g = emu_roi_align_backward(geo, grad, rois, 1.0, PH, PW, B, C, H, W, 2, False, kernel, module)
+    assert g.groups[0] * g.groups[1] >= 30
+    torch.testing.assert_close(got, ref_grad, rtol=1e-4, atol=1e-4)
+
+
+def test_roi_align_backward_accumulates_each_roi_once(geo):
+    _check_roi_align_backward(geo)
+
+
+def test_harness_catches_planted_grid_stride_double_count(geo):
+    buggy = harness.build(harness.HERE / "buggy" / "roi_align_grid_stride.metal")
+    with pytest.raises(AssertionError) as info:
+        _check_roi_align_backward(geo, "roi_align_backward_grid_stride_float", buggy)
+    assert "Mismatched elements" in str(info.value)
+
+
+def test_roi_align_backward_with_strided_grad_and_small_pipeline(geo):
+    gen = torch.Generator().manual_seed(3)
+    B, C, H, W = 1, 3, 8, 8
+    x = torch.randn(B, C, H, W, generator=gen, requires_grad=True)
+    rois = make_rois(gen, 20, B, H, W)
+    ref_out = ref_roi_align(x, rois, 1.0, 3, 3, 0, True)
+    grad = torch.randn(3, 3, C, 20, generator=gen).permute(3, 2, 0, 1)  # non-contiguous
+    (ref_grad,) = torch.autograd.grad(ref_out, x, grad)
+    got, g = emu_roi_align_backward(geo, grad, rois, 1.0, 3, 3, B, C, H, W, 0, True, max_threads=96)
+    assert g.threads[0] == 96  # clamped to the pipeline limit, still a SIMD multiple
+    torch.testing.assert_close(got, ref_grad, rtol=1e-4, atol=1e-4)
+
+
+def test_roi_align_half_forward_and_backward_accumulate_in_float(geo):
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 3, 10, 10, generator=gen).half()
+    rois = make_rois(gen, 30, 2, 10, 10).half()
+    out, _ = emu_roi_align_forward(geo, x, rois, 1.0, 3, 3, 2, True)
+    assert out.dtype == torch.float16
+    xf = x.float().requires_grad_()
+    ref = ref_roi_align(xf, rois.float(), 1.0, 3, 3, 2, True)
+    torch.testing.assert_close(out.float(), ref, rtol=1e-2, atol=1e-2)
+    grad = torch.randn(ref.shape, generator=gen).half()
+    (ref_grad,) = torch.autograd.grad(ref, xf, grad.float())
+    got, _ = emu_roi_align_backward(geo, grad, rois, 1.0, 3, 3, 2, 3, 10, 10, 2, True)
+    assert got.dtype == torch.float32  # the float32 accumulation buffer the host casts
+    torch.testing.assert_close(got, ref_grad, rtol=1e-2, atol=2e-2)
+
+
+# ------------------------------------------------------------- roi_pool
+def emu_roi_pool(geo, x, rois, scale, PH, PW):
+    K, (_, C, H, W) = rois.shape[0], x.shape
+    total = K * C * PH * PW
+    p = geo.params("OpfRoiPoolParams", total=total, channels=C, height=H, width=W, pooled_height=PH,
+                   pooled_width=PW, spatial_scale=scale)
+    out = np.zeros((K, C, PH, PW), dtype=np_of(x).dtype)
+    arg = np.zeros((K, C, PH, PW), dtype=np.int32)
+    emu("roi_pool").launch(f"roi_pool_forward_{DTYPE[x.dtype]}", geo.dispatch_1d(total), {
+        geo.buffer("OPF_ROI_POOL_FWD_BUF_INPUT"): np_of(x),
+        geo.buffer("OPF_ROI_POOL_FWD_BUF_ROIS"): np_of(rois),
+        geo.buffer("OPF_ROI_POOL_FWD_BUF_OUTPUT"): out,
+        geo.buffer("OPF_ROI_POOL_FWD_BUF_ARGMAX"): arg,
+        geo.buffer("OPF_ROI_POOL_FWD_BUF_PARAMS"): harness.params_bytes(p),
+    })
+    return torch.from_numpy(out), torch.from_numpy(arg)
+
+
+def emu_roi_pool_backward(geo, grad, rois, argmax, B, C, H, W):
+    total = grad.numel()
+    s = grad.stride()
+    K, _, PH, PW = grad.shape
+    p = geo.params("OpfRoiPoolParams", total=total, channels=C, height=H, width=W, pooled_height=PH,
+                   pooled_width=PW, spatial_scale=1.0, grad_stride_n=s[0], grad_stride_c=s[1],
+                   grad_stride_h=s[2], grad_stride_w=s[3])
+    gi = np.zeros((B, C, H, W), dtype=np.float32)
+    g = geo.dispatch_1d(total)
+    emu("roi_pool").launch(f"roi_pool_backward_{DTYPE[grad.dtype]}", g, {
+        geo.buffer("OPF_ROI_POOL_BWD_BUF_GRAD"): np_of(grad),
+        geo.buffer("OPF_ROI_POOL_BWD_BUF_ROIS"): np_of(rois),
+        geo.buffer("OPF_ROI_POOL_BWD_BUF_ARGMAX"): np_of(argmax),
+        geo.buffer("OPF_ROI_POOL_BWD_BUF_GRAD_INPUT"): gi,
+        geo.buffer("OPF_ROI_POOL_BWD_BUF_PARAMS"): harness.params_bytes(p),
+    })
+    return torch.from_numpy(gi), g
+
+
+def test_roi_pool_forward_and_argmax_match_cpu(geo):
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 3, 12, 9, generator=gen)
+    rois = make_rois(gen, 25, 2, 24, 18, scale=0.5)
+    rois[0, 1:] = torch.tensor([30.0, 30.0, 40.0, 40.0])  # off the map: empty bins
+    out, arg = emu_roi_pool(geo, x, rois, 0.5, 3, 4)
+    ref_out, ref_arg = ref_roi_pool(x, rois, 0.5, 3, 4)
+    torch.testing.assert_close(out, ref_out)
+    torch.testing.assert_close(arg, ref_arg)
+    assert (arg[0] == -1).all() and (out[0] == 0).all()
+
+
+def test_roi_pool_backward_many_rois_many_threadgroups(geo):
+    gen = torch.Generator().manual_seed(6)
+    B, C, H, W = 2, 2, 8, 8
+    x = torch.randn(B, C, H, W, generator=gen)
+    rois = make_rois(gen, 400, B, H, W)
+    out, arg = emu_roi_pool(geo, x, rois, 1.0, 3, 3)
+    grad = torch.randn(out.shape, generator=gen)
+    got, g = emu_roi_pool_backward(geo, grad, rois, arg, B, C, H, W)
+    assert g.groups[0] >= 28
+    ref = torch.zeros(B, C, H * W)
+    for k in range(rois.shape[0]):
+        b = int(rois[k, 0])
+        for c in range(C):
+            a = arg[k, c].flatten()
+            ok = a >= 0
+            ref[b, c].index_add_(0, a[ok].long(), grad[k, c].flatten()[ok])
+    torch.testing.assert_close(got, ref.view(B, C, H, W), rtol=1e-5, atol=1e-5)
+    if HAVE_OPFORGE:
+        cpu = torch.ops.opforge._roi_pool_backward(grad, rois, arg, 1.0, 3, 3, B, C, H, W)
+        torch.testing.assert_close(got, cpu, rtol=1e-5, atol=1e-5)
+
+
+def test_roi_pool_half(geo):
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(1, 2, 10, 10, generator=gen).half()
+    rois = make_rois(gen, 12, 1, 10, 10).half()
+    out, arg = emu_roi_pool(geo, x, rois, 1.0, 2, 2)
+    ref_out, ref_arg = ref_roi_pool(x.float(), rois.float(), 1.0, 2, 2)
+    torch.testing.assert_close(out.float(), ref_out)
+    torch.testing.assert_close(arg, ref_arg)
+    got, _ = emu_roi_pool_backward(geo, torch.ones_like(out), rois, arg, 1, 2, 10, 10)
+    assert got.sum().item() == pytest.approx(float((arg >= 0).sum()))
+
+
+# ------------------------------------------------------------------ nms
+def emu_nms(geo, boxes, scores, thr, reduce_threads=1024):
+    n = boxes.shape[0]
+    order = torch.argsort(scores, descending=True, stable=True)
+    sorted_boxes = boxes[order].contiguous()
+    blocks = geo.nms_col_blocks(n)
+    p = geo.params("OpfNmsParams", num_boxes=n, col_blocks=blocks, iou_threshold=thr)
+    mask = np.zeros(n * blocks, dtype=np.uint64)
+    m = emu("nms")
+    mask_dispatch = geo.dispatch_nms_mask(n)
+    m.launch(f"nms_mask_{DTYPE[boxes.dtype]}", mask_dispatch, {
+        geo.buffer("OPF_NMS_MASK_BUF_BOXES"): np_of(sorted_boxes),
+        geo.buffer("OPF_NMS_MASK_BUF_MASK"): mask,
+        geo.buffer("OPF_NMS_MASK_BUF_PARAMS"): harness.params_bytes(p),
+    })
+    keep = np.full(n, -7, dtype=np.int64)
+    num = np.zeros(1, dtype=np.int64)
+    removed = np.full(blocks, 0xDEADBEEF, dtype=np.uint64)  # the kernel must clear it
+    m.launch("nms_reduce", geo.dispatch_nms_reduce(reduce_threads), {
+        geo.buffer("OPF_NMS_REDUCE_BUF_MASK"): mask,
+        geo.buffer("OPF_NMS_REDUCE_BUF_ORDER"): np_of(order),
+        geo.buffer("OPF_NMS_REDUCE_BUF_KEEP"): keep,
+        geo.buffer("OPF_NMS_REDUCE_BUF_NUM_KEEP"): num,
+        geo.buffer("OPF_NMS_REDUCE_BUF_REMOVED"): removed,
+        geo.buffer("OPF_NMS_REDUCE_BUF_PARAMS"): harness.params_bytes(p),
+    })
+    return torch.from_numpy(keep[: int(num[0])].copy()), mask_dispatch
+
+
+def random_boxes(gen, n, extent=100.0, size=20.0):
+    xy = torch.rand(n, 2, generator=gen) * extent
+    wh = torch.rand(n, 2, generator=gen) * size + 0.5
+    return torch.cat([xy, xy + wh], 1)
+
+
+@pytest.mark.parametrize("n,thr,reduce_threads", [(1, 0.5, 1024), (63, 0.5, 1024), (300, 0.3, 1024),
+                                                  (700, 0.5, 1024), (700, 0.7, 4)])
+def test_nms_matches_cpu_across_tiles_and_threadgroups(geo, n, thr, reduce_threads):
+    gen = torch.Generator().manual_seed(n)
+    boxes = random_boxes(gen, n)
+    scores = torch.rand(n, generator=gen)
+    keep, d = emu_nms(geo, boxes, scores, thr, reduce_threads)
+    if n > 64:
+        assert d.groups[0] > 1 and d.groups[1] > 1
+    assert torch.equal(keep, ref_nms(boxes, scores, thr))
+
+
+def test_nms_suppression_chain_crosses_tiles(geo):
+    # Box i overlaps box i+1 only: greedy keeps every other box, and each
+    # decision depends on the previous tile's survivors.
+    n = 200
+    x = torch.arange(n, dtype=torch.float32) * 0.5
+    boxes = torch.stack([x, torch.zeros(n), x + 1.0, torch.ones(n)], 1)
+    scores = torch.linspace(1.0, 0.0, n)
+    keep, _ = emu_nms(geo, boxes, scores, 0.3)
+    assert torch.equal(keep, torch.arange(0, n, 2))
+    assert torch.equal(keep, ref_nms(boxes, scores, 0.3))
+
+
+def test_nms_half_boxes(geo):
+    gen = torch.Generator().manual_seed(9)
+    boxes = random_boxes(gen, 150).half()
+    scores = torch.rand(150, generator=gen)
+    keep, _ = emu_nms(geo, boxes, scores, 0.5)
+    assert torch.equal(keep, ref_nms(boxes.float(), scores, 0.5))
+
+
+# --------------------------------------------------------- deform_conv2d
+def deform_params(geo, x, w, stride, pad, dil, offset_groups, use_mask):
+    B, C, H, W = x.shape
+    _, _, KH, KW = w.shape
+    OH = (H + 2 * pad[0] - (dil[0] * (KH - 1) + 1)) // stride[0] + 1
+    OW = (W + 2 * pad[1] - (dil[1] * (KW - 1) + 1)) // stride[1] + 1
+    return geo.params("OpfDeformParams", total=0, batch=B, channels=C, height=H, width=W, out_h=OH, out_w=OW,
+                      kernel_h=KH, kernel_w=KW, stride_h=stride[0], stride_w=stride[1], pad_h=pad[0], pad_w=pad[1],
+                      dilation_h=dil[0], dilation_w=dil[1], offset_groups=offset_groups, use_mask=int(use_mask))
+
+
+def emu_deform_forward(geo, x, w, off, mask, bias, stride, pad, dil, groups, og, use_mask):
+    """im2col on the emulated kernel, then the GEMM the host does with ATen."""
+    p = deform_params(geo, x, w, stride, pad, dil, og, use_mask)
+    B, C, OC, KH, KW = x.shape[0], x.shape[1], w.shape[0], w.shape[2], w.shape[3]
+    p.total = geo.deform_items("im2col", p)
+    cols = np.zeros((C * KH * KW, B * p.out_h * p.out_w), dtype=np_of(x).dtype)
+    emu("deform_conv2d").launch(f"deform_im2col_{DTYPE[x.dtype]}", geo.dispatch_1d(p.total), {
+        geo.buffer("OPF_DEFORM_IM2COL_BUF_INPUT"): np_of(x),
+        geo.buffer("OPF_DEFORM_IM2COL_BUF_OFFSET"): np_of(off),
+        geo.buffer("OPF_DEFORM_IM2COL_BUF_MASK"): np_of(mask) if use_mask else np.zeros(1, np_of(x).dtype),
+        geo.buffer("OPF_DEFORM_IM2COL_BUF_COLUMNS"): cols,
+        geo.buffer("OPF_DEFORM_IM2COL_BUF_PARAMS"): harness.params_bytes(p),
+    })
+    columns = torch.from_numpy(cols).float()
+    out = torch.bmm(w.float().reshape(groups, OC // groups, -1), columns.view(groups, -1, columns.shape[1]))
+    out = out.reshape(OC, B, p.out_h, p.out_w).transpose(0, 1) + bias.float().view(1, -1, 1, 1)
+    return out, columns, p
+
+
+def emu_deform_backward(geo, grad, x, w, off, mask, stride, pad, dil, groups, og, use_mask):
+    _, columns, p = emu_deform_forward(geo, x, w, off, mask, torch.zeros(w.shape[0]), stride, pad, dil, groups, og, use_mask)
+    B, C, OC = x.shape[0], x.shape[1], w.shape[0]
+    dt = np_of(x).dtype
+    g_out = grad.float().transpose(0, 1).reshape(groups, OC // groups, -1)
+    grad_cols = torch.bmm(w.float().reshape(groups, OC // groups, -1).transpose(1, 2), g_out).reshape(columns.shape)
+    grad_cols_np = grad_cols.to(x.dtype).numpy().copy()
+    mask_np = np_of(mask) if use_mask else np.zeros(1, dt)
+    p.total = geo.deform_items("col2im", p)
+    grad_input = np.zeros(tuple(x.shape), dtype=np.float32)
+    m = emu("deform_conv2d")
+    col2im_dispatch = geo.dispatch_1d(p.total)
+    m.launch(f"deform_col2im_{DTYPE[x.dtype]}", col2im_dispatch, {
+        geo.buffer("OPF_DEFORM_COL2IM_BUF_COLUMNS"): grad_cols_np,
+        geo.buffer("OPF_DEFORM_COL2IM_BUF_OFFSET"): np_of(off),
+        geo.buffer("OPF_DEFORM_COL2IM_BUF_MASK"): mask_np,
+        geo.buffer("OPF_DEFORM_COL2IM_BUF_GRAD_INPUT"): grad_input,
+        geo.buffer("OPF_DEFORM_COL2IM_BUF_PARAMS"): harness.params_bytes(p),
+    })
+    p.total = geo.deform_items("coord", p)
+    grad_offset = np.zeros(tuple(off.shape), dtype=dt)
+    grad_mask = np.zeros(tuple(mask.shape) if use_mask else (1,), dtype=dt)
+    m.launch(f"deform_col2im_coord_{DTYPE[x.dtype]}", geo.dispatch_1d(p.total), {
+        geo.buffer("OPF_DEFORM_COORD_BUF_COLUMNS"): grad_cols_np,
+        geo.buffer("OPF_DEFORM_COORD_BUF_INPUT"): np_of(x),
+        geo.buffer("OPF_DEFORM_COORD_BUF_OFFSET"): np_of(off),
+        geo.buffer("OPF_DEFORM_COORD_BUF_MASK"): mask_np,
+        geo.buffer("OPF_DEFORM_COORD_BUF_GRAD_OFFSET"): grad_offset,
+        geo.buffer("OPF_DEFORM_COORD_BUF_GRAD_MASK"): grad_mask,
+        geo.buffer("OPF_DEFORM_COORD_BUF_PARAMS"): harness.params_bytes(p),
+    })
+    grad_weight = torch.bmm(g_out, columns.view(groups, -1, columns.shape[1]).transpose(1, 2)).reshape(w.shape)
+    return (torch.from_numpy(grad_input), grad_weight, torch.from_numpy(grad_offset).float(),
+            torch.from_numpy(grad_mask).float(), grad.float().sum((0, 2, 3))), col2im_dispatch
+
+
+def deform_case(gen, dtype=torch.float32, B=2, C=4, H=7, W=6, OC=6, K=(3, 3), groups=2, og=2,
+                stride=(1, 1), pad=(1, 1), dil=(1, 1)):
+    OH = (H + 2 * pad[0] - (dil[0] * (K[0] - 1) + 1)) // stride[0] + 1
+    OW = (W + 2 * pad[1] - (dil[1] * (K[1] - 1) + 1)) // stride[1] + 1
+    x = torch.randn(B, C, H, W, generator=gen)
+    w = torch.randn(OC, C // groups, *K, generator=gen) * 0.3
+    off = torch.randn(B, 2 * og * K[0] * K[1], OH, OW, generator=gen) * 1.5
+    mask = torch.rand(B, og * K[0] * K[1], OH, OW, generator=gen)
+    bias = torch.randn(OC, generator=gen)
+    return [t.to(dtype) for t in (x, w, off, mask, bias)]
+
+
+@pytest.mark.parametrize("use_mask", [True, False])
+@pytest.mark.parametrize("stride,pad,dil", [((1, 1), (1, 1), (1, 1)), ((2, 1), (0, 2), (1, 2))])
+def test_deform_conv2d_forward_matches_cpu(geo, use_mask, stride, pad, dil):
+    gen = torch.Generator().manual_seed(10)
+    x, w, off, mask, bias = deform_case(gen, stride=stride, pad=pad, dil=dil)
+    out, _, _ = emu_deform_forward(geo, x, w, off, mask, bias, stride, pad, dil, 2, 2, use_mask)
+    ref = ref_deform_conv2d(x, w, off, mask, bias, stride, pad, dil, 2, 2, use_mask)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("use_mask", [True, False])
+def test_deform_conv2d_backward_matches_autograd_of_reference(geo, use_mask):
+    gen = torch.Generator().manual_seed(11)
+    x, w, off, mask, bias = deform_case(gen, B=3)
+    inputs = [t.clone().requires_grad_() for t in (x, w, off, mask, bias)]
+    ref = ref_deform_conv2d(*inputs, (1, 1), (1, 1), (1, 1), 2, 2, use_mask)
+    grad = torch.randn(ref.shape, generator=gen)
+    ref_grads = torch.autograd.grad(ref, inputs, grad, allow_unused=True)
+    got, d = emu_deform_backward(geo, grad, x, w, off, mask, (1, 1), (1, 1), (1, 1), 2, 2, use_mask)
+    assert d.groups[0] > 10, "col2im must span many threadgroups"
+    names = ["input", "weight", "offset", "mask", "bias"]
+    for name, g_ref, g_got in zip(names, ref_grads, got):
+        if name == "mask" and not use_mask:
+            continue
+        torch.testing.assert_close(g_got, g_ref, rtol=1e-3, atol=1e-3, msg=lambda m, n=name: f"grad_{n}: {m}")
+    if HAVE_OPFORGE:
+        cpu = torch.ops.opforge._deform_conv2d_backward(grad, x, w, off, mask, bias, 1, 1, 1, 1, 1, 1, 2, 2, use_mask)
+        for name, c, g_got in zip(names, cpu, got):
+            if name == "mask" and not use_mask:
+                continue
+            torch.testing.assert_close(g_got, c, rtol=1e-3, atol=1e-3)
+
+
+def test_deform_conv2d_half_backward_accumulates_in_float(geo):
+    gen = torch.Generator().manual_seed(12)
+    x, w, off, mask, bias = deform_case(gen, dtype=torch.float16)
+    inputs = [t.float().requires_grad_() for t in (x, w, off, mask, bias)]
+    ref = ref_deform_conv2d(*inputs, (1, 1), (1, 1), (1, 1), 2, 2, True)
+    out, _, _ = emu_deform_forward(geo, x, w, off, mask, bias, (1, 1), (1, 1), (1, 1), 2, 2, True)
+    torch.testing.assert_close(out, ref, rtol=2e-2, atol=3e-2)
+    grad = torch.randn(ref.shape, generator=gen).half()
+    ref_grads = torch.autograd.grad(ref, inputs, grad.float())
+    got, _ = emu_deform_backward(geo, grad, x, w, off, mask, (1, 1), (1, 1), (1, 1), 2, 2, True)
+    assert got[0].dtype == torch.float32
+    for g_got, g_ref in zip(got, ref_grads):
+        torch.testing.assert_close(g_got, g_ref, rtol=3e-2, atol=6e-2)
+
+
+# ------------------------------------------- index arithmetic past 2^31
+def test_dispatch_gives_one_thread_per_item_past_2_pow_32(geo):
+    n = 3 * 2**32 + 17
+    d = geo.dispatch_1d(n)
+    assert d.total_threads >= n > 2**33
+    assert d.total_threads - n < d.threads[0] * d.groups[0]  # at most one row of spare threads
+    # The thread of the last item, as the kernel computes its index.
+    last_group = (n - 1) // d.threads[0]
+    tgid_y, tgid_x = divmod(last_group, d.groups[0])
+    assert tgid_y < d.groups[1]
+    got = emu("roi_align").probe("linear_index", [tgid_x, tgid_y, d.groups[0], d.groups[1], d.threads[0], (n - 1) % d.threads[0]], 1)
+    assert got == [n - 1]
+
+
+def test_dispatch_refuses_more_than_one_grid(geo):
+    with pytest.raises(harness.EmuError):
+        geo.dispatch_1d(65535 * 65535 * 256 + 1)
+
+
+@pytest.mark.parametrize("op,probe", [("roi_align", "roi_align_index"), ("roi_pool", "roi_pool_index")])
+def test_roi_index_helpers_past_2_pow_31(op, probe):
+    C, H, W, PH, PW = 256, 4096, 4096, 7, 7
+    K = 1_000_000
+    index = K * C * PH * PW - 3  # ~1.25e10 items
+    batch = 199
+    sn, sc, sh, sw = C * PH * PW, PH * PW, PW, 1
+    got = emu(op).probe(probe, [C, H, W, PH, PW, index, batch, sn, sc, sh, sw], 6)
+    n, rem = divmod(index, C * PH * PW)
+    c, rem = divmod(rem, PH * PW)
+    ph, pw = divmod(rem, PW)
+    assert got[:4] == [n, c, ph, pw]
+    assert got[4] == (batch * C + c) * H * W > 2**39
+    assert got[5] == index
+
+
+def test_nms_mask_word_index_past_2_pow_32():
+    n = 4_000_000
+    blocks = (n + 63) // 64
+    assert emu("nms").probe("nms_mask_word_index", [n - 1, blocks - 1, blocks], 1) == [(n - 1) * blocks + blocks - 1]
+
+
+def test_deform_index_helpers_past_2_pow_31():
+    B, C, H, W, OH, OW, KH, KW, OG = 64, 512, 256, 256, 256, 256, 3, 3, 8
+    b, c, g, i, j, y, x = 63, 511, 7, 2, 2, 255, 255
+    got = emu("deform_conv2d").probe("deform_index", [B, C, H, W, OH, OW, KH, KW, OG, b, c, g, i, j, y, x], 4)
+    assert got[0] == (b * C + c) * H * W
+    assert got[1] == (b * OG + g) * 2 * KH * KW * OH * OW
+    assert got[2] == (b * OG + g) * KH * KW * OH * OW
+    assert got[3] == (((c * KH + i) * KW + j) * B + b) * OH * OW + y * OW + x
+    assert got[3] > 2**34
+
+
+# --------------------------------------------------- the harness itself
+def test_structs_match_cpp_layout(geo):
+    # Geometry() already compared every struct with the C++ sizeof; pin the
+    # 8-byte-first layout the Metal side relies on.
+    for name, cls in geo.structs.items():
+        assert harness.ctypes.sizeof(cls) % 8 == 0, name
+
+
+def test_every_kernel_in_every_metal_file_is_exercised():
+    exercised = {
+        "nms_mask_float", "nms_mask_half", "nms_reduce",
+        "roi_align_forward_float", "roi_align_forward_half", "roi_align_backward_float", "roi_align_backward_half",
+        "roi_pool_forward_float", "roi_pool_forward_half", "roi_pool_backward_float", "roi_pool_backward_half",
+        "deform_im2col_float", "deform_im2col_half", "deform_col2im_float", "deform_col2im_half",
+        "deform_col2im_coord_float", "deform_col2im_coord_half",
+    }
+    found = set()
+    for path in sorted(harness.METAL_DIR.glob("*.metal")):
+        found |= set(harness.build(path).kernels)
+    assert found == exercised, f"kernels without a test: {sorted(found - exercised)}"
+
+
+def test_out_of_bounds_write_is_reported(geo, tmp_path):
+    # A kernel without a bounds check, dispatched with the real geometry,
+    # writes past the buffer in its last threadgroup: the sanitizer must say so.
+    src = tmp_path / "no_bounds_check.metal"
+    src.write_text(
+        '#include <metal_stdlib>\n#include "dispatch.h"\nusing namespace metal;\n'
+        "kernel void fill(device float* out [[buffer(0)]], uint3 tgid [[threadgroup_position_in_grid]],\n"
+        "  uint3 groups [[threadgroups_per_grid]], uint3 threads [[threads_per_threadgroup]],\n"
+        "  uint3 tid [[thread_position_in_threadgroup]]) {\n"
+        "  out[opf_linear_index(tgid, groups, threads, tid)] = 1.0f;\n}\n"
+    )
+    m = harness.build(src)
+    with pytest.raises(harness.EmuError, match="heap-buffer-overflow"):
+        m.launch("fill", geo.dispatch_1d(1000), {0: np.zeros(1000, np.float32)})
+    ok = np.zeros(1024, np.float32)
+    m.launch("fill", geo.dispatch_1d(1000), {0: ok})
+    assert ok.sum() == 1024
+
+
+def test_barrier_divergence_is_reported(geo, tmp_path):
+    src = tmp_path / "divergent.metal"
+    src.write_text(
+        "#include <metal_stdlib>\nusing namespace metal;\n"
+        "kernel void early(device float* out [[buffer(0)]], uint3 tid [[thread_position_in_threadgroup]]) {\n"
+        "  threadgroup float shared[64];\n"
+        "  if (tid.x == 3) return;\n"
+        "  shared[tid.x] = 1.0f;\n"
+        "  threadgroup_barrier(mem_flags::mem_threadgroup);\n"
+        "  out[tid.x] = shared[(tid.x + 1) % 64];\n}\n"
+    )
+    m = harness.build(src)
+    with pytest.raises(harness.EmuError, match="different barriers"):
+        m.launch("early", harness.Dispatch((1, 1, 1), (64, 1, 1)), {0: np.zeros(64, np.float32)})
+
+
+def test_threadgroup_memory_is_shared_within_a_threadgroup_only(tmp_path):
+    src = tmp_path / "shared.metal"
+    src.write_text(
+        "#include <metal_stdlib>\nusing namespace metal;\n"
+        "kernel void rotate(device const float* in [[buffer(0)]], device float* out [[buffer(1)]],\n"
+        "  uint3 gid [[thread_position_in_grid]], uint3 tid [[thread_position_in_threadgroup]],\n"
+        "  uint3 threads [[threads_per_threadgroup]]) {\n"
+        "  threadgroup float tile[32];\n"
+        "  tile[tid.x] = in[gid.x];\n"
+        "  threadgroup_barrier(mem_flags::mem_threadgroup);\n"
+        "  out[gid.x] = tile[(tid.x + 1) % threads.x];\n}\n"
+    )
+    m = harness.build(src)
+    data = np.arange(96, dtype=np.float32)
+    out = np.zeros(96, np.float32)
+    m.launch("rotate", harness.Dispatch((3, 1, 1), (32, 1, 1)), {0: data, 1: out})
+    expected = data.reshape(3, 32)[:, np.r_[1:32, 0]].reshape(-1)
+    assert np.array_equal(out, expected)
+
+
+def test_embedded_source_is_what_the_emulation_runs(tmp_path):
+    # The MPS build compiles the header embed.py writes; its text (dispatch.h
+    # inlined) must expand to exactly what the emulation expanded.
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("embed", harness.METAL_DIR / "embed.py")
+    embed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(embed)
+    info = embed.generate(sorted(harness.METAL_DIR.glob("*.metal")), tmp_path, metallib="never")
+    assert info["metallib"] is False and len(info["headers"]) == 4
+    strip = lambda text: "\n".join(l for l in text.splitlines() if l.strip() and not l.startswith("# "))  # noqa: E731
+    for path in sorted(harness.METAL_DIR.glob("*.metal")):
+        header = (tmp_path / "opforge_metal" / f"{path.stem}.h").read_text()
+        source = header.split('R"OPFMETAL(', 1)[1].split(')OPFMETAL"', 1)[0]
+        assert '#include "' not in source
+        inlined = tmp_path / f"{path.stem}.inlined.metal"
+        inlined.write_text(source)
+        a = harness.prepass.preprocess(path, [harness.METAL_DIR])
+        b = harness.prepass.preprocess(inlined, [])
+        assert strip(a) == strip(b), path.name

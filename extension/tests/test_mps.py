@@ -1,0 +1,199 @@
+"""opforge ops on a real Apple GPU (MPS) against the CPU kernels.
+
+Device tests skip with "no MPS device" anywhere else; the registration checks
+run wherever the installed build says it has the mps backend.  Every device
+test forces the Metal path (OPFORGE_MPS_CPU_BELOW=0) so that small inputs are
+not routed to the CPU kernel by the crossover rule; one test checks that rule.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+opforge_ops = pytest.importorskip("opforge_ops", reason="opforge_ops is not built/installed")
+
+FORWARD_OPS = ("nms", "roi_align", "roi_pool", "deform_conv2d")
+BACKWARD_OPS = ("_roi_align_backward", "_roi_pool_backward", "_deform_conv2d_backward")
+HAS_MPS_BUILD = "mps" in opforge_ops.build_info().get("backends", [])
+HAS_MPS_DEVICE = hasattr(torch.backends, "mps") and torch.backends.mps.is_available()
+
+needs_build = pytest.mark.skipif(not HAS_MPS_BUILD, reason="this opforge_ops build has no mps backend")
+needs_device = pytest.mark.skipif(not (HAS_MPS_BUILD and HAS_MPS_DEVICE), reason="no MPS device")
+
+
+def has_kernel(op: str, key: str) -> bool:
+    return torch._C._dispatch_has_kernel_for_dispatch_key(f"opforge::{op}", key)
+
+
+@needs_build
+@pytest.mark.parametrize("op", FORWARD_OPS)
+def test_forward_ops_register_mps_and_autocast_mps(op):
+    assert has_kernel(op, "MPS"), f"opforge::{op} has no MPS kernel"
+    assert has_kernel(op, "AutocastMPS"), f"opforge::{op} has no AutocastMPS kernel"
+
+
+@needs_build
+@pytest.mark.parametrize("op", BACKWARD_OPS)
+def test_backward_ops_register_mps(op):
+    assert has_kernel(op, "MPS"), f"opforge::{op} has no MPS kernel"
+
+
+@needs_build
+def test_build_info_records_mps():
+    info = opforge_ops.build_info()
+    assert info["mps"] is True
+
+
+@pytest.fixture
+def metal_path(monkeypatch):
+    """Force the Metal kernels even for tiny inputs (read by the C++ on every call)."""
+    monkeypatch.setenv("OPFORGE_MPS_CPU_BELOW", "0")
+    for op in ("NMS", "ROI_ALIGN", "ROI_POOL", "DEFORM_CONV2D"):
+        monkeypatch.delenv(f"OPFORGE_MPS_CPU_BELOW_{op}", raising=False)
+
+
+MPS = torch.device("mps")
+
+
+def rois_for(gen, K, batch, H, W):
+    b = torch.randint(0, batch, (K, 1), generator=gen).float()
+    xy = torch.rand(K, 2, generator=gen) * torch.tensor([W, H]) * 0.8
+    wh = torch.rand(K, 2, generator=gen) * torch.tensor([W, H]) * 0.5 + 0.5
+    return torch.cat([b, xy, xy + wh], 1)
+
+
+def tol(dtype):
+    return dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=1e-2, atol=2e-2)
+
+
+@needs_device
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("aligned", [False, True])
+def test_roi_align_forward_backward_match_cpu(metal_path, dtype, aligned):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 8, 32, 32, generator=gen).to(dtype)
+    rois = rois_for(gen, 500, 2, 32, 32).to(dtype)  # 500*8*7*7 grad elements over many threadgroups
+    xc = x.float().requires_grad_()
+    xm = x.to(MPS).requires_grad_()
+    out_c = torch.ops.opforge.roi_align(xc, rois.float(), 0.5, 7, 7, 2, aligned)
+    out_m = torch.ops.opforge.roi_align(xm, rois.to(MPS), 0.5, 7, 7, 2, aligned)
+    assert out_m.dtype == dtype and out_m.device.type == "mps"
+    torch.testing.assert_close(out_m.cpu().float(), out_c, **tol(dtype))
+    g = torch.randn(out_c.shape, generator=gen)
+    out_c.backward(g)
+    out_m.backward(g.to(dtype).to(MPS))
+    assert xm.grad.dtype == dtype
+    torch.testing.assert_close(xm.grad.cpu().float(), xc.grad, **tol(dtype))
+
+
+@needs_device
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_roi_pool_forward_backward_match_cpu(metal_path, dtype):
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 4, 24, 24, generator=gen).to(dtype)
+    rois = rois_for(gen, 300, 2, 24, 24).to(dtype)
+    out_c, arg_c = torch.ops.opforge.roi_pool(x.float(), rois.float(), 1.0, 5, 5)
+    out_m, arg_m = torch.ops.opforge.roi_pool(x.to(MPS), rois.to(MPS), 1.0, 5, 5)
+    torch.testing.assert_close(out_m.cpu().float(), out_c, **tol(dtype))
+    assert arg_m.dtype == arg_c.dtype
+    if dtype == torch.float32:
+        assert torch.equal(arg_m.cpu(), arg_c)
+    g = torch.randn(out_c.shape, generator=gen)
+    gi_c = torch.ops.opforge._roi_pool_backward(g, rois.float(), arg_m.cpu(), 1.0, 5, 5, 2, 4, 24, 24)
+    gi_m = torch.ops.opforge._roi_pool_backward(g.to(dtype).to(MPS), rois.to(MPS), arg_m, 1.0, 5, 5, 2, 4, 24, 24)
+    assert gi_m.dtype == dtype
+    torch.testing.assert_close(gi_m.cpu().float(), gi_c, **tol(dtype))
+
+
+@needs_device
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("n", [1, 64, 65, 1000, 5000])
+def test_nms_matches_cpu(metal_path, dtype, n):
+    gen = torch.Generator().manual_seed(n)
+    xy = torch.rand(n, 2, generator=gen) * 200
+    boxes = torch.cat([xy, xy + torch.rand(n, 2, generator=gen) * 40 + 1], 1).to(dtype)
+    scores = torch.rand(n, generator=gen)
+    keep_c = torch.ops.opforge.nms(boxes.float(), scores, 0.5)
+    keep_m = torch.ops.opforge.nms(boxes.to(MPS), scores.to(dtype).to(MPS), 0.5)
+    assert keep_m.device.type == "mps" and keep_m.dtype == torch.int64
+    if dtype == torch.float32:
+        assert torch.equal(keep_m.cpu(), keep_c)
+    else:  # half boxes/scores: compare with the CPU op on the same rounded values
+        assert torch.equal(keep_m.cpu(), torch.ops.opforge.nms(boxes.float(), scores.half().float(), 0.5))
+
+
+@needs_device
+def test_nms_empty(metal_path):
+    keep = torch.ops.opforge.nms(torch.zeros(0, 4, device=MPS), torch.zeros(0, device=MPS), 0.5)
+    assert keep.shape == (0,) and keep.device.type == "mps"
+
+
+@needs_device
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("use_mask", [True, False])
+def test_deform_conv2d_forward_backward_match_cpu(metal_path, dtype, use_mask):
+    gen = torch.Generator().manual_seed(2)
+    B, C, H, W, OC, K = 3, 6, 12, 10, 4, 3
+    x = torch.randn(B, C, H, W, generator=gen)
+    w = torch.randn(OC, C // 2, K, K, generator=gen) * 0.3
+    off = torch.randn(B, 2 * 3 * K * K, H, W, generator=gen)
+    mask = torch.rand(B, 3 * K * K, H, W, generator=gen)
+    bias = torch.randn(OC, generator=gen)
+    args = (1, 1, 1, 1, 1, 1, 2, 3, use_mask)
+    cpu = [t.clone().requires_grad_() for t in (x, w, off, mask, bias)]
+    dev = [t.to(dtype).to(MPS).requires_grad_() for t in (x, w, off, mask, bias)]
+    out_c = torch.ops.opforge.deform_conv2d(*cpu, *args)
+    out_m = torch.ops.opforge.deform_conv2d(*dev, *args)
+    t = tol(dtype) if dtype == torch.float32 else dict(rtol=3e-2, atol=8e-2)
+    torch.testing.assert_close(out_m.cpu().float(), out_c, **t)
+    g = torch.randn(out_c.shape, generator=gen)
+    out_c.backward(g)
+    out_m.backward(g.to(dtype).to(MPS))
+    for name, a, b in zip(("input", "weight", "offset", "mask", "bias"), dev, cpu):
+        if name == "mask" and not use_mask:
+            continue
+        torch.testing.assert_close(a.grad.cpu().float(), b.grad, **t, msg=lambda m, n=name: f"grad_{n}: {m}")
+
+
+@needs_device
+def test_autocast_mps_runs_in_float32_and_returns_input_dtype(metal_path):
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(1, 4, 16, 16, generator=gen)
+    rois = rois_for(gen, 50, 1, 16, 16)
+    ref = torch.ops.opforge.roi_align(x, rois, 1.0, 4, 4, 2, True)
+    with torch.autocast("mps", dtype=torch.float16):
+        out = torch.ops.opforge.roi_align(x.half().to(MPS), rois.half().to(MPS), 1.0, 4, 4, 2, True)
+    assert out.dtype == torch.float16
+    torch.testing.assert_close(out.cpu().float(), ref, rtol=1e-2, atol=1e-2)
+
+
+@needs_device
+def test_small_problems_route_to_cpu_with_the_same_result(monkeypatch):
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(1, 2, 8, 8, generator=gen)
+    rois = rois_for(gen, 3, 1, 8, 8)
+    ref = torch.ops.opforge.roi_align(x, rois, 1.0, 2, 2, 2, False)
+    monkeypatch.setenv("OPFORGE_MPS_CPU_BELOW_ROI_ALIGN", "1000000")
+    routed = torch.ops.opforge.roi_align(x.to(MPS), rois.to(MPS), 1.0, 2, 2, 2, False)
+    monkeypatch.setenv("OPFORGE_MPS_CPU_BELOW_ROI_ALIGN", "0")
+    metal = torch.ops.opforge.roi_align(x.to(MPS), rois.to(MPS), 1.0, 2, 2, 2, False)
+    assert routed.device.type == "mps"
+    torch.testing.assert_close(routed.cpu(), ref)
+    torch.testing.assert_close(metal.cpu(), ref, rtol=1e-5, atol=1e-5)
+
+
+@needs_device
+def test_bad_batch_index_is_one_clear_error(metal_path):
+    x = torch.randn(2, 1, 8, 8, device=MPS)
+    rois = torch.tensor([[5.0, 0, 0, 4, 4]], device=MPS)
+    with pytest.raises(RuntimeError, match=r"rois\[0, 0\] = 5 is not a batch index"):
+        torch.ops.opforge.roi_align(x, rois, 1.0, 2, 2, 2, False)
+
+
+@needs_device
+def test_bfloat16_is_refused_with_advice(metal_path):
+    x = torch.randn(1, 1, 4, 4).to(torch.bfloat16).to(MPS)
+    rois = torch.tensor([[0.0, 0, 0, 2, 2]]).to(torch.bfloat16).to(MPS)
+    with pytest.raises(RuntimeError, match="float32 or float16"):
+        torch.ops.opforge.roi_align(x, rois, 1.0, 2, 2, 2, False)
