@@ -9,6 +9,7 @@ installed beside it, smoke-tested there, and reused on the next run.
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -27,8 +28,11 @@ pytestmark = pytest.mark.slow
 def fake_build(monkeypatch):
     builds, smokes = [], []
 
-    def build_against(variant, env_python, torch_version, index, out_dir, work_dir, log):
-        builds.append((variant, Path(env_python), torch_version))
+    def build_against(variant, env_python, torch_version, out_dir, work_dir, log):
+        # the real build runs `python -m pip wheel` in the nightly's environment
+        has_pip = subprocess.run([str(env_python), "-m", "pip", "--version"],
+                                 capture_output=True).returncode == 0
+        builds.append((variant, Path(env_python), torch_version, has_pip))
         out_dir.mkdir(parents=True, exist_ok=True)
         return write_wheel(out_dir, "fakeops", "0.1.0", "py3-none-any",
                            {"fakeops/__init__.py": "import torch\ntorch.nms_check()\n"})
@@ -50,16 +54,16 @@ def test_default_mode_builds_each_nightly_once_and_smoke_tests_it(fake_build, fa
                                                                    tmp_path, monkeypatch, capsys):
     builds, smokes = fake_build
     monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path / "cache"))
-    argv = ["bisect", "--index", str(fake_index.root), "--good", "2024-06-01", "--bad",
-            "2024-06-10", "--match", "does not exist", "--state", str(tmp_path / "state.json"),
+    argv = ["bisect", "--index", str(fake_index.root), "--good", "2024-06-05", "--bad",
+            "2024-06-08", "--match", "does not exist", "--state", str(tmp_path / "state.json"),
             "--json"]
     assert main(argv) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["first_bad"]["date"] == "2024-06-07"
     assert len(builds) == data["probes"]
     envs = {p.name for p in (tmp_path / "cache" / "envs").iterdir()}
-    for variant, env_python, torch_version in builds:
-        assert variant == "cpu"
+    for variant, env_python, torch_version, has_pip in builds:
+        assert variant == "cpu" and has_pip
         assert env_python.parent.parent.name in envs
         assert env_python.parent.parent.name.startswith(f"torch-{torch_version.replace('+', '_')}")
     # the real smoke command: opforge smoke on the nightly's environment, the variant's keys

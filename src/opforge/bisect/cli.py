@@ -215,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
     from .index import _is_local
 
     pip_index = [] if _is_local(params.index) else ["--index-url", params.index]
-    envs = EnvCache(root, exe, pip_index)
+    envs = EnvCache(root, exe, pip_index, with_pip=params.mode == "build")
     session = Session(params, state, state_path, log, envs, display, exe)
     try:
         with display:

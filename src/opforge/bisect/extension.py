@@ -23,13 +23,15 @@ def checkout_revision(root: Path) -> str:
     return head if dirty == "" else f"{head}-dirty"
 
 
-def build_against(variant: str, env_python: Path, torch_version: str, index: str,
+def build_against(variant: str, env_python: Path, torch_version: str,
                   out_dir: Path, work_dir: Path, log) -> Path:
     """Build the checkout's wheel for ``variant`` inside the nightly's environment."""
     from opforge.build import build_wheel  # lazily: needs matrix.yaml and a compiler
 
+    # torch is already in the env (the pin is satisfied); "pypi" keeps the build tools
+    # (setuptools, ninja, ...) coming from the default index, not from the nightly one.
     return build_wheel(variant, python=str(env_python), out_dir=out_dir, work_dir=work_dir,
-                       torch_spec=f"torch=={torch_version}", torch_index=index, log=log)
+                       torch_spec=f"torch=={torch_version}", torch_index="pypi", log=log)
 
 
 def smoke_command(env_python: Path, variant: str, package: str | None = None) -> list[str]:

@@ -78,9 +78,13 @@ def run_command(cmd: Sequence[str], env: dict[str, str] | None, timeout: float |
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
+    # the probe runs in its own session: killing the group takes its children too
+    if hasattr(os, "killpg"):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            proc.kill()
+    else:
         proc.kill()
     proc.wait()
 

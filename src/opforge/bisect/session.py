@@ -304,8 +304,8 @@ class Session:
             if not built or rev.endswith("-dirty"):
                 self.display.step(nightly, "building the extension")
                 built = [extension.build_against(
-                    self.params.variant, env.python, env.torch_version, self.params.index,
-                    builds, builds / "work", log=lambda line: None)]
+                    self.params.variant, env.python, env.torch_version, builds,
+                    builds / "work", log=lambda line: None)]
             wheel = built[-1]
         if wheel is not None:
             self.envs.add_wheel(env, wheel, nightly)
