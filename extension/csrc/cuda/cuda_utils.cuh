@@ -1,0 +1,78 @@
+// Shared launch helpers for the opforge CUDA kernels (one header, included by each
+// csrc/cuda/<op>_kernel.cu; nothing here registers a kernel).
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/AccumulateType.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "../common.h"
+
+namespace opforge {
+namespace cuda {
+
+// Threads per block for the element-wise kernels (roi_align, roi_pool, deform_conv2d).
+constexpr int kThreadsPerBlock = 256;
+
+// Blocks launched per SM at most: enough to fill the machine; the grid-stride loop
+// covers the rest, so the grid never grows with the problem past this cap.
+constexpr int64_t kBlocksPerSM = 8;
+
+// Number of blocks for `n` work items, capped (see kBlocksPerSM). Never 0 for n > 0.
+inline unsigned int capped_blocks(int64_t n, int threads = kThreadsPerBlock) {
+  const int64_t needed = (n + threads - 1) / threads;
+  const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int64_t cap = std::max<int64_t>(1, sms * kBlocksPerSM);
+  return static_cast<unsigned int>(std::max<int64_t>(1, std::min(needed, cap)));
+}
+
+// Grid-stride loop over [0, n) with 64-bit indices: every launched thread starts at its
+// global id and strides by the total number of launched threads, so each index is
+// visited exactly once whatever the grid size.
+#define OPFORGE_CUDA_KERNEL_LOOP(i, n)                                              \
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x,    \
+               _opforge_stride = static_cast<int64_t>(blockDim.x) * gridDim.x;     \
+       i < (n); i += _opforge_stride)
+
+// Checks that `t` (the op's first tensor) is a CUDA tensor; the shared checks in
+// common.h then compare the other tensors' devices and dtypes with it.
+inline void check_cuda(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK(
+      t.is_cuda(), op, ": expected ", name, " to be a CUDA tensor, got a tensor on ",
+      t.device());
+}
+
+// The same roi checks as the CPU kernels (common.h check_rois_values: batch index in
+// range, finite coordinates), on a host copy of the rois. That copy is a device->host
+// sync, so it is skipped while a CUDA graph is being captured; the kernels themselves
+// never read outside the input for such rois (they contribute 0), so skipping it is
+// memory-safe.
+// Returns the host copy (undefined when the check was skipped) for op-specific checks.
+inline at::Tensor check_rois_values_cuda(
+    const char* op, const at::Tensor& rois, int64_t batch_size) {
+  if (rois.size(0) == 0 ||
+      c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None) {
+    return at::Tensor();
+  }
+  const auto host = rois.to(at::kCPU).contiguous();
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::ScalarType::Half, at::ScalarType::BFloat16, host.scalar_type(), "opforge_check_rois",
+      [&] { check_rois_values<scalar_t>(op, host.const_data_ptr<scalar_t>(), host.size(0), batch_size); });
+  return host;
+}
+
+// Device-side twin of check_rois_values: true when roi `r` can be sampled safely.
+template <typename acc_t>
+__device__ __forceinline__ bool roi_is_valid(
+    acc_t batch, acc_t x1, acc_t y1, acc_t x2, acc_t y2, int64_t batch_size) {
+  return batch >= acc_t(0) && batch < static_cast<acc_t>(batch_size) && isfinite(x1) &&
+      isfinite(y1) && isfinite(x2) && isfinite(y2);
+}
+
+}  // namespace cuda
+}  // namespace opforge

@@ -1,0 +1,491 @@
+// CUDA kernels for opforge::deform_conv2d and opforge::_deform_conv2d_backward
+// (dispatch key CUDA).
+//
+// The batch is processed in chunks of images. For each chunk:
+//   forward:  im2col (bilinear samples at the offset positions, times the mask) into
+//             columns (Cin*kh*kw, images*out_h*out_w), then one batched GEMM per group
+//             through at::bmm on the current stream.
+//   backward: columns_grad = weight^T @ grad_out (at::bmm); a coordinate kernel turns it
+//             into grad_offset and grad_mask; col2im scatters it into grad_input with
+//             atomic adds (hence alertNotDeterministic under deterministic mode); im2col
+//             again and grad_out @ columns^T accumulates grad_weight.
+// Sampling math runs in at::acc_type (float for half/bfloat16); grad_input and
+// grad_weight accumulate in that type and are cast to the input dtype at the end.
+#include <ATen/ATen.h>
+#include <ATen/AccumulateType.h>
+#include <ATen/cuda/Atomic.cuh>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "cuda_utils.cuh"
+
+namespace opforge {
+namespace cuda {
+namespace {
+
+// Most images processed per chunk, and most elements in one columns buffer.
+constexpr int64_t kMaxImagesPerChunk = 32;
+constexpr int64_t kMaxColumnElements = int64_t(1) << 28;
+
+struct DeformGeometry {
+  int64_t channels, height, width;
+  int64_t kernel_h, kernel_w;
+  int64_t stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w;
+  int64_t out_h, out_w;
+  int64_t offset_groups, channels_per_offset_group;
+  bool use_mask;
+};
+
+// Whether (h, w) samples the plane at all; written so that NaN coordinates fail it.
+template <typename acc_t>
+__device__ __forceinline__ bool samples_inside(acc_t h, acc_t w, int64_t height, int64_t width) {
+  return h > acc_t(-1) && h < acc_t(height) && w > acc_t(-1) && w < acc_t(width);
+}
+
+// Bilinear sample of one plane at a point inside (samples_inside); corners outside the
+// plane count as 0.
+template <typename scalar_t, typename acc_t>
+__device__ acc_t deform_sample(
+    const scalar_t* __restrict__ plane, int64_t height, int64_t width, acc_t h, acc_t w) {
+  const int64_t h_low = static_cast<int64_t>(floor(h));
+  const int64_t w_low = static_cast<int64_t>(floor(w));
+  const int64_t h_high = h_low + 1;
+  const int64_t w_high = w_low + 1;
+  const acc_t lh = h - static_cast<acc_t>(h_low);
+  const acc_t lw = w - static_cast<acc_t>(w_low);
+  const acc_t hh = acc_t(1) - lh;
+  const acc_t hw = acc_t(1) - lw;
+  const bool top = h_low >= 0, bottom = h_high <= height - 1;
+  const bool left = w_low >= 0, right = w_high <= width - 1;
+  const acc_t v1 = top && left ? static_cast<acc_t>(plane[h_low * width + w_low]) : acc_t(0);
+  const acc_t v2 = top && right ? static_cast<acc_t>(plane[h_low * width + w_high]) : acc_t(0);
+  const acc_t v3 = bottom && left ? static_cast<acc_t>(plane[h_high * width + w_low]) : acc_t(0);
+  const acc_t v4 = bottom && right ? static_cast<acc_t>(plane[h_high * width + w_high]) : acc_t(0);
+  return hh * hw * v1 + hh * lw * v2 + lh * hw * v3 + lh * lw * v4;
+}
+
+// Value and partial derivatives (d/dh, d/dw) of deform_sample at a point inside.
+template <typename scalar_t, typename acc_t>
+__device__ void deform_sample_grad(
+    const scalar_t* __restrict__ plane, int64_t height, int64_t width, acc_t h, acc_t w,
+    acc_t& value, acc_t& d_h, acc_t& d_w) {
+  const int64_t h_low = static_cast<int64_t>(floor(h));
+  const int64_t w_low = static_cast<int64_t>(floor(w));
+  const int64_t h_high = h_low + 1;
+  const int64_t w_high = w_low + 1;
+  const acc_t lh = h - static_cast<acc_t>(h_low);
+  const acc_t lw = w - static_cast<acc_t>(w_low);
+  const acc_t hh = acc_t(1) - lh;
+  const acc_t hw = acc_t(1) - lw;
+  const bool top = h_low >= 0, bottom = h_high <= height - 1;
+  const bool left = w_low >= 0, right = w_high <= width - 1;
+  const acc_t v1 = top && left ? static_cast<acc_t>(plane[h_low * width + w_low]) : acc_t(0);
+  const acc_t v2 = top && right ? static_cast<acc_t>(plane[h_low * width + w_high]) : acc_t(0);
+  const acc_t v3 = bottom && left ? static_cast<acc_t>(plane[h_high * width + w_low]) : acc_t(0);
+  const acc_t v4 = bottom && right ? static_cast<acc_t>(plane[h_high * width + w_high]) : acc_t(0);
+  value = hh * hw * v1 + hh * lw * v2 + lh * hw * v3 + lh * lw * v4;
+  d_h = hw * (v3 - v1) + lw * (v4 - v2);
+  d_w = hh * (v2 - v1) + lh * (v4 - v3);
+}
+
+// Where kernel tap (i, j) of output pixel (y, x) of image b samples, and its mask.
+template <typename scalar_t, typename acc_t>
+__device__ __forceinline__ void tap_position(
+    const DeformGeometry& g, const scalar_t* __restrict__ offset,
+    const scalar_t* __restrict__ mask, int64_t b, int64_t group, int64_t i, int64_t j,
+    int64_t y, int64_t x, acc_t& h, acc_t& w, acc_t& m) {
+  const int64_t taps = g.kernel_h * g.kernel_w;
+  const int64_t plane = g.out_h * g.out_w;
+  const int64_t pixel = y * g.out_w + x;
+  const int64_t tap = i * g.kernel_w + j;
+  const scalar_t* off = offset + (b * g.offset_groups + group) * 2 * taps * plane;
+  const acc_t off_h = static_cast<acc_t>(off[(2 * tap) * plane + pixel]);
+  const acc_t off_w = static_cast<acc_t>(off[(2 * tap + 1) * plane + pixel]);
+  h = static_cast<acc_t>(y * g.stride_h - g.pad_h + i * g.dilation_h) + off_h;
+  w = static_cast<acc_t>(x * g.stride_w - g.pad_w + j * g.dilation_w) + off_w;
+  m = g.use_mask
+      ? static_cast<acc_t>(mask[((b * g.offset_groups + group) * taps + tap) * plane + pixel])
+      : acc_t(1);
+}
+
+// columns[(c * taps + tap), (b - b0) * plane + pixel] for images b0 .. b0 + images - 1.
+template <typename scalar_t, typename acc_t>
+__global__ void deform_im2col_kernel(
+    int64_t total, DeformGeometry g, int64_t b0, int64_t images,
+    const scalar_t* __restrict__ input, const scalar_t* __restrict__ offset,
+    const scalar_t* __restrict__ mask, scalar_t* __restrict__ columns) {
+  const int64_t plane = g.out_h * g.out_w;
+  const int64_t taps = g.kernel_h * g.kernel_w;
+  const int64_t col_width = images * plane;
+  OPFORGE_CUDA_KERNEL_LOOP(index, total) {
+    const int64_t x = index % g.out_w;
+    const int64_t y = (index / g.out_w) % g.out_h;
+    const int64_t bl = (index / plane) % images;
+    const int64_t c = index / (plane * images);
+    const int64_t b = b0 + bl;
+    const int64_t group = c / g.channels_per_offset_group;
+    const scalar_t* in_plane = input + (b * g.channels + c) * g.height * g.width;
+    scalar_t* col = columns + c * taps * col_width + bl * plane + y * g.out_w + x;
+    for (int64_t i = 0; i < g.kernel_h; ++i) {
+      for (int64_t j = 0; j < g.kernel_w; ++j) {
+        acc_t h, w, m;
+        tap_position<scalar_t, acc_t>(g, offset, mask, b, group, i, j, y, x, h, w, m);
+        // Outside: 0; a NaN coordinate: NaN (as on the CPU), whatever the mask.
+        const acc_t v = samples_inside(h, w, g.height, g.width)
+            ? m * deform_sample<scalar_t, acc_t>(in_plane, g.height, g.width, h, w)
+            : (isnan(h) || isnan(w) ? acc_t(NAN) : acc_t(0));
+        col[(i * g.kernel_w + j) * col_width] = static_cast<scalar_t>(v);
+      }
+    }
+  }
+}
+
+// Scatters columns_grad * mask into grad_input (atomic adds; one thread per column entry).
+template <typename scalar_t, typename acc_t>
+__global__ void deform_col2im_kernel(
+    int64_t total, DeformGeometry g, int64_t b0, int64_t images,
+    const scalar_t* __restrict__ columns_grad, const scalar_t* __restrict__ offset,
+    const scalar_t* __restrict__ mask, acc_t* __restrict__ grad_input) {
+  const int64_t plane = g.out_h * g.out_w;
+  const int64_t taps = g.kernel_h * g.kernel_w;
+  OPFORGE_CUDA_KERNEL_LOOP(index, total) {
+    const int64_t x = index % g.out_w;
+    const int64_t y = (index / g.out_w) % g.out_h;
+    const int64_t bl = (index / plane) % images;
+    const int64_t tap = (index / (plane * images)) % taps;
+    const int64_t c = index / (plane * images * taps);
+    const int64_t b = b0 + bl;
+    const int64_t group = c / g.channels_per_offset_group;
+    acc_t h, w, m;
+    tap_position<scalar_t, acc_t>(
+        g, offset, mask, b, group, tap / g.kernel_w, tap % g.kernel_w, y, x, h, w, m);
+    if (!samples_inside(h, w, g.height, g.width)) {
+      continue;  // outside, or a NaN coordinate: no input pixel was read
+    }
+    const acc_t grad = static_cast<acc_t>(columns_grad[index]) * m;
+    const int64_t h_low = static_cast<int64_t>(floor(h));
+    const int64_t w_low = static_cast<int64_t>(floor(w));
+    const acc_t lh = h - static_cast<acc_t>(h_low);
+    const acc_t lw = w - static_cast<acc_t>(w_low);
+    acc_t* in_plane = grad_input + (b * g.channels + c) * g.height * g.width;
+#pragma unroll
+    for (int dy = 0; dy < 2; ++dy) {
+      const int64_t yy = h_low + dy;
+      if (yy < 0 || yy >= g.height) continue;
+      const acc_t wy = dy ? lh : acc_t(1) - lh;
+#pragma unroll
+      for (int dx = 0; dx < 2; ++dx) {
+        const int64_t xx = w_low + dx;
+        if (xx < 0 || xx >= g.width) continue;
+        const acc_t wx = dx ? lw : acc_t(1) - lw;
+        gpuAtomicAdd(in_plane + yy * g.width + xx, grad * wy * wx);
+      }
+    }
+  }
+}
+
+// One thread per (image, offset group, tap, pixel): sums over the group's channels to get
+// d/d offset_h, d/d offset_w and d/d mask. Each output element is written once.
+template <typename scalar_t, typename acc_t>
+__global__ void deform_coord_grad_kernel(
+    int64_t total, DeformGeometry g, int64_t b0, int64_t images,
+    const scalar_t* __restrict__ columns_grad, const scalar_t* __restrict__ input,
+    const scalar_t* __restrict__ offset, const scalar_t* __restrict__ mask,
+    scalar_t* __restrict__ grad_offset, scalar_t* __restrict__ grad_mask) {
+  const int64_t plane = g.out_h * g.out_w;
+  const int64_t taps = g.kernel_h * g.kernel_w;
+  const int64_t col_width = images * plane;
+  OPFORGE_CUDA_KERNEL_LOOP(index, total) {
+    const int64_t x = index % g.out_w;
+    const int64_t y = (index / g.out_w) % g.out_h;
+    const int64_t tap = (index / plane) % taps;
+    const int64_t group = (index / (plane * taps)) % g.offset_groups;
+    const int64_t bl = index / (plane * taps * g.offset_groups);
+    const int64_t b = b0 + bl;
+    acc_t h, w, m;
+    tap_position<scalar_t, acc_t>(
+        g, offset, mask, b, group, tap / g.kernel_w, tap % g.kernel_w, y, x, h, w, m);
+    acc_t grad_h = 0, grad_w = 0, grad_m = 0;
+    const int64_t c_begin = group * g.channels_per_offset_group;
+    const bool inside = samples_inside(h, w, g.height, g.width);
+    for (int64_t c = c_begin; inside && c < c_begin + g.channels_per_offset_group; ++c) {
+      const acc_t cg = static_cast<acc_t>(
+          columns_grad[(c * taps + tap) * col_width + bl * plane + y * g.out_w + x]);
+      acc_t v, d_h, d_w;
+      deform_sample_grad<scalar_t, acc_t>(
+          input + (b * g.channels + c) * g.height * g.width, g.height, g.width, h, w, v, d_h,
+          d_w);
+      grad_h += cg * d_h;
+      grad_w += cg * d_w;
+      grad_m += cg * v;
+    }
+    if (isnan(h) || isnan(w)) {
+      grad_h = grad_w = grad_m = acc_t(NAN);
+    }
+    const int64_t pixel = y * g.out_w + x;
+    scalar_t* goff = grad_offset + (b * g.offset_groups + group) * 2 * taps * plane;
+    goff[(2 * tap) * plane + pixel] = static_cast<scalar_t>(grad_h * m);
+    goff[(2 * tap + 1) * plane + pixel] = static_cast<scalar_t>(grad_w * m);
+    if (g.use_mask) {
+      grad_mask[((b * g.offset_groups + group) * taps + tap) * plane + pixel] =
+          static_cast<scalar_t>(grad_m);
+    }
+  }
+}
+
+struct Checked {
+  DeformGeometry geometry;
+  int64_t batch, out_channels, groups;
+};
+
+Checked check_deform_args(
+    const char* op, const at::Tensor& input, const at::Tensor& weight, const at::Tensor& offset,
+    const at::Tensor& mask, const at::Tensor& bias, int64_t stride_h, int64_t stride_w,
+    int64_t pad_h, int64_t pad_w, int64_t dilation_h, int64_t dilation_w, int64_t groups,
+    int64_t offset_groups, bool use_mask) {
+  TORCH_CHECK(input.dim() == 4, op, ": input must have shape (N, C, H, W), got ", input.sizes());
+  TORCH_CHECK(
+      weight.dim() == 4,
+      op, ": weight must have shape (C_out, C_in / groups, kH, kW), got ", weight.sizes());
+  TORCH_CHECK(
+      offset.dim() == 4,
+      op, ": offset must have shape (N, 2 * offset_groups * kH * kW, H_out, W_out), got ",
+      offset.sizes());
+  TORCH_CHECK(bias.dim() == 1, op, ": bias must have shape (C_out,), got ", bias.sizes());
+  check_cuda(op, "input", input);
+  check_same_device_and_dtype(op, "input", input, "weight", weight);
+  check_same_device_and_dtype(op, "input", input, "offset", offset);
+  check_same_device_and_dtype(op, "input", input, "mask", mask);
+  check_same_device_and_dtype(op, "input", input, "bias", bias);
+  TORCH_CHECK(
+      is_supported_float(input),
+      op, ": input must be a floating point tensor, got ", input.scalar_type());
+  TORCH_CHECK(
+      stride_h > 0 && stride_w > 0, op, ": stride must be positive, got (", stride_h, ", ",
+      stride_w, ")");
+  TORCH_CHECK(
+      pad_h >= 0 && pad_w >= 0, op, ": padding must be non-negative, got (", pad_h, ", ",
+      pad_w, ")");
+  TORCH_CHECK(
+      dilation_h > 0 && dilation_w > 0, op, ": dilation must be positive, got (", dilation_h,
+      ", ", dilation_w, ")");
+  TORCH_CHECK(groups > 0, op, ": groups must be positive, got ", groups);
+  TORCH_CHECK(offset_groups > 0, op, ": offset_groups must be positive, got ", offset_groups);
+
+  DeformGeometry g;
+  g.channels = input.size(1);
+  g.height = input.size(2);
+  g.width = input.size(3);
+  g.kernel_h = weight.size(2);
+  g.kernel_w = weight.size(3);
+  g.stride_h = stride_h;
+  g.stride_w = stride_w;
+  g.pad_h = pad_h;
+  g.pad_w = pad_w;
+  g.dilation_h = dilation_h;
+  g.dilation_w = dilation_w;
+  g.offset_groups = offset_groups;
+  g.use_mask = use_mask;
+  const int64_t out_channels = weight.size(0);
+  TORCH_CHECK(
+      g.kernel_h > 0 && g.kernel_w > 0,
+      op, ": the kernel size must be positive, got weight of shape ", weight.sizes());
+  TORCH_CHECK(
+      weight.size(1) * groups == g.channels,
+      op, ": input has ", g.channels, " channels but weight.size(1) * groups = ",
+      weight.size(1), " * ", groups);
+  TORCH_CHECK(
+      out_channels % groups == 0,
+      op, ": out channels (", out_channels, ") must be divisible by groups (", groups, ")");
+  TORCH_CHECK(
+      g.channels % offset_groups == 0,
+      op, ": input channels (", g.channels, ") must be divisible by offset_groups (",
+      offset_groups, ")");
+  TORCH_CHECK(
+      bias.size(0) == out_channels,
+      op, ": bias must have ", out_channels, " elements, got ", bias.size(0));
+  g.channels_per_offset_group = g.channels / offset_groups;
+  g.out_h = (g.height + 2 * pad_h - (dilation_h * (g.kernel_h - 1) + 1)) / stride_h + 1;
+  g.out_w = (g.width + 2 * pad_w - (dilation_w * (g.kernel_w - 1) + 1)) / stride_w + 1;
+  TORCH_CHECK(
+      g.out_h > 0 && g.out_w > 0,
+      op, ": the output would be empty (", g.out_h, "x", g.out_w, ") for input ",
+      input.sizes(), " and kernel ", g.kernel_h, "x", g.kernel_w);
+  const int64_t taps = g.kernel_h * g.kernel_w;
+  const int64_t batch = input.size(0);
+  TORCH_CHECK(
+      offset.size(0) == batch && offset.size(1) == offset_groups * 2 * taps &&
+          offset.size(2) == g.out_h && offset.size(3) == g.out_w,
+      op, ": offset must have shape (", batch, ", ", offset_groups * 2 * taps, ", ", g.out_h,
+      ", ", g.out_w, "), got ", offset.sizes());
+  if (use_mask) {
+    TORCH_CHECK(
+        mask.dim() == 4 && mask.size(0) == batch && mask.size(1) == offset_groups * taps &&
+            mask.size(2) == g.out_h && mask.size(3) == g.out_w,
+        op, ": mask must have shape (", batch, ", ", offset_groups * taps, ", ", g.out_h,
+        ", ", g.out_w, "), got ", mask.sizes());
+  }
+  return Checked{g, batch, out_channels, groups};
+}
+
+int64_t images_per_chunk(const DeformGeometry& g, int64_t batch) {
+  const int64_t per_image = g.channels * g.kernel_h * g.kernel_w * g.out_h * g.out_w;
+  int64_t images = std::min(batch, kMaxImagesPerChunk);
+  while (images > 1 && images * per_image > kMaxColumnElements) {
+    images = (images + 1) / 2;
+  }
+  return std::max<int64_t>(images, 1);
+}
+
+template <typename scalar_t>
+void launch_im2col(
+    const DeformGeometry& g, int64_t b0, int64_t images, const at::Tensor& input,
+    const at::Tensor& offset, const at::Tensor& mask, at::Tensor& columns, cudaStream_t stream) {
+  using acc_t = at::acc_type<scalar_t, /*is_cuda=*/true>;
+  const int64_t total = g.channels * images * g.out_h * g.out_w;
+  if (total == 0) return;
+  deform_im2col_kernel<scalar_t, acc_t><<<capped_blocks(total), kThreadsPerBlock, 0, stream>>>(
+      total, g, b0, images, input.const_data_ptr<scalar_t>(), offset.const_data_ptr<scalar_t>(),
+      g.use_mask ? mask.const_data_ptr<scalar_t>() : nullptr, columns.data_ptr<scalar_t>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+at::Tensor deform_conv2d_forward_cuda(
+    const at::Tensor& input, const at::Tensor& weight, const at::Tensor& offset,
+    const at::Tensor& mask, const at::Tensor& bias, int64_t stride_h, int64_t stride_w,
+    int64_t pad_h, int64_t pad_w, int64_t dilation_h, int64_t dilation_w, int64_t groups,
+    int64_t offset_groups, bool use_mask) {
+  const auto checked = check_deform_args(
+      "deform_conv2d", input, weight, offset, mask, bias, stride_h, stride_w, pad_h,
+      pad_w, dilation_h, dilation_w, groups, offset_groups, use_mask);
+  const DeformGeometry& g = checked.geometry;
+  const c10::cuda::CUDAGuard device_guard(input.device());
+  auto output = at::zeros({checked.batch, checked.out_channels, g.out_h, g.out_w}, input.options());
+  if (output.numel() == 0) {
+    return output;
+  }
+  const auto input_c = input.contiguous();
+  const auto offset_c = offset.contiguous();
+  const auto mask_c = use_mask ? mask.contiguous() : mask;
+  const int64_t taps = g.kernel_h * g.kernel_w;
+  const int64_t plane = g.out_h * g.out_w;
+  const auto weight_g =
+      weight.contiguous().view({groups, checked.out_channels / groups, -1});  // (g, Cout/g, Cin/g*taps)
+  const int64_t chunk = images_per_chunk(g, checked.batch);
+  auto columns = at::empty({g.channels * taps, chunk * plane}, input.options());
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+
+  for (int64_t b0 = 0; b0 < checked.batch; b0 += chunk) {
+    const int64_t images = std::min(chunk, checked.batch - b0);
+    // The last chunk may hold fewer images; it gets its own (contiguous) buffer.
+    auto cols = images == chunk ? columns
+                                : at::empty({g.channels * taps, images * plane}, input.options());
+    AT_DISPATCH_FLOATING_TYPES_AND2(
+        at::ScalarType::Half, at::ScalarType::BFloat16, input.scalar_type(),
+        "opforge_deform_conv2d_forward_cuda",
+        [&] { launch_im2col<scalar_t>(g, b0, images, input_c, offset_c, mask_c, cols, stream); });
+    // (g, Cout/g, K) @ (g, K, images*plane) -> (Cout, images, plane) -> (images, Cout, plane)
+    const auto out_g = at::bmm(weight_g, cols.view({groups, -1, images * plane}));
+    output.narrow(0, b0, images)
+        .view({images, checked.out_channels, plane})
+        .copy_(out_g.view({checked.out_channels, images, plane}).transpose(0, 1));
+  }
+  output.add_(bias.view({1, checked.out_channels, 1, 1}));
+  return output;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+deform_conv2d_backward_cuda(
+    const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& weight,
+    const at::Tensor& offset, const at::Tensor& mask, const at::Tensor& bias, int64_t stride_h,
+    int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h, int64_t dilation_w,
+    int64_t groups, int64_t offset_groups, bool use_mask) {
+  constexpr const char* op = "_deform_conv2d_backward";
+  const auto checked = check_deform_args(
+      op, input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w, dilation_h,
+      dilation_w, groups, offset_groups, use_mask);
+  const DeformGeometry& g = checked.geometry;
+  check_same_device_and_dtype(op, "input", input, "grad", grad_out);
+  TORCH_CHECK(
+      grad_out.dim() == 4 && grad_out.size(0) == checked.batch &&
+          grad_out.size(1) == checked.out_channels && grad_out.size(2) == g.out_h &&
+          grad_out.size(3) == g.out_w,
+      op, ": grad must have shape (", checked.batch, ", ", checked.out_channels, ", ", g.out_h,
+      ", ", g.out_w, "), got ", grad_out.sizes());
+
+  const c10::cuda::CUDAGuard device_guard(input.device());
+  const auto acc_dtype = at::toAccumulateType(input.scalar_type(), /*is_cuda=*/true);
+  const int64_t taps = g.kernel_h * g.kernel_w;
+  const int64_t plane = g.out_h * g.out_w;
+  const int64_t cout_g = checked.out_channels / groups;
+
+  auto grad_input_acc = at::zeros(input.sizes(), input.options().dtype(acc_dtype));
+  auto grad_weight_acc = at::zeros(
+      {groups, cout_g, (g.channels / groups) * taps}, weight.options().dtype(acc_dtype));
+  auto grad_offset = at::zeros(offset.sizes(), offset.options());
+  auto grad_mask = at::zeros(mask.sizes(), mask.options());
+  auto grad_bias = grad_out.sum({0, 2, 3});
+
+  if (grad_out.numel() > 0 && input.numel() > 0) {
+    at::globalContext().alertNotDeterministic("opforge::deform_conv2d_backward_cuda");
+    const auto input_c = input.contiguous();
+    const auto offset_c = offset.contiguous();
+    const auto mask_c = use_mask ? mask.contiguous() : mask;
+    const auto grad_c = grad_out.contiguous();
+    // (g, K, Cout/g): weight^T per group.
+    const auto weight_t = weight.contiguous().view({groups, cout_g, -1}).transpose(1, 2);
+    const int64_t chunk = images_per_chunk(g, checked.batch);
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+
+    for (int64_t b0 = 0; b0 < checked.batch; b0 += chunk) {
+      const int64_t images = std::min(chunk, checked.batch - b0);
+      // (images, Cout, plane) -> (g, Cout/g, images*plane)
+      const auto grad_g = grad_c.narrow(0, b0, images)
+                              .view({images, checked.out_channels, plane})
+                              .transpose(0, 1)
+                              .reshape({groups, cout_g, images * plane});
+      const auto columns_grad = at::bmm(weight_t, grad_g);  // (g, K, images*plane), contiguous
+      auto columns = at::empty({g.channels * taps, images * plane}, input.options());
+      AT_DISPATCH_FLOATING_TYPES_AND2(
+          at::ScalarType::Half, at::ScalarType::BFloat16, input.scalar_type(),
+          "opforge_deform_conv2d_backward_cuda", [&] {
+            using acc_t = at::acc_type<scalar_t, /*is_cuda=*/true>;
+            const int64_t coord_total = images * g.offset_groups * taps * plane;
+            deform_coord_grad_kernel<scalar_t, acc_t>
+                <<<capped_blocks(coord_total), kThreadsPerBlock, 0, stream>>>(
+                    coord_total, g, b0, images, columns_grad.const_data_ptr<scalar_t>(),
+                    input_c.const_data_ptr<scalar_t>(), offset_c.const_data_ptr<scalar_t>(),
+                    use_mask ? mask_c.const_data_ptr<scalar_t>() : nullptr,
+                    grad_offset.data_ptr<scalar_t>(),
+                    use_mask ? grad_mask.data_ptr<scalar_t>() : nullptr);
+            C10_CUDA_KERNEL_LAUNCH_CHECK();
+            const int64_t col_total = g.channels * taps * images * plane;
+            deform_col2im_kernel<scalar_t, acc_t>
+                <<<capped_blocks(col_total), kThreadsPerBlock, 0, stream>>>(
+                    col_total, g, b0, images, columns_grad.const_data_ptr<scalar_t>(),
+                    offset_c.const_data_ptr<scalar_t>(),
+                    use_mask ? mask_c.const_data_ptr<scalar_t>() : nullptr,
+                    grad_input_acc.data_ptr<acc_t>());
+            C10_CUDA_KERNEL_LAUNCH_CHECK();
+            launch_im2col<scalar_t>(g, b0, images, input_c, offset_c, mask_c, columns, stream);
+          });
+      // (g, Cout/g, images*plane) @ (g, images*plane, K) -> (g, Cout/g, K)
+      const auto gw = at::bmm(grad_g, columns.view({groups, -1, images * plane}).transpose(1, 2));
+      grad_weight_acc.add_(gw);
+    }
+  }
+  auto grad_input = grad_input_acc.to(input.scalar_type());
+  auto grad_weight = grad_weight_acc.view(weight.sizes()).to(weight.scalar_type());
+  return std::make_tuple(grad_input, grad_weight, grad_offset, grad_mask, grad_bias);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(opforge, CUDA, m) {
+  m.impl("deform_conv2d", TORCH_FN(deform_conv2d_forward_cuda));
+  m.impl("_deform_conv2d_backward", TORCH_FN(deform_conv2d_backward_cuda));
+}
+
+}  // namespace cuda
+}  // namespace opforge

@@ -1,0 +1,243 @@
+// CUDA kernels for opforge::roi_pool and opforge::_roi_pool_backward (dispatch key CUDA).
+//
+// Forward: one thread per output element takes the max over its quantized bin and records
+// the argmax (flat index into the H*W plane, -1 for an empty bin; int32 like torchvision).
+// Backward: one thread per grad_output element adds its gradient at the argmax with an
+// atomic add; rois that overlap make that order-dependent, so under
+// torch.use_deterministic_algorithms(True) it goes through
+// at::globalContext().alertNotDeterministic (an error, or a warning with warn_only=True).
+#include <ATen/ATen.h>
+#include <ATen/AccumulateType.h>
+#include <ATen/cuda/Atomic.cuh>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <limits>
+
+#include "cuda_utils.cuh"
+
+namespace opforge {
+namespace cuda {
+namespace {
+
+// Rounds a roi coordinate to the input grid; the clamp keeps far-away rois finite in int64.
+__device__ __forceinline__ int64_t round_coordinate(double value) {
+  return static_cast<int64_t>(round(fmin(fmax(value, -1e15), 1e15)));
+}
+
+template <typename scalar_t, typename acc_t>
+__global__ void roi_pool_forward_kernel(
+    int64_t total,
+    const scalar_t* __restrict__ input,
+    const scalar_t* __restrict__ rois,
+    int64_t batch_size,
+    acc_t spatial_scale,
+    int64_t channels,
+    int64_t height,
+    int64_t width,
+    int64_t pooled_height,
+    int64_t pooled_width,
+    scalar_t* __restrict__ output,
+    int32_t* __restrict__ argmax) {
+  OPFORGE_CUDA_KERNEL_LOOP(index, total) {
+    const int64_t pw = index % pooled_width;
+    const int64_t ph = (index / pooled_width) % pooled_height;
+    const int64_t c = (index / (pooled_width * pooled_height)) % channels;
+    const int64_t n = index / (pooled_width * pooled_height * channels);
+
+    const scalar_t* roi = rois + n * 5;
+    if (!roi_is_valid<acc_t>(
+            static_cast<acc_t>(roi[0]), static_cast<acc_t>(roi[1]), static_cast<acc_t>(roi[2]),
+            static_cast<acc_t>(roi[3]), static_cast<acc_t>(roi[4]), batch_size)) {
+      output[index] = static_cast<scalar_t>(0);
+      argmax[index] = -1;
+      continue;
+    }
+    const int64_t batch = static_cast<int64_t>(static_cast<acc_t>(roi[0]));
+    const int64_t start_w = round_coordinate(static_cast<acc_t>(roi[1]) * spatial_scale);
+    const int64_t start_h = round_coordinate(static_cast<acc_t>(roi[2]) * spatial_scale);
+    const int64_t end_w = round_coordinate(static_cast<acc_t>(roi[3]) * spatial_scale);
+    const int64_t end_h = round_coordinate(static_cast<acc_t>(roi[4]) * spatial_scale);
+    // Malformed rois are forced to be 1x1.
+    const int64_t roi_w = end_w - start_w + 1 > 1 ? end_w - start_w + 1 : 1;
+    const int64_t roi_h = end_h - start_h + 1 > 1 ? end_h - start_h + 1 : 1;
+    const acc_t bin_h = static_cast<acc_t>(roi_h) / static_cast<acc_t>(pooled_height);
+    const acc_t bin_w = static_cast<acc_t>(roi_w) / static_cast<acc_t>(pooled_width);
+
+    int64_t hstart = static_cast<int64_t>(floor(static_cast<acc_t>(ph) * bin_h));
+    int64_t wstart = static_cast<int64_t>(floor(static_cast<acc_t>(pw) * bin_w));
+    int64_t hend = static_cast<int64_t>(ceil(static_cast<acc_t>(ph + 1) * bin_h));
+    int64_t wend = static_cast<int64_t>(ceil(static_cast<acc_t>(pw + 1) * bin_w));
+    hstart = min(max(hstart + start_h, int64_t(0)), height);
+    hend = min(max(hend + start_h, int64_t(0)), height);
+    wstart = min(max(wstart + start_w, int64_t(0)), width);
+    wend = min(max(wend + start_w, int64_t(0)), width);
+    const bool empty = hend <= hstart || wend <= wstart;
+
+    // Like torchvision: start from the lowest finite value, so NaN and -inf never win.
+    acc_t best = empty ? acc_t(0) : static_cast<acc_t>(std::numeric_limits<scalar_t>::lowest());
+    int64_t best_index = -1;
+    const scalar_t* plane = input + (batch * channels + c) * height * width;
+    for (int64_t h = hstart; h < hend; ++h) {
+      for (int64_t w = wstart; w < wend; ++w) {
+        const int64_t at = h * width + w;
+        const acc_t v = static_cast<acc_t>(plane[at]);
+        if (v > best) {
+          best = v;
+          best_index = at;
+        }
+      }
+    }
+    output[index] = static_cast<scalar_t>(best);
+    argmax[index] = static_cast<int32_t>(best_index);
+  }
+}
+
+template <typename scalar_t, typename acc_t>
+__global__ void roi_pool_backward_kernel(
+    int64_t total,
+    const scalar_t* __restrict__ grad_output,
+    int64_t grad_stride_n,
+    int64_t grad_stride_c,
+    int64_t grad_stride_h,
+    int64_t grad_stride_w,
+    const scalar_t* __restrict__ rois,
+    const int32_t* __restrict__ argmax,  // contiguous (K, C, PH, PW)
+    int64_t batch_size,
+    int64_t channels,
+    int64_t height,
+    int64_t width,
+    int64_t pooled_height,
+    int64_t pooled_width,
+    acc_t* __restrict__ grad_input) {
+  OPFORGE_CUDA_KERNEL_LOOP(index, total) {
+    const int64_t pw = index % pooled_width;
+    const int64_t ph = (index / pooled_width) % pooled_height;
+    const int64_t c = (index / (pooled_width * pooled_height)) % channels;
+    const int64_t n = index / (pooled_width * pooled_height * channels);
+    const int64_t at = argmax[index];
+    const int64_t batch = static_cast<int64_t>(static_cast<acc_t>(rois[n * 5]));
+    // A foreign or stale argmax must not write outside grad_input.
+    if (at < 0 || at >= height * width || batch < 0 || batch >= batch_size) {
+      continue;
+    }
+    const acc_t grad = static_cast<acc_t>(grad_output[
+        n * grad_stride_n + c * grad_stride_c + ph * grad_stride_h + pw * grad_stride_w]);
+    gpuAtomicAdd(grad_input + (batch * channels + c) * height * width + at, grad);
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor> roi_pool_forward_cuda(
+    const at::Tensor& input,
+    const at::Tensor& rois,
+    double spatial_scale,
+    int64_t pooled_height,
+    int64_t pooled_width) {
+  constexpr const char* op = "roi_pool";
+  check_cuda(op, "input", input);
+  check_roi_inputs(op, input, rois, pooled_height, pooled_width);
+  TORCH_CHECK(
+      input.size(2) * input.size(3) <= std::numeric_limits<int32_t>::max(),
+      op, ": the argmax is int32, so H*W must be below 2^31, got ", input.size(2), "x",
+      input.size(3));
+
+  const c10::cuda::CUDAGuard device_guard(input.device());
+  const int64_t num_rois = rois.size(0);
+  const int64_t channels = input.size(1);
+  const int64_t height = input.size(2);
+  const int64_t width = input.size(3);
+  auto output = at::empty({num_rois, channels, pooled_height, pooled_width}, input.options());
+  auto argmax = at::empty(
+      {num_rois, channels, pooled_height, pooled_width}, input.options().dtype(at::kInt));
+  const int64_t total = output.numel();
+  if (total == 0) {
+    return std::make_tuple(output, argmax);
+  }
+  check_rois_values_cuda(op, rois, input.size(0));
+
+  const auto input_c = input.contiguous();
+  const auto rois_c = rois.contiguous();
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::ScalarType::Half, at::ScalarType::BFloat16, input.scalar_type(),
+      "opforge_roi_pool_forward_cuda", [&] {
+        using acc_t = at::acc_type<scalar_t, /*is_cuda=*/true>;
+        roi_pool_forward_kernel<scalar_t, acc_t>
+            <<<capped_blocks(total), kThreadsPerBlock, 0, stream>>>(
+                total, input_c.const_data_ptr<scalar_t>(), rois_c.const_data_ptr<scalar_t>(),
+                input.size(0), static_cast<acc_t>(spatial_scale), channels, height, width, pooled_height,
+                pooled_width, output.data_ptr<scalar_t>(), argmax.data_ptr<int32_t>());
+      });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return std::make_tuple(output, argmax);
+}
+
+at::Tensor roi_pool_backward_cuda(
+    const at::Tensor& grad,
+    const at::Tensor& rois,
+    const at::Tensor& argmax,
+    double spatial_scale,
+    int64_t pooled_height,
+    int64_t pooled_width,
+    int64_t batch_size,
+    int64_t channels,
+    int64_t height,
+    int64_t width) {
+  constexpr const char* op = "_roi_pool_backward";
+  (void)spatial_scale;  // the argmax already encodes the geometry
+  check_cuda(op, "grad", grad);
+  check_roi_backward_inputs(
+      op, grad, rois, pooled_height, pooled_width, batch_size, channels, height, width);
+  TORCH_CHECK(
+      is_supported_float(grad), op, ": grad must be a floating point tensor, got ",
+      grad.scalar_type());
+  TORCH_CHECK(
+      argmax.device() == grad.device(),
+      op, ": argmax must be on the device of grad (", grad.device(), "), got ", argmax.device());
+  TORCH_CHECK(
+      argmax.scalar_type() == at::kInt,
+      op, ": argmax must be the int32 tensor returned by roi_pool, got ", argmax.scalar_type());
+  TORCH_CHECK(
+      grad.sizes() == argmax.sizes(),
+      op, ": grad and argmax must have the same shape, got ", grad.sizes(), " and ",
+      argmax.sizes());
+
+  const c10::cuda::CUDAGuard device_guard(grad.device());
+  const int64_t total = grad.numel();
+  if (total == 0 || batch_size * channels * height * width == 0) {
+    return at::zeros({batch_size, channels, height, width}, grad.options());
+  }
+  check_rois_values_cuda(op, rois, batch_size);
+  at::globalContext().alertNotDeterministic("opforge::roi_pool_backward_cuda");
+
+  const auto rois_c = rois.contiguous();
+  const auto argmax_c = argmax.contiguous();
+  const auto acc_dtype = at::toAccumulateType(grad.scalar_type(), /*is_cuda=*/true);
+  auto grad_input = at::zeros({batch_size, channels, height, width}, grad.options().dtype(acc_dtype));
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::ScalarType::Half, at::ScalarType::BFloat16, grad.scalar_type(),
+      "opforge_roi_pool_backward_cuda", [&] {
+        using acc_t = at::acc_type<scalar_t, /*is_cuda=*/true>;
+        roi_pool_backward_kernel<scalar_t, acc_t>
+            <<<capped_blocks(total), kThreadsPerBlock, 0, stream>>>(
+                total, grad.const_data_ptr<scalar_t>(), grad.stride(0), grad.stride(1),
+                grad.stride(2), grad.stride(3), rois_c.const_data_ptr<scalar_t>(),
+                argmax_c.const_data_ptr<int32_t>(), batch_size, channels, height, width, pooled_height,
+                pooled_width, grad_input.data_ptr<acc_t>());
+      });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return grad_input.scalar_type() == grad.scalar_type() ? grad_input
+                                                        : grad_input.to(grad.scalar_type());
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(opforge, CUDA, m) {
+  m.impl("roi_pool", TORCH_FN(roi_pool_forward_cuda));
+  m.impl("_roi_pool_backward", TORCH_FN(roi_pool_backward_cuda));
+}
+
+}  // namespace cuda
+}  // namespace opforge

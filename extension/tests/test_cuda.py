@@ -1,0 +1,675 @@
+"""CUDA kernels of opforge_ops: every op against the CPU op on the same inputs.
+
+Registration tests need no device: they run against any build that reports the "cuda"
+backend in build_info() (and skip, saying so, on a CPU build). Everything else runs
+wherever torch.cuda.is_available() and is skipped with "no CUDA device" elsewhere.
+"""
+
+import warnings
+
+import pytest
+import torch
+
+import opforge_ops
+
+ops = torch.ops.opforge
+
+FORWARD_OPS = ("nms", "roi_align", "roi_pool", "deform_conv2d")
+BACKWARD_OPS = ("_roi_align_backward", "_roi_pool_backward", "_deform_conv2d_backward")
+HALF_TYPES = (torch.float16, torch.bfloat16)
+
+built_with_cuda = "cuda" in opforge_ops.build_info().get("backends", [])
+needs_cuda_build = pytest.mark.skipif(
+    not built_with_cuda, reason="opforge_ops was built without CUDA kernels (build_info backends)"
+)
+needs_device = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+def device_test(fn):
+    return needs_cuda_build(needs_device(fn))
+
+
+@pytest.fixture(autouse=True)
+def _exact_matmul():
+    # TF32 would make the deform_conv2d GEMMs differ from the CPU's by ~1e-3.
+    if not torch.cuda.is_available():
+        yield
+        return
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+# ----------------------------------------------------------------------------- inputs
+
+
+def random_boxes(n, dtype=torch.float32, device="cpu", seed=0, size=200.0):
+    g = torch.Generator().manual_seed(seed)
+    xy = torch.rand(n, 2, generator=g) * size
+    wh = torch.rand(n, 2, generator=g) * size / 4 + 1
+    boxes = torch.cat([xy, xy + wh], dim=1)
+    scores = torch.rand(n, generator=g)
+    return boxes.to(device, dtype), scores.to(device, dtype)
+
+
+def random_rois(n, batch, height, width, dtype=torch.float32, device="cpu", seed=0):
+    """Rois in input coordinates (before spatial_scale), some reaching past the border."""
+    g = torch.Generator().manual_seed(seed)
+    x1 = torch.rand(n, generator=g) * width * 1.2 - width * 0.1
+    y1 = torch.rand(n, generator=g) * height * 1.2 - height * 0.1
+    w = torch.rand(n, generator=g) * width / 2
+    h = torch.rand(n, generator=g) * height / 2
+    index = torch.randint(0, batch, (n,), generator=g).float()
+    rois = torch.stack([index, x1, y1, x1 + w, y1 + h], dim=1)
+    return rois.to(device, dtype)
+
+
+def feature_map(shape, dtype=torch.float32, device="cpu", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g).to(device, dtype)
+
+
+def deform_inputs(batch=3, cin=4, cout=6, size=(9, 8), kernel=(3, 3), groups=2, offset_groups=2,
+                  stride=(1, 2), pad=(1, 0), dilation=(1, 2), dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    kh, kw = kernel
+    out_h = (size[0] + 2 * pad[0] - (dilation[0] * (kh - 1) + 1)) // stride[0] + 1
+    out_w = (size[1] + 2 * pad[1] - (dilation[1] * (kw - 1) + 1)) // stride[1] + 1
+    tensors = dict(
+        input=torch.randn(batch, cin, *size, generator=g),
+        weight=torch.randn(cout, cin // groups, kh, kw, generator=g),
+        offset=torch.randn(batch, 2 * offset_groups * kh * kw, out_h, out_w, generator=g) * 2,
+        mask=torch.rand(batch, offset_groups * kh * kw, out_h, out_w, generator=g),
+        bias=torch.randn(cout, generator=g),
+    )
+    args = (*stride, *pad, *dilation, groups, offset_groups)
+    return {k: v.to(dtype) for k, v in tensors.items()}, args
+
+
+def deform_call(t, args, use_mask=True):
+    return ops.deform_conv2d(t["input"], t["weight"], t["offset"], t["mask"], t["bias"], *args, use_mask)
+
+
+def to(tensors, device):
+    return {k: v.to(device) for k, v in tensors.items()}
+
+
+def grads_of(out, inputs, seed=1):
+    grad_out = feature_map(out.shape, out.dtype, out.device, seed=seed)
+    return torch.autograd.grad(out, inputs, grad_out)
+
+
+def assert_close_to_scale(got, expected, fraction, what=""):
+    """Low-precision results: the largest error is a small fraction of the largest value."""
+    scale = expected.abs().max().item() or 1.0
+    error = (got.float() - expected.float()).abs().max().item()
+    assert error <= fraction * scale, f"{what}: max error {error:.3g} > {fraction} * {scale:.3g}"
+
+
+def tolerance(dtype):
+    return {
+        torch.float64: dict(rtol=1e-9, atol=1e-9),
+        torch.float32: dict(rtol=1e-4, atol=1e-4),
+        torch.float16: dict(rtol=1e-2, atol=1e-2),
+        torch.bfloat16: dict(rtol=5e-2, atol=5e-2),
+    }[dtype]
+
+
+# ------------------------------------------------------------------------ registration
+
+
+@needs_cuda_build
+@pytest.mark.parametrize("op", FORWARD_OPS)
+@pytest.mark.parametrize("key", ["CUDA", "AutocastCUDA"])
+def test_forward_op_has_cuda_and_autocast_cuda_kernels(op, key):
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(f"opforge::{op}", key)
+
+
+@needs_cuda_build
+@pytest.mark.parametrize("op", BACKWARD_OPS)
+def test_backward_op_has_cuda_kernel(op):
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(f"opforge::{op}", "CUDA")
+
+
+@needs_cuda_build
+def test_build_info_records_the_cuda_toolchain():
+    info = opforge_ops.build_info()
+    assert info["cuda_version"] == torch.version.cuda
+    assert info["cuda_arch_list"]
+
+
+# -------------------------------------------------------------------------------- nms
+
+
+@device_test
+@pytest.mark.parametrize("n", [1, 2, 63, 64, 65, 129, 1000, 5000])
+@pytest.mark.parametrize("threshold", [0.0, 0.3, 0.7, 1.0])
+def test_nms_matches_cpu(n, threshold):
+    boxes, scores = random_boxes(n, seed=n)
+    expected = ops.nms(boxes, scores, threshold)
+    got = ops.nms(boxes.cuda(), scores.cuda(), threshold)
+    assert got.device.type == "cuda" and got.dtype == torch.int64
+    torch.testing.assert_close(got.cpu(), expected, rtol=0, atol=0)
+
+
+@device_test
+@pytest.mark.parametrize("dtype", [torch.float64, *HALF_TYPES])
+def test_nms_matches_cpu_in_every_float_type(dtype):
+    boxes, scores = random_boxes(3000, dtype=dtype, seed=3)
+    expected = ops.nms(boxes, scores, 0.5)
+    got = ops.nms(boxes.cuda(), scores.cuda(), 0.5)
+    torch.testing.assert_close(got.cpu(), expected, rtol=0, atol=0)
+
+
+@device_test
+def test_nms_30k_boxes_matches_cpu():
+    # Dense boxes, so many suppressions cross the 64-box block boundaries.
+    boxes, scores = random_boxes(30000, seed=30, size=400.0)
+    expected = ops.nms(boxes, scores, 0.5)
+    got = ops.nms(boxes.cuda(), scores.cuda(), 0.5)
+    torch.testing.assert_close(got.cpu(), expected, rtol=0, atol=0)
+
+
+@device_test
+def test_nms_equal_scores_keep_input_order_like_cpu():
+    boxes, _ = random_boxes(500, seed=5)
+    scores = torch.full((500,), 0.5)
+    scores[::7] = 0.9
+    torch.testing.assert_close(ops.nms(boxes.cuda(), scores.cuda(), 0.4).cpu(), ops.nms(boxes, scores, 0.4))
+
+
+@device_test
+def test_nms_non_contiguous_boxes():
+    boxes, scores = random_boxes(700, seed=7)
+    wide = torch.zeros(700, 8)
+    wide[:, ::2] = boxes
+    strided = wide.cuda()[:, ::2]
+    assert not strided.is_contiguous()
+    scores_strided = torch.stack([scores, scores], 1).cuda()[:, 0]
+    got = ops.nms(strided, scores_strided, 0.5)
+    torch.testing.assert_close(got.cpu(), ops.nms(boxes, scores, 0.5))
+
+
+@device_test
+def test_nms_empty_input():
+    got = ops.nms(torch.empty(0, 4, device="cuda"), torch.empty(0, device="cuda"), 0.5)
+    assert got.shape == (0,) and got.dtype == torch.int64 and got.device.type == "cuda"
+
+
+@device_test
+@pytest.mark.parametrize("n", [200, 8000])  # the coordinate-offset and the per-class paths
+def test_batched_nms_matches_cpu(n):
+    boxes, scores = random_boxes(n, seed=n)
+    idxs = torch.randint(0, 5, (n,), generator=torch.Generator().manual_seed(n))
+    expected = opforge_ops.batched_nms(boxes, scores, idxs, 0.5)
+    got = opforge_ops.batched_nms(boxes.cuda(), scores.cuda(), idxs.cuda(), 0.5)
+    torch.testing.assert_close(got.cpu(), expected)
+
+
+@device_test
+def test_nms_bad_input_names_the_problem():
+    boxes, scores = random_boxes(10, device="cuda")
+    with pytest.raises(RuntimeError, match="same device"):
+        ops.nms(boxes, scores.cpu(), 0.5)
+    with pytest.raises(RuntimeError, match="same dtype"):
+        ops.nms(boxes, scores.double(), 0.5)
+    with pytest.raises(RuntimeError, match=r"\[N, 4\]"):
+        ops.nms(boxes[:, :3], scores, 0.5)
+
+
+# -------------------------------------------------------------------------- roi_align
+
+ROI_ALIGN_CASES = [
+    # spatial_scale, output size, sampling_ratio, aligned
+    (1.0, (7, 7), 2, False),
+    (0.5, (5, 3), 0, True),
+    (0.25, (2, 4), -1, False),
+    (1.0, (1, 1), 0, True),
+]
+
+
+@device_test
+@pytest.mark.parametrize("scale,size,ratio,aligned", ROI_ALIGN_CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_roi_align_forward_and_backward_match_cpu(scale, size, ratio, aligned, dtype):
+    x = feature_map((2, 3, 20, 17), dtype).requires_grad_()
+    rois = random_rois(40, 2, 20 / scale, 17 / scale, dtype)
+    xc = x.detach().cuda().requires_grad_()
+    expected = ops.roi_align(x, rois, scale, *size, ratio, aligned)
+    got = ops.roi_align(xc, rois.cuda(), scale, *size, ratio, aligned)
+    torch.testing.assert_close(got.cpu(), expected, **tolerance(dtype))
+    (g_cpu,) = grads_of(expected, [x])
+    (g_cuda,) = grads_of(got, [xc])
+    torch.testing.assert_close(g_cuda.cpu(), g_cpu, **tolerance(dtype))
+
+
+@device_test
+@pytest.mark.parametrize("dtype", HALF_TYPES)
+def test_roi_align_half_types_match_cpu_float(dtype):
+    x = feature_map((2, 4, 16, 16), dtype)
+    rois = random_rois(30, 2, 16, 16, dtype)
+    got = ops.roi_align(x.cuda(), rois.cuda(), 1.0, 4, 4, 2, True)
+    assert got.dtype == dtype
+    expected = ops.roi_align(x.float(), rois.float(), 1.0, 4, 4, 2, True)
+    torch.testing.assert_close(got.cpu().float(), expected, **tolerance(dtype))
+    grad = feature_map(got.shape, dtype, "cuda", seed=2)
+    g = ops._roi_align_backward(grad, rois.cuda(), 1.0, 4, 4, 2, 4, 16, 16, 2, True)
+    g_ref = ops._roi_align_backward(grad.cpu().float(), rois.float(), 1.0, 4, 4, 2, 4, 16, 16, 2, True)
+    assert g.dtype == dtype
+    torch.testing.assert_close(g.cpu().float(), g_ref, **tolerance(dtype))
+
+
+@device_test
+def test_roi_align_non_contiguous_inputs():
+    x = feature_map((2, 5, 12, 14)).cuda()
+    rois = random_rois(20, 2, 12, 14).cuda()
+    channels_last = x.to(memory_format=torch.channels_last)
+    wide = torch.zeros(20, 10, device="cuda")
+    wide[:, ::2] = rois
+    strided_rois = wide[:, ::2]
+    assert not channels_last.is_contiguous() and not strided_rois.is_contiguous()
+    expected = ops.roi_align(x, rois, 1.0, 3, 3, 2, False)
+    got = ops.roi_align(channels_last, strided_rois, 1.0, 3, 3, 2, False)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    # A non-contiguous grad_output (expand) goes through the strided backward path.
+    grad = torch.ones(1, 1, 1, 1, device="cuda").expand(20, 5, 3, 3)
+    g1 = ops._roi_align_backward(grad, rois, 1.0, 3, 3, 2, 5, 12, 14, 2, False)
+    g2 = ops._roi_align_backward(grad.contiguous(), rois, 1.0, 3, 3, 2, 5, 12, 14, 2, False)
+    torch.testing.assert_close(g1, g2)
+
+
+@device_test
+def test_roi_align_empty_rois_and_empty_grad():
+    x = feature_map((1, 3, 8, 8)).cuda()
+    out = ops.roi_align(x, torch.empty(0, 5, device="cuda"), 1.0, 2, 2, 0, False)
+    assert out.shape == (0, 3, 2, 2) and out.device.type == "cuda"
+    g = ops._roi_align_backward(torch.empty(0, 3, 2, 2, device="cuda"), torch.empty(0, 5, device="cuda"),
+                                1.0, 2, 2, 1, 3, 8, 8, 0, False)
+    assert g.shape == (1, 3, 8, 8) and not g.any()
+
+
+@device_test
+def test_roi_align_bad_batch_index_is_a_clear_error():
+    x = feature_map((2, 3, 8, 8)).cuda()
+    rois = torch.tensor([[2.0, 0, 0, 4, 4]], device="cuda")
+    with pytest.raises(RuntimeError, match="batch index"):
+        ops.roi_align(x, rois, 1.0, 2, 2, 0, False)
+
+
+@device_test
+@pytest.mark.parametrize("dtype", HALF_TYPES)
+def test_roi_align_autocast_computes_in_float_and_returns_input_dtype(dtype):
+    x = feature_map((2, 3, 10, 10), dtype, "cuda")
+    rois = random_rois(8, 2, 10, 10, dtype, "cuda")
+    with torch.autocast("cuda", dtype=dtype):
+        got = ops.roi_align(x, rois, 1.0, 3, 3, 2, True)
+    assert got.dtype == dtype
+    expected = ops.roi_align(x.float(), rois.float(), 1.0, 3, 3, 2, True).to(dtype)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def free_device_bytes():
+    free, _ = torch.cuda.mem_get_info()
+    return free
+
+
+@device_test
+def test_roi_align_input_past_2_31_elements():
+    # (1, 33, 8192, 8192) half = 2.2e9 elements: 32-bit index math would wrap and read
+    # the wrong plane. The last channel's bottom-right corner holds 3.0, the rest 0.
+    shape = (1, 33, 8192, 8192)
+    needed = 2 * 2 * 33 * 8192 * 8192 + 4 * 33 * 8192 * 8192 + (2 << 30)  # input, fp32 grad, slack
+    if torch.cuda.get_device_properties(0).total_memory < needed or free_device_bytes() < needed:
+        pytest.skip(f"needs {needed / 2**30:.0f} GiB of free device memory")
+    x = torch.zeros(shape, dtype=torch.float16, device="cuda")
+    assert x.numel() > 2**31
+    x[0, -1, -64:, -64:] = 3.0
+    rois = torch.tensor([[0.0, 8192 - 50, 8192 - 50, 8192 - 10, 8192 - 10]], dtype=torch.float16, device="cuda")
+    out = ops.roi_align(x, rois, 1.0, 4, 4, 2, False)
+    assert torch.all(out[0, -1] == 3.0)
+    assert not out[0, :-1].any()
+    grad = torch.ones_like(out)
+    del x
+    g = ops._roi_align_backward(grad, rois, 1.0, 4, 4, 1, 33, 8192, 8192, 2, False)
+    corner = g[0, -1, -64:, -64:].float()
+    torch.testing.assert_close(corner.sum(), torch.tensor(16.0, device="cuda"))
+    assert g[0, -1].float().sum().item() == pytest.approx(16.0, rel=1e-3)
+    del g
+    torch.cuda.empty_cache()
+
+
+# --------------------------------------------------------------------------- roi_pool
+
+
+@device_test
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("scale,size", [(1.0, (7, 7)), (0.5, (3, 5)), (0.125, (2, 2))])
+def test_roi_pool_forward_and_backward_match_cpu(dtype, scale, size):
+    x = feature_map((2, 3, 18, 21), dtype).requires_grad_()
+    rois = random_rois(40, 2, 18 / scale, 21 / scale, dtype)
+    xc = x.detach().cuda().requires_grad_()
+    out, argmax = ops.roi_pool(x, rois, scale, *size)
+    out_c, argmax_c = ops.roi_pool(xc, rois.cuda(), scale, *size)
+    assert argmax_c.dtype == torch.int32
+    torch.testing.assert_close(out_c.cpu(), out, rtol=0, atol=0)
+    torch.testing.assert_close(argmax_c.cpu(), argmax, rtol=0, atol=0)
+    (g_cpu,) = grads_of(out, [x])
+    (g_cuda,) = grads_of(out_c, [xc])
+    torch.testing.assert_close(g_cuda.cpu(), g_cpu, **tolerance(dtype))
+
+
+@device_test
+@pytest.mark.parametrize("dtype", HALF_TYPES)
+def test_roi_pool_half_types_match_cpu(dtype):
+    x = feature_map((1, 4, 12, 12), dtype)
+    rois = random_rois(16, 1, 12, 12, dtype)
+    out, argmax = ops.roi_pool(x, rois, 1.0, 3, 3)
+    out_c, argmax_c = ops.roi_pool(x.cuda(), rois.cuda(), 1.0, 3, 3)
+    assert out_c.dtype == dtype
+    torch.testing.assert_close(out_c.cpu(), out, rtol=0, atol=0)
+    torch.testing.assert_close(argmax_c.cpu(), argmax, rtol=0, atol=0)
+
+
+@device_test
+def test_roi_pool_empty_rois():
+    x = feature_map((1, 3, 8, 8)).cuda()
+    out, argmax = ops.roi_pool(x, torch.empty(0, 5, device="cuda"), 1.0, 2, 2)
+    assert out.shape == argmax.shape == (0, 3, 2, 2)
+
+
+@device_test
+@pytest.mark.parametrize("dtype", HALF_TYPES)
+def test_roi_pool_autocast_returns_input_dtype(dtype):
+    x = feature_map((1, 3, 10, 10), dtype, "cuda")
+    rois = random_rois(8, 1, 10, 10, dtype, "cuda")
+    with torch.autocast("cuda", dtype=dtype):
+        out, _ = ops.roi_pool(x, rois, 1.0, 3, 3)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out, ops.roi_pool(x.float(), rois.float(), 1.0, 3, 3)[0].to(dtype))
+
+
+@device_test
+def test_roi_pool_input_past_2_31_elements():
+    shape = (1, 33, 8192, 8192)
+    needed = 2 * 33 * 8192 * 8192 + 4 * 33 * 8192 * 8192 + (2 << 30)
+    if free_device_bytes() < needed:
+        pytest.skip(f"needs {needed / 2**30:.0f} GiB of free device memory")
+    x = torch.zeros(shape, dtype=torch.float16, device="cuda")
+    x[0, -1, -5, -7] = 2.0
+    rois = torch.tensor([[0.0, 8192 - 40, 8192 - 40, 8191, 8191]], dtype=torch.float16, device="cuda")
+    out, argmax = ops.roi_pool(x, rois, 1.0, 1, 1)
+    assert out[0, -1, 0, 0].item() == 2.0
+    assert argmax[0, -1, 0, 0].item() == (8192 - 5) * 8192 + (8192 - 7)
+    del x
+    g = ops._roi_pool_backward(torch.ones_like(out), rois, argmax, 1.0, 1, 1, 1, 33, 8192, 8192)
+    assert g[0, -1, -5, -7].item() == 1.0 and g.float().sum().item() == 33.0
+    del g
+    torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------------- deform_conv2d
+
+
+@device_test
+@pytest.mark.parametrize("use_mask", [True, False])
+@pytest.mark.parametrize(
+    "config",
+    [
+        dict(),
+        dict(groups=1, offset_groups=1, stride=(1, 1), pad=(0, 0), dilation=(1, 1)),
+        dict(batch=37, cin=2, cout=2, size=(5, 5), groups=1, offset_groups=1),  # several chunks
+        dict(kernel=(1, 2), groups=1, offset_groups=4, pad=(2, 1)),
+    ],
+)
+def test_deform_conv2d_forward_and_backward_match_cpu(config, use_mask):
+    t, args = deform_inputs(**config)
+    names = ["input", "weight", "offset", "mask", "bias"]
+    cpu = {k: v.clone().requires_grad_() for k, v in t.items()}
+    gpu = {k: v.cuda().requires_grad_() for k, v in t.items()}
+    expected = deform_call(cpu, args, use_mask)
+    got = deform_call(gpu, args, use_mask)
+    torch.testing.assert_close(got.cpu(), expected, **tolerance(torch.float64))
+    wrt = names if use_mask else [n for n in names if n != "mask"]
+    g_cpu = grads_of(expected, [cpu[n] for n in wrt])
+    g_gpu = grads_of(got, [gpu[n] for n in wrt])
+    for name, a, b in zip(wrt, g_gpu, g_cpu):
+        torch.testing.assert_close(a.cpu(), b, **tolerance(torch.float64), msg=f"grad of {name}")
+
+
+@device_test
+def test_deform_conv2d_float32_matches_cpu():
+    t, args = deform_inputs(dtype=torch.float32, seed=4)
+    torch.testing.assert_close(deform_call(to(t, "cuda"), args).cpu(), deform_call(t, args), rtol=1e-4, atol=1e-4)
+
+
+@device_test
+@pytest.mark.parametrize("dtype", HALF_TYPES)
+def test_deform_conv2d_half_types_match_cpu_float(dtype):
+    t, args = deform_inputs(dtype=dtype, seed=5)
+    got = deform_call(to(t, "cuda"), args)
+    assert got.dtype == dtype
+    as_float = {k: v.float() for k, v in t.items()}
+    fraction = 1e-2 if dtype == torch.float16 else 4e-2
+    assert_close_to_scale(got.cpu(), deform_call(as_float, args), fraction, "output")
+    grad = feature_map(got.shape, dtype, "cuda", seed=6)
+    grads = ops._deform_conv2d_backward(grad, *to(t, "cuda").values(), *args, True)
+    grads_ref = ops._deform_conv2d_backward(grad.cpu().float(), *as_float.values(), *args, True)
+    for name, a, b in zip(["input", "weight", "offset", "mask", "bias"], grads, grads_ref):
+        assert a.dtype == dtype
+        assert_close_to_scale(a.cpu(), b, fraction, f"grad of {name}")
+
+
+@device_test
+def test_deform_conv2d_gradcheck_on_cuda():
+    t, args = deform_inputs(batch=1, cin=2, cout=2, size=(4, 4), groups=1, offset_groups=1, seed=7)
+    inputs = [v.cuda().requires_grad_() for v in t.values()]
+    # nondet_tol: col2im's float64 atomic adds may sum in any order.
+    assert torch.autograd.gradcheck(lambda *a: ops.deform_conv2d(*a, *args, True), inputs, nondet_tol=1e-12)
+
+
+@device_test
+def test_deform_conv2d_non_contiguous_inputs():
+    t, args = deform_inputs(dtype=torch.float32, seed=8)
+    gpu = to(t, "cuda")
+    strided = dict(gpu, input=gpu["input"].to(memory_format=torch.channels_last),
+                   offset=gpu["offset"].transpose(2, 3).contiguous().transpose(2, 3))
+    assert not strided["input"].is_contiguous() and not strided["offset"].is_contiguous()
+    torch.testing.assert_close(deform_call(strided, args), deform_call(gpu, args))
+
+
+@device_test
+def test_deform_conv2d_empty_batch():
+    t, args = deform_inputs(batch=0)
+    out = deform_call(to(t, "cuda"), args)
+    assert out.shape[0] == 0 and out.device.type == "cuda"
+
+
+@device_test
+@pytest.mark.parametrize("dtype", HALF_TYPES)
+def test_deform_conv2d_autocast_returns_input_dtype(dtype):
+    t, args = deform_inputs(dtype=dtype, seed=9)
+    gpu = to(t, "cuda")
+    with torch.autocast("cuda", dtype=dtype):
+        got = deform_call(gpu, args)
+    assert got.dtype == dtype
+    expected = deform_call({k: v.float() for k, v in gpu.items()}, args).to(dtype)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+@device_test
+def test_deform_conv2d_bad_input_names_the_problem():
+    t, args = deform_inputs()
+    gpu = to(t, "cuda")
+    with pytest.raises(RuntimeError, match="offset"):
+        ops.deform_conv2d(gpu["input"], gpu["weight"], gpu["offset"][:, :-1], gpu["mask"], gpu["bias"], *args, True)
+    with pytest.raises(RuntimeError, match="device"):
+        ops.deform_conv2d(gpu["input"], gpu["weight"].cpu(), gpu["offset"], gpu["mask"], gpu["bias"], *args, True)
+
+
+# ------------------------------------------------------------- autocast nms, gradcheck
+
+
+@device_test
+@pytest.mark.parametrize("dtype", HALF_TYPES)
+def test_nms_autocast_runs_in_float(dtype):
+    boxes, scores = random_boxes(500, dtype=dtype, device="cuda", seed=11)
+    with torch.autocast("cuda", dtype=dtype):
+        got = ops.nms(boxes, scores, 0.5)
+    torch.testing.assert_close(got, ops.nms(boxes.float(), scores.float(), 0.5))
+
+
+@device_test
+def test_roi_align_gradcheck_on_cuda():
+    x = feature_map((1, 2, 6, 6), torch.float64, "cuda").requires_grad_()
+    rois = random_rois(4, 1, 6, 6, torch.float64, "cuda")
+    assert torch.autograd.gradcheck(lambda a: ops.roi_align(a, rois, 1.0, 2, 2, 2, True), (x,), nondet_tol=1e-12)
+
+
+# -------------------------------------------------------------------------- determinism
+
+
+def _roi_align_backward_call():
+    x = feature_map((1, 2, 8, 8), device="cuda").requires_grad_()
+    rois = random_rois(6, 1, 8, 8, device="cuda")
+    out = ops.roi_align(x, rois, 1.0, 2, 2, 2, False)
+    return torch.autograd.grad(out.sum(), x)[0]
+
+
+def _roi_pool_backward_call():
+    x = feature_map((1, 2, 8, 8), device="cuda").requires_grad_()
+    rois = random_rois(6, 1, 8, 8, device="cuda")
+    out, _ = ops.roi_pool(x, rois, 1.0, 2, 2)
+    return torch.autograd.grad(out.sum(), x)[0]
+
+
+def _deform_backward_call():
+    t, args = deform_inputs(dtype=torch.float32)
+    gpu = {k: v.cuda().requires_grad_() for k, v in t.items()}
+    return torch.autograd.grad(deform_call(gpu, args).sum(), gpu["input"])[0]
+
+
+BACKWARDS = {
+    "roi_align_backward_cuda": _roi_align_backward_call,
+    "roi_pool_backward_cuda": _roi_pool_backward_call,
+    "deform_conv2d_backward_cuda": _deform_backward_call,
+}
+
+
+@pytest.fixture
+def deterministic_mode():
+    saved = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    yield
+    torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+
+
+@device_test
+@pytest.mark.parametrize("name", list(BACKWARDS))
+def test_atomic_backward_refuses_deterministic_mode(name, deterministic_mode):
+    torch.use_deterministic_algorithms(True)
+    with pytest.raises(RuntimeError, match=name):
+        BACKWARDS[name]()
+
+
+@device_test
+@pytest.mark.parametrize("name", list(BACKWARDS))
+def test_atomic_backward_warns_in_warn_only_mode_and_still_computes(name, deterministic_mode):
+    expected = BACKWARDS[name]()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = BACKWARDS[name]()
+    assert any(name in str(w.message) for w in caught)
+    torch.testing.assert_close(got, expected)
+
+
+@device_test
+def test_forward_ops_run_in_deterministic_mode(deterministic_mode):
+    torch.use_deterministic_algorithms(True)
+    boxes, scores = random_boxes(2000, device="cuda")
+    assert torch.equal(ops.nms(boxes, scores, 0.5), ops.nms(boxes, scores, 0.5))
+    x = feature_map((1, 2, 8, 8), device="cuda")
+    rois = random_rois(6, 1, 8, 8, device="cuda")
+    assert torch.equal(ops.roi_align(x, rois, 1.0, 2, 2, 2, False), ops.roi_align(x, rois, 1.0, 2, 2, 2, False))
+
+
+# ------------------------------------------------------------------------------ streams
+
+
+def _stream_cases():
+    boxes, scores = random_boxes(3000, seed=12)
+    x = feature_map((2, 3, 16, 16))
+    rois = random_rois(50, 2, 16, 16)
+    t, args = deform_inputs(dtype=torch.float32, seed=13)
+    return {
+        "nms": ((boxes, scores), lambda b, s: ops.nms(b, s, 0.5)),
+        "roi_align": ((x, rois), lambda a, r: ops.roi_align(a, r, 1.0, 3, 3, 2, True)),
+        "roi_pool": ((x, rois), lambda a, r: ops.roi_pool(a, r, 1.0, 3, 3)[0]),
+        "deform_conv2d": (tuple(t.values()), lambda *a: ops.deform_conv2d(*a, *args, True)),
+        "deform_conv2d_backward": (
+            tuple(t.values()),
+            lambda *a: ops._deform_conv2d_backward(torch.ones_like(ops.deform_conv2d(*a, *args, True)), *a, *args, True)[0],
+        ),
+    }
+
+
+@device_test
+@pytest.mark.parametrize("case", list(_stream_cases()))
+def test_kernels_run_on_the_current_stream(case):
+    """Inputs are written on a side stream behind a long sleep. A kernel launched on the
+    default stream would not wait for them and would read the zeros that are there first."""
+    host_inputs, fn = _stream_cases()[case]
+    expected = fn(*(h.cuda() for h in host_inputs))
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        inputs = [torch.zeros_like(h, device="cuda") for h in host_inputs]
+        pinned = [h.pin_memory() for h in host_inputs]
+    side.synchronize()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time on this stream
+        for dst, src in zip(inputs, pinned):
+            dst.copy_(src, non_blocking=True)
+        got = fn(*inputs)
+    # Nothing was queued on the default stream: it is idle although the side stream is busy.
+    assert torch.cuda.default_stream().query()
+    side.synchronize()
+    torch.testing.assert_close(got, expected)
+
+
+# ------------------------------------------------------------------------ empty inputs
+
+
+def _empty_calls():
+    d = "cuda"
+    x = torch.randn(1, 3, 8, 8, device=d)
+    no_rois = torch.empty(0, 5, device=d)
+    t, args = deform_inputs(batch=0, dtype=torch.float32)
+    t = to(t, d)
+    return {
+        "nms": lambda: ops.nms(torch.empty(0, 4, device=d), torch.empty(0, device=d), 0.5),
+        "roi_align": lambda: ops.roi_align(x, no_rois, 1.0, 2, 2, 0, False),
+        "roi_align_backward": lambda: ops._roi_align_backward(
+            torch.empty(0, 3, 2, 2, device=d), no_rois, 1.0, 2, 2, 1, 3, 8, 8, 0, False),
+        "roi_pool": lambda: ops.roi_pool(x, no_rois, 1.0, 2, 2),
+        "roi_pool_backward": lambda: ops._roi_pool_backward(
+            torch.empty(0, 3, 2, 2, device=d), no_rois, torch.empty(0, 3, 2, 2, dtype=torch.int32, device=d),
+            1.0, 2, 2, 1, 3, 8, 8),
+        "deform_conv2d": lambda: deform_call(t, args),
+        "deform_conv2d_backward": lambda: ops._deform_conv2d_backward(
+            torch.empty(0, 6, *deform_call(t, args).shape[2:], device=d), *t.values(), *args, True),
+    }
+
+
+@device_test
+@pytest.mark.parametrize("case", ["nms", "roi_align", "roi_align_backward", "roi_pool",
+                                  "roi_pool_backward", "deform_conv2d", "deform_conv2d_backward"])
+def test_empty_inputs_launch_no_opforge_kernel(case):
+    call = _empty_calls()[case]
+    call()  # warm up lazy initialisation outside the profile
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    launched = [e.name for e in prof.events() if "opforge" in e.name]
+    assert launched == []
