@@ -500,3 +500,25 @@ def test_fuzz_never_crashes(batch, in_c, out_c, h, w, kh, kw, groups, offset_gro
     assert out.shape[:2] == (batch, out_c)
     grads = torch.ops.opforge._deform_conv2d_backward(torch.ones_like(out), *args)
     assert [g.shape for g in grads] == [t.shape for t in (inp, weight, offset, mask, bias)]
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    input_shape=st.lists(st.integers(0, 4), min_size=0, max_size=5),
+    weight_shape=st.lists(st.integers(0, 3), min_size=0, max_size=5),
+    offset_shape=st.lists(st.integers(0, 20), min_size=0, max_size=5),
+    mask_shape=st.one_of(st.none(), st.lists(st.integers(0, 10), min_size=0, max_size=5)),
+    stride=st.one_of(st.integers(-1, 3), st.tuples(st.integers(-1, 3), st.integers(-1, 3))),
+    padding=st.one_of(st.integers(-1, 3), st.tuples(st.integers(-1, 3), st.integers(-1, 3))),
+    dilation=st.one_of(st.integers(-1, 3), st.tuples(st.integers(-1, 3), st.integers(-1, 3))),
+)
+def test_fuzz_public_function_raises_only_clear_errors(input_shape, weight_shape, offset_shape, mask_shape,
+                                                       stride, padding, dilation):
+    mask = None if mask_shape is None else torch.rand(mask_shape)
+    try:
+        out = deform_conv2d(torch.randn(input_shape), torch.randn(offset_shape), torch.randn(weight_shape),
+                            stride=stride, padding=padding, dilation=dilation, mask=mask)
+    except (RuntimeError, ValueError) as exc:
+        assert "deform_conv2d" in str(exc) or "offset" in str(exc)
+        return
+    assert out.dim() == 4
