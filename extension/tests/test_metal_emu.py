@@ -17,10 +17,11 @@ import shutil
 import numpy as np
 import pytest
 import torch
-
 from metal_emu import harness
 
-pytestmark = pytest.mark.skipif(shutil.which(harness.CXX) is None, reason=f"needs a C++20 compiler ({harness.CXX})")
+pytestmark = pytest.mark.skipif(
+    shutil.which(harness.CXX) is None, reason=f"needs a C++20 compiler ({harness.CXX})"
+)
 
 try:  # the built extension's CPU kernels are the reference when present
     import opforge_ops  # noqa: F401
@@ -105,7 +106,12 @@ def _bilinear_roi(plane, H, W, y, x):
         xh = xl + 1
     ly, lx = y - yl, x - xl
     hy, hx = 1 - ly, 1 - lx
-    return hy * hx * plane[:, yl, xl] + hy * lx * plane[:, yl, xh] + ly * hx * plane[:, yh, xl] + ly * lx * plane[:, yh, xh]
+    return (
+        hy * hx * plane[:, yl, xl]
+        + hy * lx * plane[:, yl, xh]
+        + ly * hx * plane[:, yh, xl]
+        + ly * lx * plane[:, yh, xh]
+    )
 
 
 def ref_roi_pool(input, rois, scale, ph_, pw_):
@@ -165,7 +171,20 @@ def ref_deform_conv2d(x, w, off, mask, bias, stride, pad, dil, groups, offset_gr
     """Vectorised deformable convolution, differentiable in every input."""
     if HAVE_OPFORGE:
         return torch.ops.opforge.deform_conv2d(
-            x, w, off, mask, bias, stride[0], stride[1], pad[0], pad[1], dil[0], dil[1], groups, offset_groups, use_mask
+            x,
+            w,
+            off,
+            mask,
+            bias,
+            stride[0],
+            stride[1],
+            pad[0],
+            pad[1],
+            dil[0],
+            dil[1],
+            groups,
+            offset_groups,
+            use_mask,
         )
     B, C, H, W = x.shape
     OC, _, KH, KW = w.shape
@@ -173,8 +192,12 @@ def ref_deform_conv2d(x, w, off, mask, bias, stride, pad, dil, groups, offset_gr
     OW = (W + 2 * pad[1] - (dil[1] * (KW - 1) + 1)) // stride[1] + 1
     off = off.view(B, offset_groups, KH * KW, 2, OH, OW)
     m = mask.view(B, offset_groups, KH * KW, OH, OW) if use_mask else None
-    base_y = (torch.arange(OH) * stride[0] - pad[0]).view(1, OH, 1) + (torch.arange(KH) * dil[0]).repeat_interleave(KW).view(-1, 1, 1)
-    base_x = (torch.arange(OW) * stride[1] - pad[1]).view(1, 1, OW) + (torch.arange(KW) * dil[1]).repeat(KH).view(-1, 1, 1)
+    base_y = (torch.arange(OH) * stride[0] - pad[0]).view(1, OH, 1) + (
+        torch.arange(KH) * dil[0]
+    ).repeat_interleave(KW).view(-1, 1, 1)
+    base_x = (torch.arange(OW) * stride[1] - pad[1]).view(1, 1, OW) + (
+        torch.arange(KW) * dil[1]
+    ).repeat(KH).view(-1, 1, 1)
     cpg = C // offset_groups
     cols = []
     for g in range(offset_groups):
@@ -198,7 +221,12 @@ def _bilinear_deform(img, y, x):
     ly, lx = y - y0, x - x0
     flat = img.reshape(B, C, H * W)
     out = 0
-    for dy, dx, wgt in ((0, 0, (1 - ly) * (1 - lx)), (0, 1, (1 - ly) * lx), (1, 0, ly * (1 - lx)), (1, 1, ly * lx)):
+    for dy, dx, wgt in (
+        (0, 0, (1 - ly) * (1 - lx)),
+        (0, 1, (1 - ly) * lx),
+        (1, 0, ly * (1 - lx)),
+        (1, 1, ly * lx),
+    ):
         yy, xx = (y0 + dy).long(), (x0 + dx).long()
         inside = valid & (yy >= 0) & (yy < H) & (xx >= 0) & (xx < W)
         idx = (yy.clamp(0, H - 1) * W + xx.clamp(0, W - 1)).view(B, 1, -1).expand(B, C, -1)
@@ -220,36 +248,84 @@ def make_rois(gen, K, batch, H, W, scale=1.0, min_size=0.5):
 def emu_roi_align_forward(geo, input, rois, scale, PH, PW, sampling, aligned, max_threads=1024):
     K, (_, C, H, W) = rois.shape[0], input.shape
     total = K * C * PH * PW
-    p = geo.params("OpfRoiAlignParams", total=total, channels=C, height=H, width=W, pooled_height=PH,
-                   pooled_width=PW, sampling_ratio=sampling, spatial_scale=scale, aligned=int(aligned))
+    p = geo.params(
+        "OpfRoiAlignParams",
+        total=total,
+        channels=C,
+        height=H,
+        width=W,
+        pooled_height=PH,
+        pooled_width=PW,
+        sampling_ratio=sampling,
+        spatial_scale=scale,
+        aligned=int(aligned),
+    )
     out = np.zeros((K, C, PH, PW), dtype=np_of(input).dtype)
     g = geo.dispatch_1d(total, max_threads)
-    emu("roi_align").launch(f"roi_align_forward_{DTYPE[input.dtype]}", g, {
-        geo.buffer("OPF_ROI_ALIGN_FWD_BUF_INPUT"): np_of(input),
-        geo.buffer("OPF_ROI_ALIGN_FWD_BUF_ROIS"): np_of(rois),
-        geo.buffer("OPF_ROI_ALIGN_FWD_BUF_OUTPUT"): out,
-        geo.buffer("OPF_ROI_ALIGN_FWD_BUF_PARAMS"): harness.params_bytes(p),
-    })
+    emu("roi_align").launch(
+        f"roi_align_forward_{DTYPE[input.dtype]}",
+        g,
+        {
+            geo.buffer("OPF_ROI_ALIGN_FWD_BUF_INPUT"): np_of(input),
+            geo.buffer("OPF_ROI_ALIGN_FWD_BUF_ROIS"): np_of(rois),
+            geo.buffer("OPF_ROI_ALIGN_FWD_BUF_OUTPUT"): out,
+            geo.buffer("OPF_ROI_ALIGN_FWD_BUF_PARAMS"): harness.params_bytes(p),
+        },
+    )
     return torch.from_numpy(out), g
 
 
-def emu_roi_align_backward(geo, grad, rois, scale, PH, PW, batch, C, H, W, sampling, aligned,
-                           kernel=None, module=None, max_threads=1024):
+def emu_roi_align_backward(
+    geo,
+    grad,
+    rois,
+    scale,
+    PH,
+    PW,
+    batch,
+    C,
+    H,
+    W,
+    sampling,
+    aligned,
+    kernel=None,
+    module=None,
+    max_threads=1024,
+):
     total = grad.numel()
     s = grad.stride()
-    p = geo.params("OpfRoiAlignParams", total=total, channels=C, height=H, width=W, pooled_height=PH,
-                   pooled_width=PW, sampling_ratio=sampling, spatial_scale=scale, aligned=int(aligned),
-                   grad_stride_n=s[0], grad_stride_c=s[1], grad_stride_h=s[2], grad_stride_w=s[3])
+    p = geo.params(
+        "OpfRoiAlignParams",
+        total=total,
+        channels=C,
+        height=H,
+        width=W,
+        pooled_height=PH,
+        pooled_width=PW,
+        sampling_ratio=sampling,
+        spatial_scale=scale,
+        aligned=int(aligned),
+        grad_stride_n=s[0],
+        grad_stride_c=s[1],
+        grad_stride_h=s[2],
+        grad_stride_w=s[3],
+    )
     grad_input = np.zeros((batch, C, H, W), dtype=np.float32)
     # Strided grad: hand the kernel the underlying storage, as the .mm does.
-    storage = grad.detach().as_strided((grad.untyped_storage().nbytes() // grad.element_size(),), (1,), 0)
+    storage = grad.detach().as_strided(
+        (grad.untyped_storage().nbytes() // grad.element_size(),), (1,), 0
+    )
     g = geo.dispatch_1d(total, max_threads)
-    (module or emu("roi_align")).launch(kernel or f"roi_align_backward_{DTYPE[grad.dtype]}", g, {
-        geo.buffer("OPF_ROI_ALIGN_BWD_BUF_GRAD"): storage.numpy().copy(),
-        geo.buffer("OPF_ROI_ALIGN_BWD_BUF_ROIS"): np_of(rois),
-        geo.buffer("OPF_ROI_ALIGN_BWD_BUF_GRAD_INPUT"): grad_input,
-        geo.buffer("OPF_ROI_ALIGN_BWD_BUF_PARAMS"): harness.params_bytes(p),
-    })
+    (module or emu("roi_align")).launch(
+        kernel or f"roi_align_backward_{DTYPE[grad.dtype]}",
+        g,
+        {
+            geo.buffer("OPF_ROI_ALIGN_BWD_BUF_GRAD"): storage.numpy().copy(),
+            geo.buffer("OPF_ROI_ALIGN_BWD_BUF_ROIS"): np_of(rois),
+            geo.buffer("OPF_ROI_ALIGN_BWD_BUF_GRAD_INPUT"): grad_input,
+            geo.buffer("OPF_ROI_ALIGN_BWD_BUF_PARAMS"): harness.params_bytes(p),
+        },
+    )
     return torch.from_numpy(grad_input), g
 
 
@@ -263,7 +339,9 @@ def test_roi_align_forward_matches_cpu_over_many_threadgroups(geo, aligned, samp
     rois[0, 1:] = torch.tensor([-3.0, -3.0, 30.0, 30.0])  # samples outside the map
     out, g = emu_roi_align_forward(geo, x, rois, 0.5, 5, 4, sampling, aligned)
     assert g.groups[0] > 1, "the test must span several threadgroups"
-    torch.testing.assert_close(out, ref_roi_align(x, rois, 0.5, 5, 4, sampling, aligned), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        out, ref_roi_align(x, rois, 0.5, 5, 4, sampling, aligned), rtol=1e-5, atol=1e-5
+    )
 
 
 def _check_roi_align_backward(geo, kernel=None, module=None):
@@ -274,7 +352,9 @@ def _check_roi_align_backward(geo, kernel=None, module=None):
     ref_out = ref_roi_align(x, rois, 1.0, PH, PW, 2, False)
     grad = torch.randn(ref_out.shape, generator=gen)
     (ref_grad,) = torch.autograd.grad(ref_out, x, grad)
-    got, g = emu_roi_align_backward(geo, grad, rois, 1.0, PH, PW, B, C, H, W, 2, False, kernel, module)
+    got, g = emu_roi_align_backward(
+        geo, grad, rois, 1.0, PH, PW, B, C, H, W, 2, False, kernel, module
+    )
     assert g.groups[0] * g.groups[1] >= 30
     torch.testing.assert_close(got, ref_grad, rtol=1e-4, atol=1e-4)
 
@@ -323,17 +403,29 @@ def test_roi_align_half_forward_and_backward_accumulate_in_float(geo):
 def emu_roi_pool(geo, x, rois, scale, PH, PW):
     K, (_, C, H, W) = rois.shape[0], x.shape
     total = K * C * PH * PW
-    p = geo.params("OpfRoiPoolParams", total=total, channels=C, height=H, width=W, pooled_height=PH,
-                   pooled_width=PW, spatial_scale=scale)
+    p = geo.params(
+        "OpfRoiPoolParams",
+        total=total,
+        channels=C,
+        height=H,
+        width=W,
+        pooled_height=PH,
+        pooled_width=PW,
+        spatial_scale=scale,
+    )
     out = np.zeros((K, C, PH, PW), dtype=np_of(x).dtype)
     arg = np.zeros((K, C, PH, PW), dtype=np.int32)
-    emu("roi_pool").launch(f"roi_pool_forward_{DTYPE[x.dtype]}", geo.dispatch_1d(total), {
-        geo.buffer("OPF_ROI_POOL_FWD_BUF_INPUT"): np_of(x),
-        geo.buffer("OPF_ROI_POOL_FWD_BUF_ROIS"): np_of(rois),
-        geo.buffer("OPF_ROI_POOL_FWD_BUF_OUTPUT"): out,
-        geo.buffer("OPF_ROI_POOL_FWD_BUF_ARGMAX"): arg,
-        geo.buffer("OPF_ROI_POOL_FWD_BUF_PARAMS"): harness.params_bytes(p),
-    })
+    emu("roi_pool").launch(
+        f"roi_pool_forward_{DTYPE[x.dtype]}",
+        geo.dispatch_1d(total),
+        {
+            geo.buffer("OPF_ROI_POOL_FWD_BUF_INPUT"): np_of(x),
+            geo.buffer("OPF_ROI_POOL_FWD_BUF_ROIS"): np_of(rois),
+            geo.buffer("OPF_ROI_POOL_FWD_BUF_OUTPUT"): out,
+            geo.buffer("OPF_ROI_POOL_FWD_BUF_ARGMAX"): arg,
+            geo.buffer("OPF_ROI_POOL_FWD_BUF_PARAMS"): harness.params_bytes(p),
+        },
+    )
     return torch.from_numpy(out), torch.from_numpy(arg)
 
 
@@ -341,18 +433,33 @@ def emu_roi_pool_backward(geo, grad, rois, argmax, B, C, H, W):
     total = grad.numel()
     s = grad.stride()
     K, _, PH, PW = grad.shape
-    p = geo.params("OpfRoiPoolParams", total=total, channels=C, height=H, width=W, pooled_height=PH,
-                   pooled_width=PW, spatial_scale=1.0, grad_stride_n=s[0], grad_stride_c=s[1],
-                   grad_stride_h=s[2], grad_stride_w=s[3])
+    p = geo.params(
+        "OpfRoiPoolParams",
+        total=total,
+        channels=C,
+        height=H,
+        width=W,
+        pooled_height=PH,
+        pooled_width=PW,
+        spatial_scale=1.0,
+        grad_stride_n=s[0],
+        grad_stride_c=s[1],
+        grad_stride_h=s[2],
+        grad_stride_w=s[3],
+    )
     gi = np.zeros((B, C, H, W), dtype=np.float32)
     g = geo.dispatch_1d(total)
-    emu("roi_pool").launch(f"roi_pool_backward_{DTYPE[grad.dtype]}", g, {
-        geo.buffer("OPF_ROI_POOL_BWD_BUF_GRAD"): np_of(grad),
-        geo.buffer("OPF_ROI_POOL_BWD_BUF_ROIS"): np_of(rois),
-        geo.buffer("OPF_ROI_POOL_BWD_BUF_ARGMAX"): np_of(argmax),
-        geo.buffer("OPF_ROI_POOL_BWD_BUF_GRAD_INPUT"): gi,
-        geo.buffer("OPF_ROI_POOL_BWD_BUF_PARAMS"): harness.params_bytes(p),
-    })
+    emu("roi_pool").launch(
+        f"roi_pool_backward_{DTYPE[grad.dtype]}",
+        g,
+        {
+            geo.buffer("OPF_ROI_POOL_BWD_BUF_GRAD"): np_of(grad),
+            geo.buffer("OPF_ROI_POOL_BWD_BUF_ROIS"): np_of(rois),
+            geo.buffer("OPF_ROI_POOL_BWD_BUF_ARGMAX"): np_of(argmax),
+            geo.buffer("OPF_ROI_POOL_BWD_BUF_GRAD_INPUT"): gi,
+            geo.buffer("OPF_ROI_POOL_BWD_BUF_PARAMS"): harness.params_bytes(p),
+        },
+    )
     return torch.from_numpy(gi), g
 
 
@@ -412,22 +519,30 @@ def emu_nms(geo, boxes, scores, thr, reduce_threads=1024):
     mask = np.zeros(n * blocks, dtype=np.uint64)
     m = emu("nms")
     mask_dispatch = geo.dispatch_nms_mask(n)
-    m.launch(f"nms_mask_{DTYPE[boxes.dtype]}", mask_dispatch, {
-        geo.buffer("OPF_NMS_MASK_BUF_BOXES"): np_of(sorted_boxes),
-        geo.buffer("OPF_NMS_MASK_BUF_MASK"): mask,
-        geo.buffer("OPF_NMS_MASK_BUF_PARAMS"): harness.params_bytes(p),
-    })
+    m.launch(
+        f"nms_mask_{DTYPE[boxes.dtype]}",
+        mask_dispatch,
+        {
+            geo.buffer("OPF_NMS_MASK_BUF_BOXES"): np_of(sorted_boxes),
+            geo.buffer("OPF_NMS_MASK_BUF_MASK"): mask,
+            geo.buffer("OPF_NMS_MASK_BUF_PARAMS"): harness.params_bytes(p),
+        },
+    )
     keep = np.full(n, -7, dtype=np.int64)
     num = np.zeros(1, dtype=np.int64)
     removed = np.full(blocks, 0xDEADBEEF, dtype=np.uint64)  # the kernel must clear it
-    m.launch("nms_reduce", geo.dispatch_nms_reduce(reduce_threads), {
-        geo.buffer("OPF_NMS_REDUCE_BUF_MASK"): mask,
-        geo.buffer("OPF_NMS_REDUCE_BUF_ORDER"): np_of(order),
-        geo.buffer("OPF_NMS_REDUCE_BUF_KEEP"): keep,
-        geo.buffer("OPF_NMS_REDUCE_BUF_NUM_KEEP"): num,
-        geo.buffer("OPF_NMS_REDUCE_BUF_REMOVED"): removed,
-        geo.buffer("OPF_NMS_REDUCE_BUF_PARAMS"): harness.params_bytes(p),
-    })
+    m.launch(
+        "nms_reduce",
+        geo.dispatch_nms_reduce(reduce_threads),
+        {
+            geo.buffer("OPF_NMS_REDUCE_BUF_MASK"): mask,
+            geo.buffer("OPF_NMS_REDUCE_BUF_ORDER"): np_of(order),
+            geo.buffer("OPF_NMS_REDUCE_BUF_KEEP"): keep,
+            geo.buffer("OPF_NMS_REDUCE_BUF_NUM_KEEP"): num,
+            geo.buffer("OPF_NMS_REDUCE_BUF_REMOVED"): removed,
+            geo.buffer("OPF_NMS_REDUCE_BUF_PARAMS"): harness.params_bytes(p),
+        },
+    )
     return torch.from_numpy(keep[: int(num[0])].copy()), mask_dispatch
 
 
@@ -437,8 +552,10 @@ def random_boxes(gen, n, extent=100.0, size=20.0):
     return torch.cat([xy, xy + wh], 1)
 
 
-@pytest.mark.parametrize("n,thr,reduce_threads", [(1, 0.5, 1024), (63, 0.5, 1024), (300, 0.3, 1024),
-                                                  (700, 0.5, 1024), (700, 0.7, 4)])
+@pytest.mark.parametrize(
+    "n,thr,reduce_threads",
+    [(1, 0.5, 1024), (63, 0.5, 1024), (300, 0.3, 1024), (700, 0.5, 1024), (700, 0.7, 4)],
+)
 def test_nms_matches_cpu_across_tiles_and_threadgroups(geo, n, thr, reduce_threads):
     gen = torch.Generator().manual_seed(n)
     boxes = random_boxes(gen, n)
@@ -475,9 +592,26 @@ def deform_params(geo, x, w, stride, pad, dil, offset_groups, use_mask):
     _, _, KH, KW = w.shape
     OH = (H + 2 * pad[0] - (dil[0] * (KH - 1) + 1)) // stride[0] + 1
     OW = (W + 2 * pad[1] - (dil[1] * (KW - 1) + 1)) // stride[1] + 1
-    return geo.params("OpfDeformParams", total=0, batch=B, channels=C, height=H, width=W, out_h=OH, out_w=OW,
-                      kernel_h=KH, kernel_w=KW, stride_h=stride[0], stride_w=stride[1], pad_h=pad[0], pad_w=pad[1],
-                      dilation_h=dil[0], dilation_w=dil[1], offset_groups=offset_groups, use_mask=int(use_mask))
+    return geo.params(
+        "OpfDeformParams",
+        total=0,
+        batch=B,
+        channels=C,
+        height=H,
+        width=W,
+        out_h=OH,
+        out_w=OW,
+        kernel_h=KH,
+        kernel_w=KW,
+        stride_h=stride[0],
+        stride_w=stride[1],
+        pad_h=pad[0],
+        pad_w=pad[1],
+        dilation_h=dil[0],
+        dilation_w=dil[1],
+        offset_groups=offset_groups,
+        use_mask=int(use_mask),
+    )
 
 
 def emu_deform_forward(geo, x, w, off, mask, bias, stride, pad, dil, groups, og, use_mask):
@@ -486,57 +620,97 @@ def emu_deform_forward(geo, x, w, off, mask, bias, stride, pad, dil, groups, og,
     B, C, OC, KH, KW = x.shape[0], x.shape[1], w.shape[0], w.shape[2], w.shape[3]
     p.total = geo.deform_items("im2col", p)
     cols = np.zeros((C * KH * KW, B * p.out_h * p.out_w), dtype=np_of(x).dtype)
-    emu("deform_conv2d").launch(f"deform_im2col_{DTYPE[x.dtype]}", geo.dispatch_1d(p.total), {
-        geo.buffer("OPF_DEFORM_IM2COL_BUF_INPUT"): np_of(x),
-        geo.buffer("OPF_DEFORM_IM2COL_BUF_OFFSET"): np_of(off),
-        geo.buffer("OPF_DEFORM_IM2COL_BUF_MASK"): np_of(mask) if use_mask else np.zeros(1, np_of(x).dtype),
-        geo.buffer("OPF_DEFORM_IM2COL_BUF_COLUMNS"): cols,
-        geo.buffer("OPF_DEFORM_IM2COL_BUF_PARAMS"): harness.params_bytes(p),
-    })
+    emu("deform_conv2d").launch(
+        f"deform_im2col_{DTYPE[x.dtype]}",
+        geo.dispatch_1d(p.total),
+        {
+            geo.buffer("OPF_DEFORM_IM2COL_BUF_INPUT"): np_of(x),
+            geo.buffer("OPF_DEFORM_IM2COL_BUF_OFFSET"): np_of(off),
+            geo.buffer("OPF_DEFORM_IM2COL_BUF_MASK"): np_of(mask)
+            if use_mask
+            else np.zeros(1, np_of(x).dtype),
+            geo.buffer("OPF_DEFORM_IM2COL_BUF_COLUMNS"): cols,
+            geo.buffer("OPF_DEFORM_IM2COL_BUF_PARAMS"): harness.params_bytes(p),
+        },
+    )
     columns = torch.from_numpy(cols).float()
-    out = torch.bmm(w.float().reshape(groups, OC // groups, -1), columns.view(groups, -1, columns.shape[1]))
+    out = torch.bmm(
+        w.float().reshape(groups, OC // groups, -1), columns.view(groups, -1, columns.shape[1])
+    )
     out = out.reshape(OC, B, p.out_h, p.out_w).transpose(0, 1) + bias.float().view(1, -1, 1, 1)
     return out, columns, p
 
 
 def emu_deform_backward(geo, grad, x, w, off, mask, stride, pad, dil, groups, og, use_mask):
-    _, columns, p = emu_deform_forward(geo, x, w, off, mask, torch.zeros(w.shape[0]), stride, pad, dil, groups, og, use_mask)
-    B, C, OC = x.shape[0], x.shape[1], w.shape[0]
+    _, columns, p = emu_deform_forward(
+        geo, x, w, off, mask, torch.zeros(w.shape[0]), stride, pad, dil, groups, og, use_mask
+    )
+    OC = w.shape[0]
     dt = np_of(x).dtype
     g_out = grad.float().transpose(0, 1).reshape(groups, OC // groups, -1)
-    grad_cols = torch.bmm(w.float().reshape(groups, OC // groups, -1).transpose(1, 2), g_out).reshape(columns.shape)
+    grad_cols = torch.bmm(
+        w.float().reshape(groups, OC // groups, -1).transpose(1, 2), g_out
+    ).reshape(columns.shape)
     grad_cols_np = grad_cols.to(x.dtype).numpy().copy()
     mask_np = np_of(mask) if use_mask else np.zeros(1, dt)
     p.total = geo.deform_items("col2im", p)
     grad_input = np.zeros(tuple(x.shape), dtype=np.float32)
     m = emu("deform_conv2d")
     col2im_dispatch = geo.dispatch_1d(p.total)
-    m.launch(f"deform_col2im_{DTYPE[x.dtype]}", col2im_dispatch, {
-        geo.buffer("OPF_DEFORM_COL2IM_BUF_COLUMNS"): grad_cols_np,
-        geo.buffer("OPF_DEFORM_COL2IM_BUF_OFFSET"): np_of(off),
-        geo.buffer("OPF_DEFORM_COL2IM_BUF_MASK"): mask_np,
-        geo.buffer("OPF_DEFORM_COL2IM_BUF_GRAD_INPUT"): grad_input,
-        geo.buffer("OPF_DEFORM_COL2IM_BUF_PARAMS"): harness.params_bytes(p),
-    })
+    m.launch(
+        f"deform_col2im_{DTYPE[x.dtype]}",
+        col2im_dispatch,
+        {
+            geo.buffer("OPF_DEFORM_COL2IM_BUF_COLUMNS"): grad_cols_np,
+            geo.buffer("OPF_DEFORM_COL2IM_BUF_OFFSET"): np_of(off),
+            geo.buffer("OPF_DEFORM_COL2IM_BUF_MASK"): mask_np,
+            geo.buffer("OPF_DEFORM_COL2IM_BUF_GRAD_INPUT"): grad_input,
+            geo.buffer("OPF_DEFORM_COL2IM_BUF_PARAMS"): harness.params_bytes(p),
+        },
+    )
     p.total = geo.deform_items("coord", p)
     grad_offset = np.zeros(tuple(off.shape), dtype=dt)
     grad_mask = np.zeros(tuple(mask.shape) if use_mask else (1,), dtype=dt)
-    m.launch(f"deform_col2im_coord_{DTYPE[x.dtype]}", geo.dispatch_1d(p.total), {
-        geo.buffer("OPF_DEFORM_COORD_BUF_COLUMNS"): grad_cols_np,
-        geo.buffer("OPF_DEFORM_COORD_BUF_INPUT"): np_of(x),
-        geo.buffer("OPF_DEFORM_COORD_BUF_OFFSET"): np_of(off),
-        geo.buffer("OPF_DEFORM_COORD_BUF_MASK"): mask_np,
-        geo.buffer("OPF_DEFORM_COORD_BUF_GRAD_OFFSET"): grad_offset,
-        geo.buffer("OPF_DEFORM_COORD_BUF_GRAD_MASK"): grad_mask,
-        geo.buffer("OPF_DEFORM_COORD_BUF_PARAMS"): harness.params_bytes(p),
-    })
-    grad_weight = torch.bmm(g_out, columns.view(groups, -1, columns.shape[1]).transpose(1, 2)).reshape(w.shape)
-    return (torch.from_numpy(grad_input), grad_weight, torch.from_numpy(grad_offset).float(),
-            torch.from_numpy(grad_mask).float(), grad.float().sum((0, 2, 3))), col2im_dispatch
+    m.launch(
+        f"deform_col2im_coord_{DTYPE[x.dtype]}",
+        geo.dispatch_1d(p.total),
+        {
+            geo.buffer("OPF_DEFORM_COORD_BUF_COLUMNS"): grad_cols_np,
+            geo.buffer("OPF_DEFORM_COORD_BUF_INPUT"): np_of(x),
+            geo.buffer("OPF_DEFORM_COORD_BUF_OFFSET"): np_of(off),
+            geo.buffer("OPF_DEFORM_COORD_BUF_MASK"): mask_np,
+            geo.buffer("OPF_DEFORM_COORD_BUF_GRAD_OFFSET"): grad_offset,
+            geo.buffer("OPF_DEFORM_COORD_BUF_GRAD_MASK"): grad_mask,
+            geo.buffer("OPF_DEFORM_COORD_BUF_PARAMS"): harness.params_bytes(p),
+        },
+    )
+    grad_weight = torch.bmm(
+        g_out, columns.view(groups, -1, columns.shape[1]).transpose(1, 2)
+    ).reshape(w.shape)
+    return (
+        torch.from_numpy(grad_input),
+        grad_weight,
+        torch.from_numpy(grad_offset).float(),
+        torch.from_numpy(grad_mask).float(),
+        grad.float().sum((0, 2, 3)),
+    ), col2im_dispatch
 
 
-def deform_case(gen, dtype=torch.float32, B=2, C=4, H=7, W=6, OC=6, K=(3, 3), groups=2, og=2,
-                stride=(1, 1), pad=(1, 1), dil=(1, 1)):
+def deform_case(
+    gen,
+    dtype=torch.float32,
+    B=2,
+    C=4,
+    H=7,
+    W=6,
+    OC=6,
+    K=(3, 3),
+    groups=2,
+    og=2,
+    stride=(1, 1),
+    pad=(1, 1),
+    dil=(1, 1),
+):
     OH = (H + 2 * pad[0] - (dil[0] * (K[0] - 1) + 1)) // stride[0] + 1
     OW = (W + 2 * pad[1] - (dil[1] * (K[1] - 1) + 1)) // stride[1] + 1
     x = torch.randn(B, C, H, W, generator=gen)
@@ -571,9 +745,13 @@ def test_deform_conv2d_backward_matches_autograd_of_reference(geo, use_mask):
     for name, g_ref, g_got in zip(names, ref_grads, got):
         if name == "mask" and not use_mask:
             continue
-        torch.testing.assert_close(g_got, g_ref, rtol=1e-3, atol=1e-3, msg=lambda m, n=name: f"grad_{n}: {m}")
+        torch.testing.assert_close(
+            g_got, g_ref, rtol=1e-3, atol=1e-3, msg=lambda m, n=name: f"grad_{n}: {m}"
+        )
     if HAVE_OPFORGE:
-        cpu = torch.ops.opforge._deform_conv2d_backward(grad, x, w, off, mask, bias, 1, 1, 1, 1, 1, 1, 2, 2, use_mask)
+        cpu = torch.ops.opforge._deform_conv2d_backward(
+            grad, x, w, off, mask, bias, 1, 1, 1, 1, 1, 1, 2, 2, use_mask
+        )
         for name, c, g_got in zip(names, cpu, got):
             if name == "mask" and not use_mask:
                 continue
@@ -605,7 +783,11 @@ def test_dispatch_gives_one_thread_per_item_past_2_pow_32(geo):
     last_group = (n - 1) // d.threads[0]
     tgid_y, tgid_x = divmod(last_group, d.groups[0])
     assert tgid_y < d.groups[1]
-    got = emu("roi_align").probe("linear_index", [tgid_x, tgid_y, d.groups[0], d.groups[1], d.threads[0], (n - 1) % d.threads[0]], 1)
+    got = emu("roi_align").probe(
+        "linear_index",
+        [tgid_x, tgid_y, d.groups[0], d.groups[1], d.threads[0], (n - 1) % d.threads[0]],
+        1,
+    )
     assert got == [n - 1]
 
 
@@ -614,7 +796,9 @@ def test_dispatch_refuses_more_than_one_grid(geo):
         geo.dispatch_1d(65535 * 65535 * 256 + 1)
 
 
-@pytest.mark.parametrize("op,probe", [("roi_align", "roi_align_index"), ("roi_pool", "roi_pool_index")])
+@pytest.mark.parametrize(
+    "op,probe", [("roi_align", "roi_align_index"), ("roi_pool", "roi_pool_index")]
+)
 def test_roi_index_helpers_past_2_pow_31(op, probe):
     C, H, W, PH, PW = 256, 4096, 4096, 7, 7
     K = 1_000_000
@@ -633,13 +817,17 @@ def test_roi_index_helpers_past_2_pow_31(op, probe):
 def test_nms_mask_word_index_past_2_pow_32():
     n = 4_000_000
     blocks = (n + 63) // 64
-    assert emu("nms").probe("nms_mask_word_index", [n - 1, blocks - 1, blocks], 1) == [(n - 1) * blocks + blocks - 1]
+    assert emu("nms").probe("nms_mask_word_index", [n - 1, blocks - 1, blocks], 1) == [
+        (n - 1) * blocks + blocks - 1
+    ]
 
 
 def test_deform_index_helpers_past_2_pow_31():
     B, C, H, W, OH, OW, KH, KW, OG = 64, 512, 256, 256, 256, 256, 3, 3, 8
     b, c, g, i, j, y, x = 63, 511, 7, 2, 2, 255, 255
-    got = emu("deform_conv2d").probe("deform_index", [B, C, H, W, OH, OW, KH, KW, OG, b, c, g, i, j, y, x], 4)
+    got = emu("deform_conv2d").probe(
+        "deform_index", [B, C, H, W, OH, OW, KH, KW, OG, b, c, g, i, j, y, x], 4
+    )
     assert got[0] == (b * C + c) * H * W
     assert got[1] == (b * OG + g) * 2 * KH * KW * OH * OW
     assert got[2] == (b * OG + g) * KH * KW * OH * OW
@@ -657,11 +845,23 @@ def test_structs_match_cpp_layout(geo):
 
 def test_every_kernel_in_every_metal_file_is_exercised():
     exercised = {
-        "nms_mask_float", "nms_mask_half", "nms_reduce",
-        "roi_align_forward_float", "roi_align_forward_half", "roi_align_backward_float", "roi_align_backward_half",
-        "roi_pool_forward_float", "roi_pool_forward_half", "roi_pool_backward_float", "roi_pool_backward_half",
-        "deform_im2col_float", "deform_im2col_half", "deform_col2im_float", "deform_col2im_half",
-        "deform_col2im_coord_float", "deform_col2im_coord_half",
+        "nms_mask_float",
+        "nms_mask_half",
+        "nms_reduce",
+        "roi_align_forward_float",
+        "roi_align_forward_half",
+        "roi_align_backward_float",
+        "roi_align_backward_half",
+        "roi_pool_forward_float",
+        "roi_pool_forward_half",
+        "roi_pool_backward_float",
+        "roi_pool_backward_half",
+        "deform_im2col_float",
+        "deform_im2col_half",
+        "deform_col2im_float",
+        "deform_col2im_half",
+        "deform_col2im_coord_float",
+        "deform_col2im_coord_half",
     }
     found = set()
     for path in sorted(harness.METAL_DIR.glob("*.metal")):
@@ -734,7 +934,12 @@ def test_embedded_source_is_what_the_emulation_runs(tmp_path):
     spec.loader.exec_module(embed)
     info = embed.generate(sorted(harness.METAL_DIR.glob("*.metal")), tmp_path, metallib="never")
     assert info["metallib"] is False and len(info["headers"]) == 4
-    strip = lambda text: "\n".join(l for l in text.splitlines() if l.strip() and not l.startswith("# "))  # noqa: E731
+
+    def strip(text: str) -> str:
+        return "\n".join(
+            line for line in text.splitlines() if line.strip() and not line.startswith("# ")
+        )
+
     for path in sorted(harness.METAL_DIR.glob("*.metal")):
         header = (tmp_path / "opforge_metal" / f"{path.stem}.h").read_text()
         source = header.split('R"OPFMETAL(', 1)[1].split(')OPFMETAL"', 1)[0]

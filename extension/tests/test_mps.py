@@ -18,7 +18,9 @@ BACKWARD_OPS = ("_roi_align_backward", "_roi_pool_backward", "_deform_conv2d_bac
 HAS_MPS_BUILD = "mps" in opforge_ops.build_info().get("backends", [])
 HAS_MPS_DEVICE = hasattr(torch.backends, "mps") and torch.backends.mps.is_available()
 
-needs_build = pytest.mark.skipif(not HAS_MPS_BUILD, reason="this opforge_ops build has no mps backend")
+needs_build = pytest.mark.skipif(
+    not HAS_MPS_BUILD, reason="this opforge_ops build has no mps backend"
+)
 needs_device = pytest.mark.skipif(not (HAS_MPS_BUILD and HAS_MPS_DEVICE), reason="no MPS device")
 
 
@@ -100,8 +102,12 @@ def test_roi_pool_forward_backward_match_cpu(metal_path, dtype):
     if dtype == torch.float32:
         assert torch.equal(arg_m.cpu(), arg_c)
     g = torch.randn(out_c.shape, generator=gen)
-    gi_c = torch.ops.opforge._roi_pool_backward(g, rois.float(), arg_m.cpu(), 1.0, 5, 5, 2, 4, 24, 24)
-    gi_m = torch.ops.opforge._roi_pool_backward(g.to(dtype).to(MPS), rois.to(MPS), arg_m, 1.0, 5, 5, 2, 4, 24, 24)
+    gi_c = torch.ops.opforge._roi_pool_backward(
+        g, rois.float(), arg_m.cpu(), 1.0, 5, 5, 2, 4, 24, 24
+    )
+    gi_m = torch.ops.opforge._roi_pool_backward(
+        g.to(dtype).to(MPS), rois.to(MPS), arg_m, 1.0, 5, 5, 2, 4, 24, 24
+    )
     assert gi_m.dtype == dtype
     torch.testing.assert_close(gi_m.cpu().float(), gi_c, **tol(dtype))
 
@@ -120,7 +126,9 @@ def test_nms_matches_cpu(metal_path, dtype, n):
     if dtype == torch.float32:
         assert torch.equal(keep_m.cpu(), keep_c)
     else:  # half boxes/scores: compare with the CPU op on the same rounded values
-        assert torch.equal(keep_m.cpu(), torch.ops.opforge.nms(boxes.float(), scores.half().float(), 0.5))
+        assert torch.equal(
+            keep_m.cpu(), torch.ops.opforge.nms(boxes.float(), scores.half().float(), 0.5)
+        )
 
 
 @needs_device
@@ -153,7 +161,9 @@ def test_deform_conv2d_forward_backward_match_cpu(metal_path, dtype, use_mask):
     for name, a, b in zip(("input", "weight", "offset", "mask", "bias"), dev, cpu):
         if name == "mask" and not use_mask:
             continue
-        torch.testing.assert_close(a.grad.cpu().float(), b.grad, **t, msg=lambda m, n=name: f"grad_{n}: {m}")
+        torch.testing.assert_close(
+            a.grad.cpu().float(), b.grad, **t, msg=lambda m, n=name: f"grad_{n}: {m}"
+        )
 
 
 @needs_device

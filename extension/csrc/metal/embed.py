@@ -64,7 +64,9 @@ def inline_includes(path: Path, seen: tuple[Path, ...] = ()) -> str:
 def metal_tool() -> list[str] | None:
     if shutil.which("xcrun") is None:
         return None
-    found = subprocess.run(["xcrun", "-sdk", "macosx", "--find", "metal"], capture_output=True, text=True)
+    found = subprocess.run(
+        ["xcrun", "-sdk", "macosx", "--find", "metal"], capture_output=True, text=True
+    )
     return ["xcrun", "-sdk", "macosx"] if found.returncode == 0 else None
 
 
@@ -85,7 +87,7 @@ def build_metallib(source: str, stem: str, xcrun: list[str], min_macos: str | No
 
 
 def header_for(stem: str, source: str, metallib: bytes | None) -> str:
-    if f"){_DELIM}\"" in source:
+    if f'){_DELIM}"' in source:
         raise EmbedError(f"{stem}.metal contains the raw-string delimiter {_DELIM}")
     ident = re.sub(r"\W", "_", stem)
     lines = [
@@ -96,24 +98,32 @@ def header_for(stem: str, source: str, metallib: bytes | None) -> str:
     ]
     body = "\n".join(lines) + source + f'){_DELIM}";\n}}  // namespace opforge::metal\n'
     if metallib is not None:
-        rows = [", ".join(str(b) for b in metallib[i : i + 24]) for i in range(0, len(metallib), 24)]
+        rows = [
+            ", ".join(str(b) for b in metallib[i : i + 24]) for i in range(0, len(metallib), 24)
+        ]
         body += (
             f"#define OPFORGE_METALLIB_{ident.upper()} 1\n"
             "namespace opforge::metal {\n"
-            f"inline constexpr unsigned char {ident}_metallib[] = {{\n" + ",\n".join(rows) + "\n};\n"
+            f"inline constexpr unsigned char {ident}_metallib[] = {{\n"
+            + ",\n".join(rows)
+            + "\n};\n"
             f"inline constexpr unsigned long {ident}_metallib_size = {len(metallib)}ul;\n"
             "}  // namespace opforge::metal\n"
         )
     return body
 
 
-def generate(sources: list[Path], out_dir: Path, metallib: str = "auto", min_macos: str | None = None) -> dict:
+def generate(
+    sources: list[Path], out_dir: Path, metallib: str = "auto", min_macos: str | None = None
+) -> dict:
     """Write <out_dir>/opforge_metal/<op>.h per source; returns {"headers": [...], "metallib": bool}."""
     if metallib not in ("auto", "require", "never"):
         raise EmbedError(f"metallib must be auto, require or never, not {metallib!r}")
     xcrun = metal_tool() if metallib != "never" else None
     if metallib == "require" and xcrun is None:
-        raise EmbedError("--metallib require: Apple's metal tool was not found (xcrun -sdk macosx --find metal)")
+        raise EmbedError(
+            "--metallib require: Apple's metal tool was not found (xcrun -sdk macosx --find metal)"
+        )
     header_dir = out_dir / "opforge_metal"
     header_dir.mkdir(parents=True, exist_ok=True)
     headers = []
@@ -132,7 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, type=Path, help="directory for the generated headers")
     ap.add_argument("--metallib", default="auto", choices=["auto", "require", "never"])
-    ap.add_argument("--min-macos", default=None, help="deployment target passed to the metal compiler")
+    ap.add_argument(
+        "--min-macos", default=None, help="deployment target passed to the metal compiler"
+    )
     ap.add_argument("sources", nargs="+", type=Path)
     args = ap.parse_args(argv)
     try:

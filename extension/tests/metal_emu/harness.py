@@ -43,8 +43,12 @@ CXXFLAGS = [
     "-fno-sanitize-recover=all",
     "-fno-omit-frame-pointer",
 ]
-CACHE = Path(os.environ.get("OPFORGE_METAL_EMU_CACHE", Path(tempfile.gettempdir()) / "opforge-metal-emu"))
-_ENV = dict(os.environ, ASAN_OPTIONS="detect_leaks=0:abort_on_error=0", UBSAN_OPTIONS="print_stacktrace=1")
+CACHE = Path(
+    os.environ.get("OPFORGE_METAL_EMU_CACHE", Path(tempfile.gettempdir()) / "opforge-metal-emu")
+)
+_ENV = dict(
+    os.environ, ASAN_OPTIONS="detect_leaks=0:abort_on_error=0", UBSAN_OPTIONS="print_stacktrace=1"
+)
 
 
 class EmuError(RuntimeError):
@@ -88,7 +92,9 @@ class Emulated:
         self.exe = exe
         self.kernels = {k.name: k for k in kernels}
 
-    def launch(self, kernel: str, dispatch: Dispatch, buffers: dict[int, np.ndarray | bytes]) -> None:
+    def launch(
+        self, kernel: str, dispatch: Dispatch, buffers: dict[int, np.ndarray | bytes]
+    ) -> None:
         """Run `kernel` over `dispatch`; numpy buffers are updated in place."""
         if kernel not in self.kernels:
             raise EmuError(f"{self.exe.name} has no kernel {kernel}; it has {sorted(self.kernels)}")
@@ -99,7 +105,14 @@ class Emulated:
                 data = buf if isinstance(buf, bytes) else np.ascontiguousarray(buf).tobytes()
                 path.write_bytes(data)
                 args.append(f"{index}={path}")
-            cmd = [str(self.exe), "launch", kernel, *map(str, dispatch.groups), *map(str, dispatch.threads), *args]
+            cmd = [
+                str(self.exe),
+                "launch",
+                kernel,
+                *map(str, dispatch.groups),
+                *map(str, dispatch.threads),
+                *args,
+            ]
             proc = subprocess.run(cmd, capture_output=True, text=True, env=_ENV)
             if proc.returncode != 0:
                 raise EmuError(f"{kernel} failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}")
@@ -117,10 +130,14 @@ class Emulated:
             src.write_bytes(np.asarray(values, dtype=np.int64).tobytes())
             proc = subprocess.run(
                 [str(self.exe), "probe", name, str(src), str(dst), str(n_out)],
-                capture_output=True, text=True, env=_ENV,
+                capture_output=True,
+                text=True,
+                env=_ENV,
             )
             if proc.returncode != 0:
-                raise EmuError(f"probe {name} failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}")
+                raise EmuError(
+                    f"probe {name} failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}"
+                )
             return [int(v) for v in np.frombuffer(dst.read_bytes(), dtype=np.int64)]
 
 
@@ -144,9 +161,13 @@ def build(op_or_path: str | Path, probes: Path | None = None) -> Emulated:
     try:
         cpp = tmp_dir / f"{metal.stem}.emu.cpp"
         cpp.write_text(source)
-        proc = subprocess.run([CXX, *CXXFLAGS, str(cpp), "-o", str(tmp_dir / "emu")], capture_output=True, text=True)
+        proc = subprocess.run(
+            [CXX, *CXXFLAGS, str(cpp), "-o", str(tmp_dir / "emu")], capture_output=True, text=True
+        )
         if proc.returncode != 0:
-            raise EmuError(f"compiling {metal.name} for the emulation failed:\n{proc.stderr[-8000:]}")
+            raise EmuError(
+                f"compiling {metal.name} for the emulation failed:\n{proc.stderr[-8000:]}"
+            )
         try:
             tmp_dir.rename(out_dir)  # atomic publish; a concurrent build may have won
         except OSError:
@@ -189,7 +210,12 @@ long long emu_deform_coord_items(const OpfDeformParams* p) { return deform_coord
 
 _STRUCT = re.compile(r"struct\s+(Opf\w+Params)\s*\{(?P<body>[^}]*)\};", re.S)
 _FIELD = re.compile(r"^\s*(int64_t|int32_t|uint32_t|float)\s+(\w+)\s*;", re.M)
-_CTYPES = {"int64_t": ctypes.c_int64, "int32_t": ctypes.c_int32, "uint32_t": ctypes.c_uint32, "float": ctypes.c_float}
+_CTYPES = {
+    "int64_t": ctypes.c_int64,
+    "int32_t": ctypes.c_int32,
+    "uint32_t": ctypes.c_uint32,
+    "float": ctypes.c_float,
+}
 _DEFINE = re.compile(r"^#define\s+(OPF_\w+)\s+(\d+)\b", re.M)
 
 
@@ -209,10 +235,14 @@ class Geometry:
         for name, struct in self.structs.items():
             native = getattr(self._lib, f"emu_sizeof_{name}")()
             if native != ctypes.sizeof(struct):
-                raise EmuError(f"{name}: C++ sizeof {native} != parsed layout {ctypes.sizeof(struct)}")
+                raise EmuError(
+                    f"{name}: C++ sizeof {native} != parsed layout {ctypes.sizeof(struct)}"
+                )
 
     def _compile(self, text: str) -> ctypes.CDLL:
-        sizeofs = "\n".join(f"long long emu_sizeof_{n}() {{ return sizeof({n}); }}" for n in self.structs)
+        sizeofs = "\n".join(
+            f"long long emu_sizeof_{n}() {{ return sizeof({n}); }}" for n in self.structs
+        )
         src = _GEOMETRY_SRC.replace("%SIZEOFS%", sizeofs)
         key = _digest(text.encode(), src.encode(), _compiler_id().encode())
         lib = _ensure(CACHE) / f"geometry-{key}.so"
@@ -220,15 +250,32 @@ class Geometry:
             tmp = Path(tempfile.mkdtemp(dir=CACHE))
             (tmp / "g.cpp").write_text(src)
             proc = subprocess.run(
-                [CXX, "-std=c++17", "-O1", "-shared", "-fPIC", "-I", str(METAL_DIR), str(tmp / "g.cpp"), "-o", str(tmp / "g.so")],
-                capture_output=True, text=True,
+                [
+                    CXX,
+                    "-std=c++17",
+                    "-O1",
+                    "-shared",
+                    "-fPIC",
+                    "-I",
+                    str(METAL_DIR),
+                    str(tmp / "g.cpp"),
+                    "-o",
+                    str(tmp / "g.so"),
+                ],
+                capture_output=True,
+                text=True,
             )
             if proc.returncode != 0:
                 raise EmuError(f"compiling dispatch.h failed:\n{proc.stderr}")
             os.replace(tmp / "g.so", lib)
             shutil.rmtree(tmp, ignore_errors=True)
         cdll = ctypes.CDLL(str(lib))
-        for fn in ("emu_nms_col_blocks", "emu_deform_im2col_items", "emu_deform_col2im_items", "emu_deform_coord_items"):
+        for fn in (
+            "emu_nms_col_blocks",
+            "emu_deform_im2col_items",
+            "emu_deform_col2im_items",
+            "emu_deform_coord_items",
+        ):
             getattr(cdll, fn).restype = ctypes.c_longlong
         cdll.emu_nms_col_blocks.argtypes = [ctypes.c_longlong]
         for n in self.structs:
@@ -243,7 +290,12 @@ class Geometry:
 
     def dispatch_1d(self, work_items: int, pipeline_max_threads: int = 1024) -> Dispatch:
         out = (ctypes.c_uint * 6)()
-        return self._result(self._lib.emu_dispatch_1d(ctypes.c_ulonglong(work_items), ctypes.c_uint(pipeline_max_threads), out), out)
+        return self._result(
+            self._lib.emu_dispatch_1d(
+                ctypes.c_ulonglong(work_items), ctypes.c_uint(pipeline_max_threads), out
+            ),
+            out,
+        )
 
     def dispatch_nms_mask(self, num_boxes: int) -> Dispatch:
         out = (ctypes.c_uint * 6)()
@@ -251,7 +303,9 @@ class Geometry:
 
     def dispatch_nms_reduce(self, pipeline_max_threads: int = 1024) -> Dispatch:
         out = (ctypes.c_uint * 6)()
-        return self._result(self._lib.emu_dispatch_nms_reduce(ctypes.c_uint(pipeline_max_threads), out), out)
+        return self._result(
+            self._lib.emu_dispatch_nms_reduce(ctypes.c_uint(pipeline_max_threads), out), out
+        )
 
     def nms_col_blocks(self, n: int) -> int:
         return self._lib.emu_nms_col_blocks(n)

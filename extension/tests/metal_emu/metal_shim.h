@@ -122,25 +122,43 @@ static_assert(sizeof(atomic_float) == 4 && sizeof(atomic_uint) == 4, "atomic siz
 template <typename A>
 using atomic_value_t = decltype(A::value);
 
+// GCC/Clang __atomic builtins rather than std::atomic_ref, which older libc++
+// (Apple clang) lacks.  Float adds are a compare-and-swap loop, as on GPUs
+// without native float atomics.
 template <typename A>
 inline atomic_value_t<A> atomic_fetch_add_explicit(A* a, atomic_value_t<A> v, memory_order) {
-  return std::atomic_ref<atomic_value_t<A>>(a->value).fetch_add(v, std::memory_order_relaxed);
+  using T = atomic_value_t<A>;
+  if constexpr (std::is_floating_point_v<T>) {
+    T expected, desired;
+    __atomic_load(&a->value, &expected, __ATOMIC_RELAXED);
+    do {
+      desired = expected + v;
+    } while (!__atomic_compare_exchange(&a->value, &expected, &desired, true, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED));
+    return expected;
+  } else {
+    return __atomic_fetch_add(&a->value, v, __ATOMIC_RELAXED);
+  }
 }
 template <typename A>
 inline atomic_value_t<A> atomic_fetch_or_explicit(A* a, atomic_value_t<A> v, memory_order) {
-  return std::atomic_ref<atomic_value_t<A>>(a->value).fetch_or(v, std::memory_order_relaxed);
+  return __atomic_fetch_or(&a->value, v, __ATOMIC_RELAXED);
 }
 template <typename A>
 inline atomic_value_t<A> atomic_load_explicit(A* a, memory_order) {
-  return std::atomic_ref<atomic_value_t<A>>(a->value).load(std::memory_order_relaxed);
+  atomic_value_t<A> out;
+  __atomic_load(&a->value, &out, __ATOMIC_RELAXED);
+  return out;
 }
 template <typename A>
 inline void atomic_store_explicit(A* a, atomic_value_t<A> v, memory_order) {
-  std::atomic_ref<atomic_value_t<A>>(a->value).store(v, std::memory_order_relaxed);
+  __atomic_store(&a->value, &v, __ATOMIC_RELAXED);
 }
 template <typename A>
 inline atomic_value_t<A> atomic_exchange_explicit(A* a, atomic_value_t<A> v, memory_order) {
-  return std::atomic_ref<atomic_value_t<A>>(a->value).exchange(v, std::memory_order_relaxed);
+  atomic_value_t<A> out;
+  __atomic_exchange(&a->value, &v, &out, __ATOMIC_RELAXED);
+  return out;
 }
 
 // --------------------------------------------------------------- barriers

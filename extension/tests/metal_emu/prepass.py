@@ -68,7 +68,16 @@ class Kernel:
 
 def preprocess(metal_file: Path, include_dirs: list[Path], cxx: str = "g++") -> str:
     """The kernel file with its macros expanded (line markers kept for diagnostics)."""
-    cmd = [cxx, "-E", "-x", "c++", "-nostdinc", "-D__METAL_VERSION__=310", "-I", str(HERE / "include_pp")]
+    cmd = [
+        cxx,
+        "-E",
+        "-x",
+        "c++",
+        "-nostdinc",
+        "-D__METAL_VERSION__=310",
+        "-I",
+        str(HERE / "include_pp"),
+    ]
     for d in include_dirs:
         cmd += ["-I", str(d)]
     cmd.append(str(metal_file))
@@ -117,7 +126,9 @@ def _parse_param(text: str, kernel: str) -> Param:
         if m["index"] is None:
             raise PrepassError(f"kernel {kernel}: [[buffer]] without an index")
         if not (ptype.endswith("*") or ptype.endswith("&")):
-            raise PrepassError(f"kernel {kernel}: buffer parameter {decl!r} is not a pointer or reference")
+            raise PrepassError(
+                f"kernel {kernel}: buffer parameter {decl!r} is not a pointer or reference"
+            )
         return Param(ptype, name_match[1], attr, int(m["index"]))
     if attr not in POSITION_ATTRIBUTES:
         raise PrepassError(f"kernel {kernel}: attribute [[{attr}]] is not emulated")
@@ -153,7 +164,10 @@ def find_kernels(source: str) -> list[Kernel]:
         body_close = _matching(source, body_open, "{", "}")
         covered.append((m.start(), body_close))
         body = source[body_open:body_close]
-        params = tuple(_parse_param(p, m["name"]) for p in _split_top_level(source[open_paren + 1 : close_paren]))
+        params = tuple(
+            _parse_param(p, m["name"])
+            for p in _split_top_level(source[open_paren + 1 : close_paren])
+        )
         sync = "threadgroup_barrier" in body or "tg_slot" in body
         kernels.append(Kernel(m["name"], params, sync))
     outside = source
@@ -188,12 +202,16 @@ def launchers(kernels: list[Kernel]) -> str:
     lines.append("static const ::metal_emu::KernelEntry kEmuKernels[] = {")
     for k in kernels:
         bufs = ", ".join(str(i) for i in k.buffers)
-        lines.append(f'  {{"{k.name}", {str(k.synchronised).lower()}, {{{bufs}}}, &emu_launch_{k.name}}},')
+        lines.append(
+            f'  {{"{k.name}", {str(k.synchronised).lower()}, {{{bufs}}}, &emu_launch_{k.name}}},'
+        )
     lines.append("};")
     return "\n".join(lines) + "\n"
 
 
-def translate(metal_file: Path, include_dirs: list[Path], probes: Path | None = None, cxx: str = "g++") -> tuple[str, list[Kernel]]:
+def translate(
+    metal_file: Path, include_dirs: list[Path], probes: Path | None = None, cxx: str = "g++"
+) -> tuple[str, list[Kernel]]:
     """The complete C++ translation unit for one .metal file, and its kernels."""
     expanded = preprocess(metal_file, include_dirs, cxx)
     kernels = find_kernels(expanded)
