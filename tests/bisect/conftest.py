@@ -27,13 +27,19 @@ from datetime import date, timedelta
 from pathlib import Path
 
 import pytest
+from packaging import tags
 
 import opforge
 
 REGRESSION = date(2024, 6, 7)
 UNRELATED_BREAKAGE = date(2024, 6, 4)
 PY = f"cp{sys.version_info[0]}{sys.version_info[1]}"
-HERE_PLATFORM = "linux_x86_64"
+_HOST = list(dict.fromkeys(t.platform for t in tags.sys_tags()))
+# this machine's wheels (Linux: linux_<arch>, as PyTorch names its nightlies), and two platforms
+# whose wheels it must ignore (the first without a local tag, like macOS wheels under /cpu)
+HERE_PLATFORM = next((p for p in _HOST if p.startswith("linux_")), _HOST[0])
+OTHER_PLATFORMS = [p for p in ("macosx_11_0_arm64", "win_amd64", "linux_x86_64", "linux_aarch64")
+                   if p not in _HOST][:2]
 
 # (date, version, build tag or None, python tag, platform tag, listed in the index)
 _LISTED = [date(2024, 5, 20), date(2024, 5, 22), date(2024, 5, 23), date(2024, 5, 25),
@@ -168,14 +174,14 @@ def fake_index(tmp_path_factory, fake_pytorch_repo) -> FakeIndex:
 
     for day in _LISTED:
         listed.append(torch_wheel(day))
-        listed.append(torch_wheel(day, plat="macosx_11_0_arm64", local=False))
-        listed.append(torch_wheel(day, plat="win_amd64"))
+        listed.append(torch_wheel(day, plat=OTHER_PLATFORMS[0], local=False))
+        listed.append(torch_wheel(day, plat=OTHER_PLATFORMS[1]))
     # branch cut: the old branch's last build and the new branch's first on the same date
     listed.append(torch_wheel(BRANCH_CUT, minor=4, git_version="0" * 40))
     # a rebuild on 2024-06-03 with a build tag: the later build is the one to test
     listed.append(torch_wheel(date(2024, 6, 3), build="1"))
     # dates with wheels for other platforms or Pythons only: not candidates here
-    listed.append(torch_wheel(date(2024, 6, 6), plat="macosx_11_0_arm64", local=False))
+    listed.append(torch_wheel(date(2024, 6, 6), plat=OTHER_PLATFORMS[0], local=False))
     listed.append(torch_wheel(date(2024, 6, 9), py="cp39" if PY != "cp39" else "cp310"))
     for day in UNLISTED:
         torch_wheel(day)

@@ -11,7 +11,7 @@ import json
 from datetime import date
 
 import pytest
-from conftest import PY, UNLISTED, write_wheel
+from conftest import HERE_PLATFORM, PY, UNLISTED, write_wheel
 
 pytestmark = pytest.mark.slow
 
@@ -42,12 +42,11 @@ def test_finds_the_regression_and_its_commits(bisector, fake_index):
     assert data["candidates"] == CANDIDATES_0601_0610
     assert data["probes"] <= (CANDIDATES_0601_0610 - 1).bit_length() + 2
     # every step is logged with what a user needs to check it by hand
-    wheel = fake_index.root / "torch-2.5.0.dev20240607+cpu-cp311-cp311-linux_x86_64.whl".replace(
-        "cp311", PY)
+    wheel = fake_index.root / f"torch-2.5.0.dev20240607+cpu-{PY}-{PY}-{HERE_PLATFORM}.whl"
     first_bad = [e for e in log_events(bisector.state.with_suffix(".log.jsonl"))
                  if e["date"] == "2024-06-07"][0]
     assert first_bad["sha256"] == hashlib.sha256(wheel.read_bytes()).hexdigest()
-    assert first_bad["url"].endswith("torch-2.5.0.dev20240607%2Bcpu-" + f"{PY}-{PY}-linux_x86_64.whl")
+    assert first_bad["url"].endswith("torch-2.5.0.dev20240607%2Bcpu-" + f"{PY}-{PY}-{HERE_PLATFORM}.whl")
     assert first_bad["commit"] == repo.nightly_at[date(2024, 6, 7)]
     assert first_bad["exit_code"] == 1
     assert "operator opforge::nms does not exist" in first_bad["output_tail"]
@@ -91,7 +90,7 @@ def test_nightly_choice_takes_the_last_build_of_a_date_for_this_platform(bisecto
     assert data["last_good"]["commit"] == fake_index.repo.nightly_at[date(2024, 6, 1)]
     assert data["first_bad"]["date"] == "2024-06-02"
     log = log_events(bisector.state.with_suffix(".log.jsonl"))
-    assert any(e["url"].endswith(f"+cpu-1-{PY}-{PY}-linux_x86_64.whl".replace("+", "%2B"))
+    assert any(e["url"].endswith(f"+cpu-1-{PY}-{PY}-{HERE_PLATFORM}.whl".replace("+", "%2B"))
                for e in log if e["date"] == "2024-06-03")
 
 
