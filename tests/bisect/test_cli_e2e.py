@@ -304,3 +304,42 @@ def test_markdown_to_stdout_is_pasteable(bisector, fake_index):
     assert run.stdout.startswith("### opforge bisect: it regressed in the nightly of 2024-06-05")
     assert "| last good | 2024-06-04 |" in run.stdout
     assert "https://github.com/pytorch/pytorch/compare/" in run.stdout
+
+
+def test_endpoints_from_smoke_reports_and_latest(bisector, tmp_path):
+    # how CI names the nightlies: the last green night's `opforge smoke --json` report
+    report = tmp_path / "last-green" / "cpu-linux-x86_64-py3.11.json"
+    report.parent.mkdir()
+    report.write_text(json.dumps({"schema": 1, "environment": {
+        "torch_version": "2.5.0.dev20240601+cpu", "torch_git_version": "abc"}}))
+    bisector.env["PROBE_MODE"] = "bad_from:20240603"
+    run = bisector("--good", str(report), "--bad", "latest", "--json")
+    assert run.returncode == 0, run.stderr
+    data = run.json()
+    assert (data["last_good"]["date"], data["first_bad"]["date"]) == ("2024-06-02", "2024-06-03")
+    assert data["notes"] == [f"--good 2024-06-01 from {report} (torch 2.5.0.dev20240601+cpu)"]
+    assert bisector.probed()[0] == "2024-06-11"  # latest: the newest nightly on the index
+
+
+def test_a_missing_good_report_falls_back_to_the_walk_back(bisector, tmp_path):
+    bisector.env["PROBE_MODE"] = "bad_from:20240603"
+    missing = tmp_path / "last-green" / "none.json"
+    run = bisector("--good", str(missing), "--bad", "2024-06-10", "--json")
+    assert run.returncode == 0, run.stderr
+    data = run.json()
+    assert data["walked_back"] == ["2024-06-08", "2024-06-01"]
+    assert f"--good {missing}: no such report, so walking back from --bad instead" in \
+        " ".join(run.stderr.split())
+
+
+def test_a_stopped_bisect_still_writes_its_reports(bisector):
+    out = bisector.work / "reports" / "bisect.json"  # the directory does not exist yet
+    md = bisector.work / "summary.md"
+    run = bisector("--good", "2024-06-08", "--bad", "2024-06-10", "--match", "does not exist",
+                   "--json", str(out), "--markdown", str(md))
+    assert run.returncode == 1
+    data = json.loads(out.read_text())
+    assert data["status"] == "error" and "already fails" in data["error"]
+    assert [(t["date"], t["outcome"]) for t in data["tested"]] == [("2024-06-08", "bad"),
+                                                                   ("2024-06-10", "bad")]
+    assert md.read_text().startswith("### opforge bisect stopped: the good nightly 2024-06-08")

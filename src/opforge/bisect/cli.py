@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from opforge.errors import UsageError
+from opforge.errors import OpforgeError, UsageError
 
 DESCRIPTION = """\
 Test PyTorch nightlies between a good and a bad date by halving, like git bisect, and report
@@ -42,9 +42,11 @@ def register(subparsers) -> argparse.ArgumentParser:
                               description=DESCRIPTION, epilog=EPILOG,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--good", metavar="DATE",
-                   help="a nightly that passes (YYYY-MM-DD); left out: walk back from --bad "
+                   help="a nightly that passes (YYYY-MM-DD, a nightly version, or an `opforge "
+                        "smoke --json` report naming it); left out: walk back from --bad "
                         "(2 days, a week, then two weeks at a time) until one passes")
-    p.add_argument("--bad", metavar="DATE", help="a nightly that fails (default: the newest)")
+    p.add_argument("--bad", metavar="DATE", help="a nightly that fails (the same forms, or "
+                                                 "latest: the default, the newest nightly)")
     p.add_argument("--variant", help="the variant whose nightly index is used and, by default, "
                                      "built (cpu, cu126, ..., mps; default cpu)")
     p.add_argument("--python", help="Python version (3.11) or interpreter path for the "
@@ -109,7 +111,7 @@ def python_for(spec: str | None) -> tuple[str, str]:
 
 def _params(args: argparse.Namespace):
     from .index import DEFAULT_INDEX, _is_local, variant_index
-    from .session import Params, parse_day
+    from .session import Params, endpoint
 
     command = list(args.command or [])
     if command:
@@ -121,15 +123,16 @@ def _params(args: argparse.Namespace):
     variant = args.variant or "cpu"
     if not re.fullmatch(r"[a-z][a-z0-9_]*", variant):
         raise UsageError(f"--variant {variant!r}: expected a name like cpu, cu126, mps")
-    for option in ("good", "bad"):
-        if getattr(args, option):
-            parse_day(getattr(args, option), f"--{option}")
+    good, good_note = endpoint(args.good, "good")
+    bad, bad_note = endpoint(args.bad, "bad")
     if args.retries is not None and args.retries < 0:
         raise UsageError("--retries must be 0 or more")
     if args.timeout is not None and args.timeout <= 0:
         raise UsageError("--timeout must be a positive number of seconds")
     if args.timeout_skip and args.timeout is None:
         raise UsageError("--timeout-skip needs --timeout")
+    if args.match == "":
+        args.match = None  # an empty workflow input: no signature
     if args.match:
         try:
             re.compile(args.match)
@@ -150,11 +153,11 @@ def _params(args: argparse.Namespace):
     if not command:
         _check_variant(variant)
     _, version = python_for(args.python)
-    return Params(good=args.good, bad=args.bad, variant=variant, python=args.python or version,
+    return Params(good=good, bad=bad, variant=variant, python=args.python or version,
                   index=index, command=command, wheel=wheel, match=args.match,
                   regress=args.regress or "failure", retries=args.retries or 0,
                   timeout=args.timeout, timeout_skip=bool(args.timeout_skip),
-                  cwd=str(Path.cwd()))
+                  cwd=str(Path.cwd()), notes=[n for n in (good_note, bad_note) if n])
 
 
 def _check_variant(variant: str) -> None:
@@ -164,7 +167,7 @@ def _check_variant(variant: str) -> None:
 
 
 def _resumed_params(args: argparse.Namespace, stored: dict):
-    from .session import Params
+    from .session import Params, endpoint
 
     params = Params.from_json(stored)
     for name in _DEFINING:
@@ -174,6 +177,12 @@ def _resumed_params(args: argparse.Namespace, stored: dict):
         have = getattr(params, name)
         if name == "wheel":
             given = str(Path(given).expanduser().resolve())
+        if name == "index" and "://" not in given:
+            given = str(Path(given).expanduser().resolve())
+        if name in ("good", "bad"):
+            given = endpoint(given, name)[0]
+            if given is None:
+                continue
         if given != have:
             raise UsageError(f"--resume: --{name.replace('_', '-')} {given} differs from the "
                              f"interrupted bisect's {have}; leave it out, or start over "
@@ -188,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
     from .commits import check_repo, commit_range
     from .envs import EnvCache, cache_dir
     from .index import load_index
-    from .report import Display, emit, result_json
+    from .report import Display, emit, emit_error, result_json
     from .session import Session
 
     root = cache_dir()
@@ -224,6 +233,12 @@ def run(args: argparse.Namespace) -> int:
         display.note(f"interrupted after {len(state.steps)} finished steps; "
                      "`opforge bisect --resume` continues without repeating them")
         log.write("interrupted", steps_done=len(state.steps))
+        raise
+    except OpforgeError as exc:
+        # CI attaches the report wherever the bisect ends: say what was tested and why it stopped
+        log.write("error", message=str(exc), steps_done=len(state.steps))
+        emit_error(str(exc), list(state.steps.values()), json_to=args.json,
+                   markdown_to=args.markdown)
         raise
     commits = commit_range(outcome.last_good.git_version, outcome.first_bad.git_version, repo)
     data = result_json(outcome, commits, f"python{params.python}"

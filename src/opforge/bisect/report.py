@@ -12,6 +12,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from opforge.errors import OpforgeError
+
 from .commits import CommitRange
 from .index import Nightly
 from .search import Outcome
@@ -76,7 +78,9 @@ def result_json(out: Outcomes, commits: CommitRange, python: str) -> dict:
 
     return {
         "schema": 1,
+        "status": "found",
         "exact": not out.skipped,
+        "notes": list(out.params.notes),
         "last_good": end(out.last_good),
         "first_bad": end(out.first_bad),
         "skipped": [end(r) for r in out.skipped],
@@ -163,9 +167,31 @@ def emit(data: dict, *, json_to: str | None, markdown_to: str | None) -> None:
     print_rich(data, Console(stderr=to_stdout, highlight=False, soft_wrap=True))
 
 
+def emit_error(message: str, steps: list[StepRecord], *, json_to: str | None,
+               markdown_to: str | None) -> None:
+    """The report of a bisect that stopped (bad endpoints, an abort): what was tested."""
+    tested = [{**r.nightly.to_json(), "commit": r.git_version, "outcome": r.outcome.value,
+               "reason": r.reason} for r in sorted(steps, key=lambda r: r.nightly.date)]
+    if json_to:
+        _write(json_to, json.dumps({"schema": 1, "status": "error", "error": message,
+                                    "tested": tested}, indent=2) + "\n")
+    if markdown_to:
+        lines = [f"### opforge bisect stopped: {message}", ""]
+        if tested:
+            lines += ["| date | version | outcome | reason |", "|---|---|---|---|"]
+            lines += [f"| {t['date']} | `{t['version']}` | {t['outcome']} | {t['reason']} |"
+                      for t in tested]
+        _write(markdown_to, "\n".join(lines) + "\n")
+
+
 def _write(target: str, text: str) -> None:
     if target == "-":
         sys.stdout.write(text)
         sys.stdout.flush()
-    else:
-        Path(target).write_text(text, encoding="utf-8")
+        return
+    try:
+        path = Path(target)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise OpforgeError(f"cannot write the report to {target}: {exc.strerror or exc}") from None

@@ -7,6 +7,8 @@ step in the state file and the JSON-lines log, and shows progress.
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shlex
 import time
@@ -42,6 +44,7 @@ class Params:
     timeout: float | None
     timeout_skip: bool
     cwd: str
+    notes: list[str] = field(default_factory=list)  # how the endpoints were chosen
 
     @property
     def mode(self) -> str:
@@ -115,6 +118,8 @@ class Session:
     # -- the run --------------------------------------------------------------------------------
 
     def run(self) -> Outcomes:
+        for note in self.params.notes:
+            self.display.note(note)
         if not self.listing.nightlies:
             raise UsageError(f"{self.params.index}: no torch nightly for Python "
                              f"{self.params.python} on this platform")
@@ -330,6 +335,39 @@ def parse_day(text: str, option: str) -> date:
         raise UsageError(f"{option} {text!r}: {exc}") from None
 
 
+def endpoint(text: str | None, which: str) -> tuple[str | None, str | None]:
+    """(YYYY-MM-DD or None, a note) for --good / --bad.
+
+    Takes a date, a nightly version, ``latest`` (--bad: the newest nightly), or the path of an
+    ``opforge smoke --json`` report, whose torch version names the nightly (how CI records the
+    last green night). A --good report that does not exist falls back to the walk-back.
+    """
+    option = f"--{which}"
+    if text is None or not text.strip():
+        return None, None
+    text = text.strip()
+    if text == "latest":
+        if which == "good":
+            raise UsageError("--good latest: the newest nightly can only be the bad end")
+        return None, None
+    if text.endswith(".json") or os.sep in text:
+        path = Path(text).expanduser()
+        if not path.is_file():
+            if which == "good":
+                return None, f"{option} {text}: no such report, so walking back from --bad instead"
+            raise UsageError(f"{option} {text}: no such file")
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+            version = (doc.get("environment") or {}).get("torch_version") or doc.get("torch_version")
+        except (OSError, ValueError, AttributeError) as exc:
+            raise UsageError(f"{option} {text}: not an opforge smoke --json report ({exc})") from None
+        if not isinstance(version, str) or ".dev" not in version:
+            raise UsageError(f"{option} {text}: its torch ({version}) is not a nightly")
+        day = parse_day(version, option)
+        return day.isoformat(), f"{option} {day} from {text} (torch {version})"
+    return parse_day(text, option).isoformat(), None
+
+
 def reproduce_command(params: Params, nightly: Nightly, python: str) -> str:
     """Shell lines that recreate the first bad nightly's environment and run the test."""
     env = f"/tmp/torch-{nightly.date:%Y%m%d}"
@@ -366,4 +404,4 @@ def rerun_command(params: Params, good: Nightly, bad: Nightly) -> str:
     return shlex.join(argv)
 
 
-__all__ = ["Params", "Session", "Outcomes", "max_probes", "parse_day"]
+__all__ = ["Params", "Session", "Outcomes", "endpoint", "max_probes", "parse_day"]
