@@ -1,5 +1,5 @@
-// RoIAlign on the CPU. For each roi the bilinear sample positions and weights
-// are computed once and reused for every channel. Forward work is split over
+// RoIAlign on the CPU. For each roi the bilinear sample rows, columns and
+// weights are computed once and reused for every channel. Forward work is split over
 // (roi, channel) pairs; backward over channels, so no two threads ever add into
 // the same input-gradient element.
 #include <ATen/ATen.h>
@@ -17,24 +17,67 @@
 namespace opforge::cpu {
 namespace {
 
-constexpr int64_t kMaxSamplesPerRoi = int64_t(1) << 24;
+// Bilinear sampling is separable: a sample at (y, x) is valid when both its row
+// and its column are, and its weights are products of row and column weights.
+// So each roi keeps, per output row (column), only the sample rows (columns)
+// that touch the image: memory is O(pooled * grid) and samples outside the image
+// cost nothing, however large the roi.
+constexpr int64_t kMaxSamplesPerAxis = int64_t(1) << 24;
 
 template <typename acc_t>
-struct Sample {
-  // Offsets of the four neighbours in an H*W plane and their bilinear weights.
-  int64_t pos[4];
-  acc_t w[4];
-  bool valid;
+struct AxisSample {
+  int64_t low, high;  // neighbouring rows (columns)
+  acc_t l, h;  // weights of high and low
+};
+
+struct AxisRange {
+  int64_t begin, end;  // into the samples vector
 };
 
 template <typename acc_t>
 struct RoiGrid {
   int64_t batch_index = 0;
-  int64_t grid_h = 0;
-  int64_t grid_w = 0;
-  acc_t count = 1;  // samples averaged per bin
-  std::vector<Sample<acc_t>> samples;  // [pooled_h][pooled_w][grid_h][grid_w]
+  acc_t count = 1;  // samples averaged per bin, valid or not
+  std::vector<AxisSample<acc_t>> ys, xs;
+  std::vector<AxisRange> y_range, x_range;  // one per output row / column
 };
+
+// Appends the valid samples of one axis, following the Detectron border rule:
+// outside [-1, size] a sample is zero; below 0 it clamps to 0; past size-1 to size-1.
+template <typename acc_t>
+void fill_axis(
+    std::vector<AxisSample<acc_t>>& samples,
+    std::vector<AxisRange>& ranges,
+    acc_t start,
+    acc_t bin,
+    int64_t pooled,
+    int64_t grid,
+    int64_t size) {
+  samples.clear();
+  ranges.resize(pooled);
+  for (int64_t p = 0; p < pooled; ++p) {
+    ranges[p].begin = static_cast<int64_t>(samples.size());
+    for (int64_t i = 0; i < grid; ++i) {
+      acc_t v = start + p * bin + static_cast<acc_t>(i + .5f) * bin / static_cast<acc_t>(grid);
+      // Written so that NaN and empty planes are invalid too.
+      if (!(v >= acc_t(-1) && v <= size) || size == 0) {
+        continue;
+      }
+      v = std::max(v, acc_t(0));
+      int64_t low = static_cast<int64_t>(v);
+      int64_t high;
+      if (low >= size - 1) {
+        high = low = size - 1;
+        v = static_cast<acc_t>(low);
+      } else {
+        high = low + 1;
+      }
+      const acc_t l = v - low;
+      samples.push_back({low, high, l, acc_t(1) - l});
+    }
+    ranges[p].end = static_cast<int64_t>(samples.size());
+  }
+}
 
 template <typename scalar_t, typename acc_t>
 void compute_roi_grid(
@@ -66,62 +109,13 @@ void compute_roi_grid(
   const double grid_h = sampling_ratio > 0 ? sampling_ratio : std::max(0.0, std::ceil(double(roi_h / pooled_h)));
   const double grid_w = sampling_ratio > 0 ? sampling_ratio : std::max(0.0, std::ceil(double(roi_w / pooled_w)));
   TORCH_CHECK(
-      grid_h * grid_w * pooled_h * pooled_w <= double(kMaxSamplesPerRoi),
+      grid_h * pooled_h <= double(kMaxSamplesPerAxis) && grid_w * pooled_w <= double(kMaxSamplesPerAxis),
       "roi_align: a roi of ", double(roi_h), " x ", double(roi_w), " (after spatial_scale) with sampling_ratio ",
-      sampling_ratio, " needs more than ", kMaxSamplesPerRoi, " samples; pass a small positive sampling_ratio");
-  grid.grid_h = static_cast<int64_t>(grid_h);
-  grid.grid_w = static_cast<int64_t>(grid_w);
-  grid.count = static_cast<acc_t>(std::max<int64_t>(grid.grid_h * grid.grid_w, 1));
-  grid.samples.resize(pooled_h * pooled_w * grid.grid_h * grid.grid_w);
-
-  Sample<acc_t>* s = grid.samples.data();
-  for (int64_t ph = 0; ph < pooled_h; ++ph) {
-    for (int64_t pw = 0; pw < pooled_w; ++pw) {
-      for (int64_t iy = 0; iy < grid.grid_h; ++iy) {
-        const acc_t y0 = start_h + ph * bin_h +
-            static_cast<acc_t>(iy + .5f) * bin_h / static_cast<acc_t>(grid.grid_h);
-        for (int64_t ix = 0; ix < grid.grid_w; ++ix, ++s) {
-          acc_t y = y0;
-          acc_t x = start_w + pw * bin_w +
-              static_cast<acc_t>(ix + .5f) * bin_w / static_cast<acc_t>(grid.grid_w);
-          // Written so that NaN and empty planes also land here.
-          if (!(y >= acc_t(-1) && y <= height && x >= acc_t(-1) && x <= width) ||
-              height == 0 || width == 0) {
-            s->valid = false;
-            continue;
-          }
-          y = std::max(y, acc_t(0));
-          x = std::max(x, acc_t(0));
-          int64_t y_low = static_cast<int64_t>(y);
-          int64_t x_low = static_cast<int64_t>(x);
-          int64_t y_high, x_high;
-          if (y_low >= height - 1) {
-            y_high = y_low = height - 1;
-            y = static_cast<acc_t>(y_low);
-          } else {
-            y_high = y_low + 1;
-          }
-          if (x_low >= width - 1) {
-            x_high = x_low = width - 1;
-            x = static_cast<acc_t>(x_low);
-          } else {
-            x_high = x_low + 1;
-          }
-          const acc_t ly = y - y_low, lx = x - x_low;
-          const acc_t hy = acc_t(1) - ly, hx = acc_t(1) - lx;
-          s->valid = true;
-          s->pos[0] = y_low * width + x_low;
-          s->pos[1] = y_low * width + x_high;
-          s->pos[2] = y_high * width + x_low;
-          s->pos[3] = y_high * width + x_high;
-          s->w[0] = hy * hx;
-          s->w[1] = hy * lx;
-          s->w[2] = ly * hx;
-          s->w[3] = ly * lx;
-        }
-      }
-    }
-  }
+      sampling_ratio, " needs more than ", kMaxSamplesPerAxis,
+      " samples along one side; check the rois or pass a small positive sampling_ratio");
+  grid.count = static_cast<acc_t>(std::max<int64_t>(int64_t(grid_h) * int64_t(grid_w), 1));
+  fill_axis(grid.ys, grid.y_range, start_h, bin_h, pooled_h, int64_t(grid_h), height);
+  fill_axis(grid.xs, grid.x_range, start_w, bin_w, pooled_w, int64_t(grid_w), width);
 }
 
 template <typename scalar_t>
@@ -159,19 +153,25 @@ void roi_align_forward_impl(
       }
       const scalar_t* plane = in + (grid.batch_index * channels + c) * height * width;
       scalar_t* out_plane = out + index * bins;
-      const int64_t per_bin = grid.grid_h * grid.grid_w;
-      const Sample<acc_t>* s = grid.samples.data();
-      for (int64_t bin = 0; bin < bins; ++bin) {
-        acc_t sum = 0;
-        for (int64_t k = 0; k < per_bin; ++k, ++s) {
-          if (s->valid) {
-            sum += s->w[0] * static_cast<acc_t>(plane[s->pos[0]]) +
-                s->w[1] * static_cast<acc_t>(plane[s->pos[1]]) +
-                s->w[2] * static_cast<acc_t>(plane[s->pos[2]]) +
-                s->w[3] * static_cast<acc_t>(plane[s->pos[3]]);
+      for (int64_t ph = 0; ph < pooled_h; ++ph) {
+        const AxisRange yr = grid.y_range[ph];
+        for (int64_t pw = 0; pw < pooled_w; ++pw) {
+          const AxisRange xr = grid.x_range[pw];
+          acc_t sum = 0;
+          for (int64_t iy = yr.begin; iy < yr.end; ++iy) {
+            const AxisSample<acc_t>& y = grid.ys[iy];
+            const scalar_t* row_low = plane + y.low * width;
+            const scalar_t* row_high = plane + y.high * width;
+            for (int64_t ix = xr.begin; ix < xr.end; ++ix) {
+              const AxisSample<acc_t>& x = grid.xs[ix];
+              sum += y.h * x.h * static_cast<acc_t>(row_low[x.low]) +
+                  y.h * x.l * static_cast<acc_t>(row_low[x.high]) +
+                  y.l * x.h * static_cast<acc_t>(row_high[x.low]) +
+                  y.l * x.l * static_cast<acc_t>(row_high[x.high]);
+            }
           }
+          out_plane[ph * pooled_w + pw] = static_cast<scalar_t>(sum / grid.count);
         }
-        out_plane[bin] = static_cast<scalar_t>(sum / grid.count);
       }
     }
   });
@@ -204,17 +204,24 @@ void roi_align_backward_impl(
       compute_roi_grid<scalar_t, acc_t>(
           grid, roi_p + n * 5, static_cast<acc_t>(spatial_scale), height, width,
           pooled_h, pooled_w, sampling_ratio, aligned);
-      const int64_t per_bin = grid.grid_h * grid.grid_w;
       for (int64_t c = c_begin; c < c_end; ++c) {
         const scalar_t* g_plane = g + (n * channels + c) * bins;
         acc_t* gi_plane = gi + (grid.batch_index * channels + c) * height * width;
-        const Sample<acc_t>* s = grid.samples.data();
-        for (int64_t bin = 0; bin < bins; ++bin) {
-          const acc_t value = static_cast<acc_t>(g_plane[bin]) / grid.count;
-          for (int64_t k = 0; k < per_bin; ++k, ++s) {
-            if (s->valid) {
-              for (int q = 0; q < 4; ++q) {
-                gi_plane[s->pos[q]] += s->w[q] * value;
+        for (int64_t ph = 0; ph < pooled_h; ++ph) {
+          const AxisRange yr = grid.y_range[ph];
+          for (int64_t pw = 0; pw < pooled_w; ++pw) {
+            const AxisRange xr = grid.x_range[pw];
+            const acc_t value = static_cast<acc_t>(g_plane[ph * pooled_w + pw]) / grid.count;
+            for (int64_t iy = yr.begin; iy < yr.end; ++iy) {
+              const AxisSample<acc_t>& y = grid.ys[iy];
+              acc_t* row_low = gi_plane + y.low * width;
+              acc_t* row_high = gi_plane + y.high * width;
+              for (int64_t ix = xr.begin; ix < xr.end; ++ix) {
+                const AxisSample<acc_t>& x = grid.xs[ix];
+                row_low[x.low] += y.h * x.h * value;
+                row_low[x.high] += y.h * x.l * value;
+                row_high[x.low] += y.l * x.h * value;
+                row_high[x.high] += y.l * x.l * value;
               }
             }
           }

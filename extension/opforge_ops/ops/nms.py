@@ -21,7 +21,9 @@ def nms(boxes: Tensor, scores: Tensor, iou_threshold: float) -> Tensor:
 def batched_nms(boxes: Tensor, scores: Tensor, idxs: Tensor, iou_threshold: float) -> Tensor:
     """NMS per category: boxes with different idxs never suppress each other."""
     if idxs.dim() != 1 or idxs.size(0) != boxes.size(0):
-        raise ValueError(f"idxs must be a 1-D tensor with one entry per box ({boxes.size(0)}), got {list(idxs.shape)}")
+        raise ValueError(
+            f"idxs must be a 1-D tensor with one entry per box ({boxes.size(0)}), got {list(idxs.shape)}"
+        )
     limit = _VANILLA_THRESHOLD.get(boxes.device.type, _VANILLA_THRESHOLD_OTHER)
     tracing = torch.jit.is_tracing() or torch.compiler.is_compiling()
     if boxes.numel() > limit and not tracing:
@@ -50,9 +52,20 @@ def _batched_nms_per_class(boxes, scores, idxs, iou_threshold):
 
 @torch.library.register_fake("opforge::nms")
 def _nms_fake(dets, scores, iou_threshold):
-    torch._check(dets.dim() == 2 and dets.size(1) == 4, lambda: f"nms: boxes (dets) must have shape [N, 4], got {list(dets.shape)}")
-    torch._check(scores.dim() == 1, lambda: f"nms: scores must be a 1-D tensor [N], got shape {list(scores.shape)}")
-    torch._check(dets.size(0) == scores.size(0), lambda: "nms: boxes (dets) and scores must have the same length")
-    torch._check(dets.dtype == scores.dtype, lambda: "nms: boxes (dets) and scores must have the same dtype")
+    torch._check(
+        dets.dim() == 2 and dets.size(1) == 4,
+        lambda: f"nms: boxes (dets) must have shape [N, 4], got {list(dets.shape)}",
+    )
+    torch._check(
+        scores.dim() == 1,
+        lambda: f"nms: scores must be a 1-D tensor [N], got shape {list(scores.shape)}",
+    )
+    torch._check(
+        dets.size(0) == scores.size(0),
+        lambda: "nms: boxes (dets) and scores must have the same length",
+    )
+    torch._check(
+        dets.dtype == scores.dtype, lambda: "nms: boxes (dets) and scores must have the same dtype"
+    )
     kept = torch.library.get_ctx().new_dynamic_size()
     return dets.new_empty(kept, dtype=torch.int64)

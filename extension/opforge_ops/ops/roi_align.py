@@ -33,7 +33,9 @@ def roi_align(
 class RoIAlign(nn.Module):
     """nn.Module form of roi_align."""
 
-    def __init__(self, output_size, spatial_scale: float, sampling_ratio: int, aligned: bool = False):
+    def __init__(
+        self, output_size, spatial_scale: float, sampling_ratio: int, aligned: bool = False
+    ):
         super().__init__()
         self.output_size = output_size
         self.spatial_scale = spatial_scale
@@ -41,7 +43,9 @@ class RoIAlign(nn.Module):
         self.aligned = aligned
 
     def forward(self, input: Tensor, rois) -> Tensor:
-        return roi_align(input, rois, self.output_size, self.spatial_scale, self.sampling_ratio, self.aligned)
+        return roi_align(
+            input, rois, self.output_size, self.spatial_scale, self.sampling_ratio, self.aligned
+        )
 
     def __repr__(self) -> str:
         return (
@@ -51,32 +55,67 @@ class RoIAlign(nn.Module):
 
 
 def _check_roi_inputs(op, input, rois, pooled_height, pooled_width):
-    torch._check(input.dim() == 4, lambda: f"{op}: input must be a 4-D tensor [N, C, H, W], got shape {list(input.shape)}")
+    torch._check(
+        input.dim() == 4,
+        lambda: f"{op}: input must be a 4-D tensor [N, C, H, W], got shape {list(input.shape)}",
+    )
     torch._check(
         rois.dim() == 2 and rois.size(1) == 5,
-        lambda: f"{op}: rois (boxes) must have shape [K, 5] (batch index, x1, y1, x2, y2), got shape {list(rois.shape)}",
+        lambda: (
+            f"{op}: rois (boxes) must have shape [K, 5] (batch index, x1, y1, x2, y2), got shape {list(rois.shape)}"
+        ),
     )
-    torch._check(input.device == rois.device, lambda: f"{op}: input and rois must be on the same device")
-    torch._check(input.dtype == rois.dtype, lambda: f"{op}: input and rois must have the same dtype, got {input.dtype} and {rois.dtype}")
-    torch._check(input.dtype.is_floating_point, lambda: f"{op}: input must be a floating point tensor, got {input.dtype}")
+    torch._check(
+        input.device == rois.device, lambda: f"{op}: input and rois must be on the same device"
+    )
+    torch._check(
+        input.dtype == rois.dtype,
+        lambda: (
+            f"{op}: input and rois must have the same dtype, got {input.dtype} and {rois.dtype}"
+        ),
+    )
+    torch._check(
+        input.dtype.is_floating_point,
+        lambda: f"{op}: input must be a floating point tensor, got {input.dtype}",
+    )
     torch._check(
         pooled_height > 0 and pooled_width > 0,
-        lambda: f"{op}: output_size (pooled_height, pooled_width) must be positive, got ({pooled_height}, {pooled_width})",
+        lambda: (
+            f"{op}: output_size (pooled_height, pooled_width) must be positive, got ({pooled_height}, {pooled_width})"
+        ),
     )
 
 
 @torch.library.register_fake("opforge::roi_align")
-def _roi_align_fake(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned):
+def _roi_align_fake(
+    input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned
+):
     _check_roi_inputs("roi_align", input, rois, pooled_height, pooled_width)
     return input.new_empty((rois.size(0), input.size(1), pooled_height, pooled_width))
 
 
 @torch.library.register_fake("opforge::_roi_align_backward")
 def _roi_align_backward_fake(
-    grad, rois, spatial_scale, pooled_height, pooled_width, batch_size, channels, height, width, sampling_ratio, aligned
+    grad,
+    rois,
+    spatial_scale,
+    pooled_height,
+    pooled_width,
+    batch_size,
+    channels,
+    height,
+    width,
+    sampling_ratio,
+    aligned,
 ):
-    torch._check(grad.dim() == 4, lambda: f"_roi_align_backward: grad must be 4-D, got shape {list(grad.shape)}")
-    torch._check(grad.dtype == rois.dtype, lambda: "_roi_align_backward: grad and rois must have the same dtype")
+    torch._check(
+        grad.dim() == 4,
+        lambda: f"_roi_align_backward: grad must be 4-D, got shape {list(grad.shape)}",
+    )
+    torch._check(
+        grad.dtype == rois.dtype,
+        lambda: "_roi_align_backward: grad and rois must have the same dtype",
+    )
     return grad.new_empty((batch_size, channels, height, width))
 
 
@@ -92,11 +131,22 @@ def _roi_align_backward(ctx, grad_output):
     spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned = ctx.args
     batch_size, channels, height, width = ctx.input_shape
     grad_input = torch.ops.opforge._roi_align_backward(
-        grad_output, rois, spatial_scale, pooled_height, pooled_width,
-        batch_size, channels, height, width, sampling_ratio, aligned,
+        grad_output,
+        rois,
+        spatial_scale,
+        pooled_height,
+        pooled_width,
+        batch_size,
+        channels,
+        height,
+        width,
+        sampling_ratio,
+        aligned,
     )
     return grad_input, None, None, None, None, None, None
 
 
-torch.library.register_autograd("opforge::roi_align", _roi_align_backward, setup_context=_roi_align_setup_context)
+torch.library.register_autograd(
+    "opforge::roi_align", _roi_align_backward, setup_context=_roi_align_setup_context
+)
 forbid_double_backward("opforge::_roi_align_backward", "roi_align")

@@ -44,10 +44,25 @@ def _roi_pool_fake(input, rois, spatial_scale, pooled_height, pooled_width):
 
 @torch.library.register_fake("opforge::_roi_pool_backward")
 def _roi_pool_backward_fake(
-    grad, rois, argmax, spatial_scale, pooled_height, pooled_width, batch_size, channels, height, width
+    grad,
+    rois,
+    argmax,
+    spatial_scale,
+    pooled_height,
+    pooled_width,
+    batch_size,
+    channels,
+    height,
+    width,
 ):
-    torch._check(grad.dim() == 4, lambda: f"_roi_pool_backward: grad must be 4-D, got shape {list(grad.shape)}")
-    torch._check(argmax.dtype == torch.int32, lambda: f"_roi_pool_backward: argmax must be int32, got {argmax.dtype}")
+    torch._check(
+        grad.dim() == 4,
+        lambda: f"_roi_pool_backward: grad must be 4-D, got shape {list(grad.shape)}",
+    )
+    torch._check(
+        argmax.dtype == torch.int32,
+        lambda: f"_roi_pool_backward: argmax must be int32, got {argmax.dtype}",
+    )
     return grad.new_empty((batch_size, channels, height, width))
 
 
@@ -65,11 +80,21 @@ def _roi_pool_backward(ctx, grad_output, grad_argmax):
     spatial_scale, pooled_height, pooled_width = ctx.args
     batch_size, channels, height, width = ctx.input_shape
     grad_input = torch.ops.opforge._roi_pool_backward(
-        grad_output, rois, argmax, spatial_scale, pooled_height, pooled_width,
-        batch_size, channels, height, width,
+        grad_output,
+        rois,
+        argmax,
+        spatial_scale,
+        pooled_height,
+        pooled_width,
+        batch_size,
+        channels,
+        height,
+        width,
     )
     return grad_input, None, None, None, None
 
 
-torch.library.register_autograd("opforge::roi_pool", _roi_pool_backward, setup_context=_roi_pool_setup_context)
+torch.library.register_autograd(
+    "opforge::roi_pool", _roi_pool_backward, setup_context=_roi_pool_setup_context
+)
 forbid_double_backward("opforge::_roi_pool_backward", "roi_pool")

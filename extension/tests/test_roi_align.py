@@ -1,0 +1,253 @@
+import pytest
+import torch
+
+import opforge_ops
+import reference
+from conftest import random_rois
+
+OP = torch.ops.opforge.roi_align
+
+
+def tolerance(dtype):
+    return (
+        {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 1e-10, "rtol": 1e-10}
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("aligned", [False, True])
+@pytest.mark.parametrize("sampling_ratio", [-1, 0, 2])
+def test_roi_align_matches_reference(dtype, aligned, sampling_ratio):
+    input = torch.randn(2, 3, 10, 12, dtype=dtype)
+    rois = random_rois(6, 2, 10, 12, dtype, scale=0.5)
+    args = (0.5, 3, 4, sampling_ratio, aligned)
+    expected = reference.roi_align(input, rois, *args)
+    torch.testing.assert_close(OP(input, rois, *args), expected, **tolerance(dtype))
+
+
+@pytest.mark.parametrize("aligned", [False, True])
+def test_roi_align_gradient_matches_reference(aligned):
+    input = torch.randn(2, 2, 8, 9, dtype=torch.float64, requires_grad=True)
+    rois = random_rois(5, 2, 8, 9, torch.float64)
+    weights = torch.randn(5, 2, 3, 2, dtype=torch.float64)
+    args = (1.0, 3, 2, -1, aligned)
+    (ours,) = torch.autograd.grad((OP(input, rois, *args) * weights).sum(), input)
+    (expected,) = torch.autograd.grad(
+        (reference.roi_align(input, rois, *args) * weights).sum(), input
+    )
+    torch.testing.assert_close(ours, expected, atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("aligned", [False, True])
+@pytest.mark.parametrize("sampling_ratio", [-1, 2])
+def test_roi_align_gradcheck(aligned, sampling_ratio):
+    input = torch.randn(2, 2, 6, 7, dtype=torch.float64, requires_grad=True)
+    rois = random_rois(4, 2, 6, 7, torch.float64)
+    assert torch.autograd.gradcheck(
+        lambda x: OP(x, rois, 1.0, 2, 3, sampling_ratio, aligned), (input,)
+    )
+
+
+def test_list_of_boxes_equals_indexed_rois():
+    input = torch.randn(2, 3, 16, 16)
+    boxes = [torch.tensor([[1.0, 1, 8, 8], [2, 3, 12, 9]]), torch.tensor([[0.0, 0, 15, 15]])]
+    rois = torch.tensor([[0.0, 1, 1, 8, 8], [0, 2, 3, 12, 9], [1, 0, 0, 15, 15]])
+    torch.testing.assert_close(
+        opforge_ops.roi_align(input, boxes, 4),
+        opforge_ops.roi_align(input, rois, 4),
+        rtol=0,
+        atol=0,
+    )
+
+
+def test_function_defaults_and_module_match_torchvision_signature():
+    input = torch.randn(1, 2, 9, 9)
+    rois = torch.tensor([[0.0, 1, 1, 7, 6]])
+    expected = OP(input, rois, 1.0, 3, 3, -1, False)
+    torch.testing.assert_close(opforge_ops.roi_align(input, rois, (3, 3)), expected, rtol=0, atol=0)
+    module = opforge_ops.RoIAlign((3, 3), spatial_scale=1.0, sampling_ratio=-1)
+    torch.testing.assert_close(module(input, rois), expected, rtol=0, atol=0)
+    assert (
+        repr(module)
+        == "RoIAlign(output_size=(3, 3), spatial_scale=1.0, sampling_ratio=-1, aligned=False)"
+    )
+
+
+def test_zero_rois_give_an_empty_output():
+    out = opforge_ops.roi_align(torch.randn(2, 3, 5, 5), torch.zeros(0, 5), 2)
+    assert out.shape == (0, 3, 2, 2)
+
+
+def test_batch_of_zero_images_with_zero_rois():
+    input = torch.randn(0, 3, 5, 5, requires_grad=True)
+    out = opforge_ops.roi_align(input, torch.zeros(0, 5), 2)
+    assert out.shape == (0, 3, 2, 2)
+    out.sum().backward()
+    assert input.grad.shape == input.shape
+
+
+def test_rois_outside_the_image_pool_to_zero():
+    input = torch.randn(1, 2, 6, 6)
+    rois = torch.tensor([[0.0, 20, 20, 30, 30], [0, -30, -30, -10, -10]])
+    out = opforge_ops.roi_align(input, rois, 2, sampling_ratio=2)
+    assert torch.equal(out, torch.zeros_like(out))
+
+
+@pytest.mark.parametrize("aligned", [False, True])
+def test_zero_area_rois_match_reference(aligned):
+    input = torch.randn(1, 2, 6, 6, dtype=torch.float64)
+    rois = torch.tensor(
+        [[0.0, 2, 2, 2, 2], [0, 1.5, 3, 1.5, 5], [0, 4, 4, 3, 3]], dtype=torch.float64
+    )
+    for sampling_ratio in (-1, 2):
+        args = (1.0, 2, 2, sampling_ratio, aligned)
+        torch.testing.assert_close(OP(input, rois, *args), reference.roi_align(input, rois, *args))
+
+
+def test_non_contiguous_inputs_match_contiguous():
+    base = torch.randn(2, 8, 3, 10)
+    input = base.permute(0, 2, 1, 3)  # [2, 3, 8, 10], not contiguous
+    rois = random_rois(5, 2, 8, 10, torch.float32).t().contiguous().t()
+    assert not input.is_contiguous() and not rois.is_contiguous()
+    args = (1.0, 3, 3, 2, True)
+    torch.testing.assert_close(
+        OP(input, rois, *args), OP(input.contiguous(), rois.contiguous(), *args), rtol=0, atol=0
+    )
+
+
+def test_channels_last_input():
+    input = torch.randn(2, 4, 9, 9).to(memory_format=torch.channels_last)
+    rois = random_rois(4, 2, 9, 9)
+    torch.testing.assert_close(
+        OP(input, rois, 1.0, 2, 2, -1, False), OP(input.contiguous(), rois, 1.0, 2, 2, -1, False)
+    )
+
+
+def test_many_rois_and_channels_use_every_thread_consistently():
+    # Large enough for at::parallel_for to split; compared with a single-threaded run.
+    input = torch.randn(2, 64, 32, 32)
+    rois = random_rois(100, 2, 32, 32)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        serial = OP(input, rois, 1.0, 7, 7, 2, True)
+        serial_grad = torch.ops.opforge._roi_align_backward(
+            serial, rois, 1.0, 7, 7, 2, 64, 32, 32, 2, True
+        )
+    finally:
+        torch.set_num_threads(threads)
+    torch.set_num_threads(max(threads, 2))
+    try:
+        parallel = OP(input, rois, 1.0, 7, 7, 2, True)
+        parallel_grad = torch.ops.opforge._roi_align_backward(
+            serial, rois, 1.0, 7, 7, 2, 64, 32, 32, 2, True
+        )
+    finally:
+        torch.set_num_threads(threads)
+    torch.testing.assert_close(parallel, serial, rtol=0, atol=0)
+    torch.testing.assert_close(parallel_grad, serial_grad, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_types_are_computed_in_float_and_rounded(dtype):
+    input = torch.randn(1, 3, 8, 8).to(dtype)
+    rois = random_rois(4, 1, 8, 8).to(dtype)
+    out = OP(input, rois, 1.0, 2, 2, 2, False)
+    assert out.dtype == dtype
+    expected = OP(input.float(), rois.float(), 1.0, 2, 2, 2, False).to(dtype)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+def test_autocast_computes_in_float32_and_returns_the_input_dtype():
+    input = torch.randn(1, 3, 8, 8).bfloat16()
+    rois = random_rois(4, 1, 8, 8).bfloat16()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = opforge_ops.roi_align(input, rois, 2, sampling_ratio=2)
+    assert out.dtype == torch.bfloat16
+    expected = OP(input.float(), rois.float(), 1.0, 2, 2, 2, False).bfloat16()
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+def test_autocast_gradient_flows_to_a_bfloat16_input():
+    input = torch.randn(1, 2, 6, 6).bfloat16().requires_grad_()
+    rois = random_rois(3, 1, 6, 6).bfloat16()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = opforge_ops.roi_align(input, rois, 2)
+    out.float().sum().backward()
+    assert input.grad.dtype == torch.bfloat16 and input.grad.shape == input.shape
+
+
+def test_double_backward_raises_a_clear_error():
+    input = torch.randn(1, 1, 5, 5, dtype=torch.float64, requires_grad=True)
+    rois = torch.tensor([[0.0, 0, 0, 4, 4]], dtype=torch.float64)
+    (grad,) = torch.autograd.grad(
+        OP(input, rois, 1.0, 2, 2, 2, False).pow(2).sum(), input, create_graph=True
+    )
+    with pytest.raises(RuntimeError, match="first-order gradients only"):
+        grad.sum().backward()
+
+
+@pytest.mark.parametrize(
+    "input, rois, output_size, message",
+    [
+        (torch.zeros(3, 5, 5), torch.zeros(1, 5), 2, "input must be a 4-D"),
+        (torch.zeros(1, 3, 5, 5), torch.zeros(1, 4), 2, r"rois \(boxes\) must have shape \[K, 5\]"),
+        (torch.zeros(1, 3, 5, 5), torch.zeros(1, 5, dtype=torch.float64), 2, "same dtype"),
+        (torch.zeros(1, 3, 5, 5), torch.zeros(1, 5), 0, "output_size"),
+        (torch.zeros(1, 3, 5, 5), torch.zeros(1, 5), (2, -1), "output_size"),
+        (
+            torch.zeros(1, 3, 5, 5),
+            torch.tensor([[1.0, 0, 0, 2, 2]]),
+            2,
+            r"rois\[0, 0\] = 1 is not a batch index",
+        ),
+        (torch.zeros(1, 3, 5, 5), torch.tensor([[-1.0, 0, 0, 2, 2]]), 2, "not a batch index"),
+        (
+            torch.zeros(1, 3, 5, 5),
+            torch.tensor([[0.0, 0, float("nan"), 2, 2]]),
+            2,
+            r"rois\[0, 2\] = nan is not finite",
+        ),
+        (
+            torch.zeros(1, 3, 5, 5, dtype=torch.int32),
+            torch.zeros(1, 5, dtype=torch.int32),
+            2,
+            "floating point",
+        ),
+    ],
+)
+def test_bad_input_raises_runtime_error_naming_the_argument(input, rois, output_size, message):
+    height, width = (output_size, output_size) if isinstance(output_size, int) else output_size
+    with pytest.raises(RuntimeError, match=message):
+        OP(input, rois, 1.0, height, width, -1, False)
+
+
+def test_huge_roi_with_adaptive_sampling_is_an_error_not_a_hang():
+    with pytest.raises(RuntimeError, match="sampling_ratio"):
+        opforge_ops.roi_align(torch.zeros(1, 1, 4, 4), torch.tensor([[0.0, 0, 0, 1e12, 1e12]]), 2)
+
+
+@pytest.mark.parametrize(
+    "boxes, message",
+    [
+        (torch.zeros(2, 4), r"boxes must have shape \[K, 5\]"),
+        ([torch.zeros(2, 5)], r"boxes\[0\] must have shape \[L, 4\]"),
+        ([], "empty list"),
+        ("boxes", "boxes must be a Tensor"),
+    ],
+)
+def test_bad_boxes_raise_value_error(boxes, message):
+    with pytest.raises(ValueError, match=message):
+        opforge_ops.roi_align(torch.zeros(1, 1, 4, 4), boxes, 2)
+
+
+def test_bad_output_size_raises_value_error():
+    with pytest.raises(ValueError, match="output_size"):
+        opforge_ops.roi_align(torch.zeros(1, 1, 4, 4), torch.zeros(0, 5), (1, 2, 3))
+
+
+def test_backward_op_rejects_a_mismatched_grad():
+    with pytest.raises(RuntimeError, match="grad must have shape"):
+        torch.ops.opforge._roi_align_backward(
+            torch.zeros(2, 1, 2, 2), torch.zeros(1, 5), 1.0, 2, 2, 1, 1, 4, 4, -1, False
+        )

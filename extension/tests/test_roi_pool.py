@@ -1,0 +1,163 @@
+import pytest
+import torch
+
+import opforge_ops
+import reference
+from conftest import random_rois
+
+OP = torch.ops.opforge.roi_pool
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("spatial_scale", [1.0, 0.5])
+def test_roi_pool_matches_reference_with_argmax(dtype, spatial_scale):
+    input = torch.randn(2, 3, 10, 12, dtype=dtype)
+    rois = random_rois(8, 2, 10, 12, dtype, scale=spatial_scale)
+    output, argmax = OP(input, rois, spatial_scale, 3, 4)
+    expected, expected_argmax = reference.roi_pool(input, rois, spatial_scale, 3, 4)
+    assert argmax.dtype == torch.int32
+    torch.testing.assert_close(output, expected, rtol=0, atol=0)
+    assert torch.equal(argmax, expected_argmax)
+
+
+def test_roi_pool_gradient_matches_reference():
+    input = torch.randn(2, 2, 8, 9, dtype=torch.float64, requires_grad=True)
+    rois = random_rois(6, 2, 8, 9, torch.float64)
+    weights = torch.randn(6, 2, 2, 3, dtype=torch.float64)
+    (ours,) = torch.autograd.grad(
+        (opforge_ops.roi_pool(input, rois, (2, 3)) * weights).sum(), input
+    )
+    (expected,) = torch.autograd.grad(
+        (reference.roi_pool(input, rois, 1.0, 2, 3)[0] * weights).sum(), input
+    )
+    torch.testing.assert_close(ours, expected, rtol=0, atol=1e-12)
+
+
+def test_roi_pool_gradcheck():
+    input = torch.randn(2, 2, 6, 7, dtype=torch.float64, requires_grad=True)
+    rois = random_rois(4, 2, 6, 7, torch.float64)
+    assert torch.autograd.gradcheck(lambda x: opforge_ops.roi_pool(x, rois, (2, 3), 1.0), (input,))
+
+
+def test_list_of_boxes_and_module():
+    input = torch.randn(2, 3, 16, 16)
+    boxes = [torch.tensor([[1.0, 1, 8, 8]]), torch.tensor([[0.0, 0, 15, 15], [3, 4, 5, 6]])]
+    rois = torch.tensor([[0.0, 1, 1, 8, 8], [1, 0, 0, 15, 15], [1, 3, 4, 5, 6]])
+    expected = opforge_ops.roi_pool(input, rois, 3, 1.0)
+    torch.testing.assert_close(opforge_ops.roi_pool(input, boxes, 3), expected, rtol=0, atol=0)
+    module = opforge_ops.RoIPool(3, spatial_scale=1.0)
+    torch.testing.assert_close(module(input, boxes), expected, rtol=0, atol=0)
+    assert repr(module) == "RoIPool(output_size=3, spatial_scale=1.0)"
+
+
+def test_zero_rois_and_empty_batch():
+    input = torch.randn(0, 3, 5, 5, requires_grad=True)
+    output, argmax = OP(input, torch.zeros(0, 5), 1.0, 2, 2)
+    assert output.shape == argmax.shape == (0, 3, 2, 2)
+    output.sum().backward()
+    assert input.grad.shape == input.shape
+
+
+def test_rois_outside_the_image_give_zero_and_argmax_minus_one():
+    input = torch.randn(1, 2, 6, 6)
+    rois = torch.tensor([[0.0, 20, 20, 30, 30], [0, -30, -30, -10, -10]])
+    output, argmax = OP(input, rois, 1.0, 2, 2)
+    assert torch.equal(output, torch.zeros_like(output))
+    assert torch.equal(argmax, torch.full_like(argmax, -1))
+
+
+def test_zero_area_and_inverted_rois_match_reference():
+    input = torch.randn(1, 2, 6, 6, dtype=torch.float64)
+    rois = torch.tensor(
+        [[0.0, 2, 2, 2, 2], [0, 4, 4, 1, 1], [0, 5.5, 0, 5.5, 6]], dtype=torch.float64
+    )
+    output, argmax = OP(input, rois, 1.0, 3, 2)
+    expected, expected_argmax = reference.roi_pool(input, rois, 1.0, 3, 2)
+    torch.testing.assert_close(output, expected, rtol=0, atol=0)
+    assert torch.equal(argmax, expected_argmax)
+
+
+def test_non_contiguous_inputs_match_contiguous():
+    input = torch.randn(2, 8, 3, 10).permute(0, 2, 1, 3)
+    rois = random_rois(5, 2, 8, 10).t().contiguous().t()
+    ours = OP(input, rois, 1.0, 3, 3)
+    expected = OP(input.contiguous(), rois.contiguous(), 1.0, 3, 3)
+    assert torch.equal(ours[0], expected[0]) and torch.equal(ours[1], expected[1])
+
+
+def test_parallel_backward_equals_serial():
+    input = torch.randn(2, 32, 24, 24)
+    rois = random_rois(60, 2, 24, 24)
+    output, argmax = OP(input, rois, 1.0, 5, 5)
+    grad = torch.randn_like(output)
+    args = (grad, rois, argmax, 1.0, 5, 5, 2, 32, 24, 24)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        serial = torch.ops.opforge._roi_pool_backward(*args)
+        torch.set_num_threads(max(threads, 2))
+        parallel = torch.ops.opforge._roi_pool_backward(*args)
+    finally:
+        torch.set_num_threads(threads)
+    torch.testing.assert_close(parallel, serial, rtol=0, atol=0)
+
+
+def test_autocast_computes_in_float32_and_returns_the_input_dtype():
+    input = torch.randn(1, 3, 8, 8).bfloat16()
+    rois = random_rois(4, 1, 8, 8).bfloat16()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        output, argmax = OP(input, rois, 1.0, 2, 2)
+    expected, expected_argmax = OP(input.float(), rois.float(), 1.0, 2, 2)
+    assert output.dtype == torch.bfloat16 and argmax.dtype == torch.int32
+    torch.testing.assert_close(output, expected.bfloat16(), rtol=0, atol=0)
+    assert torch.equal(argmax, expected_argmax)
+
+
+def test_double_backward_raises_a_clear_error():
+    input = torch.randn(1, 1, 5, 5, dtype=torch.float64, requires_grad=True)
+    rois = torch.tensor([[0.0, 0, 0, 4, 4]], dtype=torch.float64)
+    (grad,) = torch.autograd.grad(
+        opforge_ops.roi_pool(input, rois, 2).pow(2).sum(), input, create_graph=True
+    )
+    with pytest.raises(RuntimeError, match="first-order gradients only"):
+        grad.sum().backward()
+
+
+@pytest.mark.parametrize(
+    "input, rois, size, message",
+    [
+        (torch.zeros(3, 5, 5), torch.zeros(1, 5), 2, "input must be a 4-D"),
+        (torch.zeros(1, 3, 5, 5), torch.zeros(1, 6), 2, r"rois \(boxes\) must have shape"),
+        (torch.zeros(1, 3, 5, 5), torch.zeros(1, 5).double(), 2, "same dtype"),
+        (torch.zeros(1, 3, 5, 5), torch.zeros(1, 5), -3, "output_size"),
+        (torch.zeros(1, 3, 5, 5), torch.tensor([[3.0, 0, 0, 2, 2]]), 2, "not a batch index"),
+        (torch.zeros(1, 3, 5, 5), torch.tensor([[0.0, 0, 0, float("inf"), 2]]), 2, "not finite"),
+    ],
+)
+def test_bad_input_raises_runtime_error_naming_the_argument(input, rois, size, message):
+    with pytest.raises(RuntimeError, match=message):
+        OP(input, rois, 1.0, size, size)
+
+
+def test_backward_op_rejects_an_out_of_range_argmax():
+    grad = torch.ones(1, 1, 2, 2)
+    argmax = torch.full((1, 1, 2, 2), 99, dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="argmax holds 99"):
+        torch.ops.opforge._roi_pool_backward(grad, torch.zeros(1, 5), argmax, 1.0, 2, 2, 1, 1, 4, 4)
+
+
+def test_backward_op_rejects_an_argmax_of_the_wrong_dtype():
+    grad = torch.ones(1, 1, 2, 2)
+    with pytest.raises(RuntimeError, match="argmax must be an int32"):
+        torch.ops.opforge._roi_pool_backward(
+            grad,
+            torch.zeros(1, 5),
+            torch.zeros(1, 1, 2, 2, dtype=torch.int64),
+            1.0,
+            2,
+            2,
+            1,
+            1,
+            4,
+            4,
+        )
