@@ -4,6 +4,7 @@ search.py   the pure search (good / bad / skip like git bisect; no I/O)
 index.py    the nightly index (PEP 503 / 691, https, file://, a directory), wheel choice, downloads
 envs.py     one cached environment per nightly
 probe.py    running the test and turning its exit into a verdict
+params.py   what was asked: parameters, endpoint forms, reproduce and rerun commands
 session.py  one bisect run: endpoints, walk-back, the loop, each step saved
 state.py    the atomic state file (--resume) and the JSON-lines step log
 commits.py  nightly commits -> main-branch commits (--pytorch-repo)

@@ -111,7 +111,7 @@ def python_for(spec: str | None) -> tuple[str, str]:
 
 def _params(args: argparse.Namespace):
     from .index import DEFAULT_INDEX, _is_local, variant_index
-    from .session import Params, endpoint
+    from .params import Params, endpoint
 
     command = list(args.command or [])
     if command:
@@ -167,7 +167,7 @@ def _check_variant(variant: str) -> None:
 
 
 def _resumed_params(args: argparse.Namespace, stored: dict):
-    from .session import Params, endpoint
+    from .params import Params, endpoint
 
     params = Params.from_json(stored)
     for name in _DEFINING:
@@ -225,7 +225,7 @@ def run(args: argparse.Namespace) -> int:
 
     pip_index = [] if _is_local(params.index) else ["--index-url", params.index]
     envs = EnvCache(root, exe, pip_index, with_pip=params.mode == "build")
-    session = Session(params, state, state_path, log, envs, display, exe)
+    session = Session(params, state, state_path, log, envs, display)
     try:
         with display:
             outcome = session.run()

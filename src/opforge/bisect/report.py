@@ -16,8 +16,9 @@ from opforge.errors import OpforgeError
 
 from .commits import CommitRange
 from .index import Nightly
+from .params import reproduce_command, rerun_command
 from .search import Outcome
-from .session import Outcomes, reproduce_command, rerun_command
+from .session import Outcomes
 from .state import StepRecord
 
 _STYLE = {Outcome.GOOD: "green", Outcome.BAD: "red", Outcome.SKIP: "yellow"}
