@@ -210,7 +210,7 @@ def test_regress_success_finds_where_it_started_to_work(bisector):
 
 def test_timeout_counts_as_bad(bisector):
     bisector.env["PROBE_MODE"] = "hang_from:20240608"
-    run = bisector("--good", "2024-06-05", "--bad", "2024-06-10", "--timeout", "1.5", "--json")
+    run = bisector("--good", "2024-06-05", "--bad", "2024-06-10", "--timeout", "3", "--json")
     assert run.returncode == 0, run.stderr
     data = run.json()
     assert data["first_bad"]["date"] == "2024-06-08"
@@ -219,7 +219,7 @@ def test_timeout_counts_as_bad(bisector):
 
 def test_timeout_skip_makes_a_hanging_bad_end_untestable(bisector):
     bisector.env["PROBE_MODE"] = "hang_from:20240608"
-    run = bisector("--good", "2024-06-05", "--bad", "2024-06-10", "--timeout", "1",
+    run = bisector("--good", "2024-06-05", "--bad", "2024-06-10", "--timeout", "2",
                    "--timeout-skip")
     assert run.returncode == 1
     assert "the bad nightly 2024-06-10 (2.5.0.dev20240610+cpu) could not be tested (timed out" \
@@ -343,3 +343,15 @@ def test_a_stopped_bisect_still_writes_its_reports(bisector):
     assert [(t["date"], t["outcome"]) for t in data["tested"]] == [("2024-06-08", "bad"),
                                                                    ("2024-06-10", "bad")]
     assert md.read_text().startswith("### opforge bisect stopped: the good nightly 2024-06-08")
+
+
+def test_resuming_a_finished_bisect_reports_it_again_without_probing(bisector):
+    bisector.env["PROBE_MODE"] = "bad_from:20240602"
+    first = bisector("--good", "2024-06-01", "--bad", "2024-06-03", "--json")
+    assert first.returncode == 0, first.stderr
+    probed = bisector.probed()
+    again = bisector("--resume", "--json")
+    assert again.returncode == 0, again.stderr
+    assert bisector.probed() == probed
+    assert again.json()["first_bad"] == first.json()["first_bad"]
+    assert again.json()["probes_this_run"] == 0

@@ -181,3 +181,12 @@ def test_unreachable_index_is_one_clear_error():
     with pytest.raises(OpforgeError, match="cannot read the nightly index http://127.0.0.1:9/"
                                            "torch/.*pass --index"):
         ix.load_index("http://127.0.0.1:9", PYVER, HERE)
+
+
+@pytest.mark.parametrize("variant, url", [
+    ("cpu", "https://download.pytorch.org/whl/nightly/cpu"),
+    ("cu126", "https://download.pytorch.org/whl/nightly/cu126"),
+    ("mps", "https://download.pytorch.org/whl/nightly/cpu"),  # macOS arm64 wheels live under cpu
+])
+def test_default_nightly_index_per_variant(variant, url):
+    assert ix.variant_index(ix.DEFAULT_INDEX, variant) == url
