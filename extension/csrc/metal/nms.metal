@@ -41,10 +41,10 @@ inline float4 nms_load_box(device const T* boxes, long i) {
                            constant OpfNmsParams& p [[buffer(OPF_NMS_MASK_BUF_PARAMS)]], \
                            uint3 tgid [[threadgroup_position_in_grid]],                \
                            uint3 tid [[thread_position_in_threadgroup]]) {             \
+    threadgroup float4 col_boxes[OPF_NMS_TILE];                                        \
     const long row_tile = (long)tgid.y;                                                \
     const long col_tile = (long)tgid.x;                                                \
     if (row_tile > col_tile) return; /* whole threadgroup: no barrier is skipped */    \
-    threadgroup float4 col_boxes[OPF_NMS_TILE];                                        \
     const long row_start = row_tile * OPF_NMS_TILE;                                    \
     const long col_start = col_tile * OPF_NMS_TILE;                                    \
     const long row_size = nms_min(p.num_boxes - row_start, OPF_NMS_TILE);            \

@@ -1,7 +1,7 @@
 // deform_conv2d forward and backward on MPS.  The sampling steps are Metal
 // kernels (csrc/metal/deform_conv2d.metal); the GEMMs between them are ATen
 // bmm on MPS, encoded on the same stream.  Images are processed in chunks so
-// the column buffer stays below kMaxColumnElements.
+// the column buffer stays below max_column_elements().
 #include <opforge_metal/deform_conv2d.h>
 #include <torch/library.h>
 
@@ -10,8 +10,15 @@
 namespace opforge::mps {
 namespace {
 
-// 64 Mi elements: 256 MB of float columns per chunk at most.
-constexpr int64_t kMaxColumnElements = int64_t(1) << 26;
+// Column buffer cap per chunk: 64 Mi elements (256 MB of float) unless
+// OPFORGE_MPS_DEFORM_MAX_COLUMNS says otherwise (tests use it to force chunks).
+int64_t max_column_elements() {
+  if (const char* v = std::getenv("OPFORGE_MPS_DEFORM_MAX_COLUMNS")) {
+    const long long n = std::strtoll(v, nullptr, 10);
+    if (n > 0) return n;
+  }
+  return int64_t(1) << 26;
+}
 
 KernelLibrary& deform_library() {
 #ifdef OPFORGE_METALLIB_DEFORM_CONV2D
@@ -109,7 +116,7 @@ OpfDeformParams make_params(const Shape& s, int64_t chunk, int64_t stride_h, int
 
 int64_t chunk_size(const Shape& s) {
   const int64_t per_image = s.channels * s.kernel_h * s.kernel_w * s.out_h * s.out_w;
-  return std::max<int64_t>(1, std::min<int64_t>(s.batch, kMaxColumnElements / std::max<int64_t>(per_image, 1)));
+  return std::max<int64_t>(1, std::min<int64_t>(s.batch, max_column_elements() / std::max<int64_t>(per_image, 1)));
 }
 
 // columns[C*KH*KW, nb*OH*OW] of images [b0, b0 + nb).
@@ -122,10 +129,10 @@ at::Tensor im2col(const char* type, const at::Tensor& input, const at::Tensor& o
   const at::Tensor in = input.narrow(0, b0, nb);
   const at::Tensor off = offset.narrow(0, b0, nb);
   const at::Tensor msk = p.use_mask ? mask.narrow(0, b0, nb) : off;  // bound, never read
-  id<MTLComputePipelineState> pso = deform_library().pipeline(std::string("deform_im2col_") + type);
+  Pipeline pso = deform_library().pipeline(std::string("deform_im2col_") + type);
   const Dispatch d = metal::dispatch_1d(static_cast<uint64_t>(p.total), max_threads(pso));
-  encode([&](id<MTLComputeCommandEncoder> enc) {
-    [enc setComputePipelineState:pso];
+  encode([&](Encoder enc) {
+    set_pipeline(enc, pso);
     bind(enc, in, OPF_DEFORM_IM2COL_BUF_INPUT);
     bind(enc, off, OPF_DEFORM_IM2COL_BUF_OFFSET);
     bind(enc, msk, OPF_DEFORM_IM2COL_BUF_MASK);
@@ -208,8 +215,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
   at::Tensor grad_mask = use_mask ? at::zeros_like(mask_) : at::zeros_like(mask);
   at::Tensor grad_weight = at::zeros({groups, s.out_channels / groups, weight_g.size(2)}, float_opts);
 
-  id<MTLComputePipelineState> col2im_pso = deform_library().pipeline(std::string("deform_col2im_") + type);
-  id<MTLComputePipelineState> coord_pso =
+  Pipeline col2im_pso = deform_library().pipeline(std::string("deform_col2im_") + type);
+  Pipeline coord_pso =
       deform_library().pipeline(std::string("deform_col2im_coord_") + type);
   const int64_t chunk = chunk_size(s);
   for (int64_t b0 = 0; b0 < s.batch; b0 += chunk) {
@@ -237,15 +244,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
         metal::dispatch_1d(static_cast<uint64_t>(col2im_p.total), max_threads(col2im_pso));
     const Dispatch coord_d =
         metal::dispatch_1d(static_cast<uint64_t>(coord_p.total), max_threads(coord_pso));
-    encode([&](id<MTLComputeCommandEncoder> enc) {
-      [enc setComputePipelineState:col2im_pso];
+    encode([&](Encoder enc) {
+      set_pipeline(enc, col2im_pso);
       bind(enc, grad_columns, OPF_DEFORM_COL2IM_BUF_COLUMNS);
       bind(enc, off, OPF_DEFORM_COL2IM_BUF_OFFSET);
       bind(enc, msk, OPF_DEFORM_COL2IM_BUF_MASK);
       bind(enc, gin, OPF_DEFORM_COL2IM_BUF_GRAD_INPUT);
       bind_params(enc, col2im_p, OPF_DEFORM_COL2IM_BUF_PARAMS);
       dispatch(enc, col2im_d);
-      [enc setComputePipelineState:coord_pso];
+      set_pipeline(enc, coord_pso);
       bind(enc, grad_columns, OPF_DEFORM_COORD_BUF_COLUMNS);
       bind(enc, in, OPF_DEFORM_COORD_BUF_INPUT);
       bind(enc, off, OPF_DEFORM_COORD_BUF_OFFSET);
@@ -266,7 +273,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(opforge, MPS, m) {
+// TORCH_LIBRARY_IMPL(opforge, MPS, m); see metal_host.h
+OPFORGE_MPS_LIBRARY_IMPL(m) {
   m.impl("deform_conv2d", TORCH_FN(deform_conv2d_mps));
   m.impl("_deform_conv2d_backward", TORCH_FN(deform_conv2d_backward_mps));
 }

@@ -3,18 +3,20 @@
 // pipeline states, tensor -> MTLBuffer binding, encoding on torch's current
 // MPS stream, and the CPU route for small problems (dispatch.h).
 //
+// All Objective-C lives in this header; the <op>_kernel.mm files are plain
+// C++ over Pipeline/Encoder handles.  That lets tests/test_metal_emu.py build
+// them on Linux with OPFORGE_MPS_EMULATED: the same host code then registers
+// under opforge_emu::* on the CPU key and runs the kernels in the CPU
+// emulation of tests/metal_emu (a test-only build, never shipped).
+//
 // Works with and without -fobjc-arc: objects created here are cached for the
 // life of the process and never released.
 #pragma once
 
-#import <Foundation/Foundation.h>
-#import <Metal/Metal.h>
-
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <ATen/mps/MPSDevice.h>
-#include <ATen/mps/MPSStream.h>
 
+#include <cmath>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -22,22 +24,35 @@
 
 #include "metal/dispatch.h"
 
+#if defined(__OBJC__)
+#import <Foundation/Foundation.h>
+#import <Metal/Metal.h>
+
+#include <ATen/mps/MPSDevice.h>
+#include <ATen/mps/MPSStream.h>
+#define OPFORGE_MPS_LIBRARY_IMPL(m) TORCH_LIBRARY_IMPL(opforge, MPS, m)
+#elif defined(OPFORGE_MPS_EMULATED)
+#include <torch/library.h>
+
+#include <list>
+#define OPFORGE_MPS_LIBRARY_IMPL(m) TORCH_LIBRARY_IMPL(opforge_emu, CPU, m)
+// Provided by the emulation runtime tests/metal_emu builds next to this code.
+extern "C" const void* opforge_emu_find_kernel(const char* name);
+extern "C" int opforge_emu_launch(const void* kernel, void** buffers, const unsigned* groups,
+                                  const unsigned* threads, char* error, unsigned long error_size);
+#else
+#error "csrc/mps/*.mm are Objective-C++ (built with -ObjC++ on macOS by FORCE_MPS=1)"
+#endif
+
 namespace opforge::mps {
 
 using opforge::metal::CrossoverOp;
 using opforge::metal::Dispatch;
 
-// "float" / "half": the suffix of the kernel instantiation for a dtype.
-inline const char* metal_type(const at::Tensor& t, const char* op) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return "float";
-    case at::kHalf: return "half";
-    default:
-      TORCH_CHECK(false, op, ": the MPS kernels take float32 or float16 tensors, got ",
-                  t.scalar_type(), "; convert with .float() (float64 does not exist on MPS)");
-  }
-  return "";
-}
+// ------------------------------------------------------ Metal (Objective-C)
+#if defined(__OBJC__)
+using Pipeline = id<MTLComputePipelineState>;
+using Encoder = id<MTLComputeCommandEncoder>;
 
 class KernelLibrary {
  public:
@@ -46,7 +61,7 @@ class KernelLibrary {
                 unsigned long metallib_size)
       : op_(op), source_(source), metallib_(metallib), metallib_size_(metallib_size) {}
 
-  id<MTLComputePipelineState> pipeline(const std::string& kernel) {
+  Pipeline pipeline(const std::string& kernel) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = pipelines_.find(kernel);
     if (it != pipelines_.end()) return it->second;
@@ -55,7 +70,7 @@ class KernelLibrary {
     TORCH_CHECK(fn != nil, "opforge MPS: kernel ", kernel, " is missing from the ", op_,
                 " Metal library (csrc/metal/", op_, ".metal)");
     NSError* error = nil;
-    id<MTLComputePipelineState> pso = [device() newComputePipelineStateWithFunction:fn error:&error];
+    Pipeline pso = [device() newComputePipelineStateWithFunction:fn error:&error];
     TORCH_CHECK(pso != nil, "opforge MPS: creating the pipeline for ", kernel, " failed: ",
                 error ? error.localizedDescription.UTF8String : "unknown error");
     pipelines_.emplace(kernel, pso);
@@ -97,37 +112,110 @@ class KernelLibrary {
   unsigned long metallib_size_;
   std::mutex mu_;
   id<MTLLibrary> library_ = nil;
-  std::unordered_map<std::string, id<MTLComputePipelineState>> pipelines_;
+  std::unordered_map<std::string, Pipeline> pipelines_;
 };
 
-inline uint32_t max_threads(id<MTLComputePipelineState> pso) {
+inline uint32_t max_threads(Pipeline pso) {
   return static_cast<uint32_t>(pso.maxTotalThreadsPerThreadgroup);
 }
 
-inline id<MTLBuffer> buffer_of(const at::Tensor& t) {
-  return __builtin_bit_cast(id<MTLBuffer>, t.storage().data());
-}
+inline void set_pipeline(Encoder enc, Pipeline pso) { [enc setComputePipelineState:pso]; }
 
-inline NSUInteger byte_offset(const at::Tensor& t) {
-  return static_cast<NSUInteger>(t.storage_offset() * t.element_size());
-}
-
-inline void bind(id<MTLComputeCommandEncoder> enc, const at::Tensor& t, int index) {
-  [enc setBuffer:buffer_of(t) offset:byte_offset(t) atIndex:index];
+inline void bind(Encoder enc, const at::Tensor& t, int index) {
+  id<MTLBuffer> buffer = __builtin_bit_cast(id<MTLBuffer>, t.storage().data());
+  [enc setBuffer:buffer
+          offset:static_cast<NSUInteger>(t.storage_offset() * t.element_size())
+         atIndex:index];
 }
 
 template <typename Params>
-inline void bind_params(id<MTLComputeCommandEncoder> enc, const Params& p, int index) {
+inline void bind_params(Encoder enc, const Params& p, int index) {
   [enc setBytes:&p length:sizeof(Params) atIndex:index];
 }
 
-inline void dispatch(id<MTLComputeCommandEncoder> enc, const Dispatch& d) {
+inline void dispatch(Encoder enc, const Dispatch& d) {
   [enc dispatchThreadgroups:MTLSizeMake(d.groups[0], d.groups[1], d.groups[2])
       threadsPerThreadgroup:MTLSizeMake(d.threads[0], d.threads[1], d.threads[2])];
 }
 
+// Encodes `body` on torch's current MPS stream, the way ATen's own Metal
+// kernels do: the stream's serial queue owns its compute encoder.  `body`
+// must not throw (do every check before encoding).
+template <typename Body>
+inline void encode(Body body) {
+  at::mps::MPSStream* stream = at::mps::getCurrentMPSStream();
+  dispatch_sync(stream->queue(), ^() {
+    @autoreleasepool {
+      body(stream->commandEncoder());
+    }
+  });
+}
+
+#else  // OPFORGE_MPS_EMULATED: same signatures, kernels run in the CPU emulation.
+using Pipeline = const void*;
+struct EmulatedEncoder {
+  Pipeline pipeline = nullptr;
+  void* buffers[32] = {};
+  std::list<std::vector<unsigned char>> params;  // stable addresses
+};
+using Encoder = EmulatedEncoder*;
+
+class KernelLibrary {
+ public:
+  KernelLibrary(const char* op, const char*, const unsigned char*, unsigned long) : op_(op) {}
+  Pipeline pipeline(const std::string& kernel) {
+    Pipeline p = opforge_emu_find_kernel(kernel.c_str());
+    TORCH_CHECK(p != nullptr, "opforge MPS (emulated): kernel ", kernel, " is missing from ", op_);
+    return p;
+  }
+
+ private:
+  const char* op_;
+};
+inline uint32_t max_threads(Pipeline) { return 1024; }  // Apple GPUs' limit, and the emulation's
+inline void set_pipeline(Encoder enc, Pipeline pso) { enc->pipeline = pso; }
+inline void bind(Encoder enc, const at::Tensor& t, int index) {
+  enc->buffers[index] = static_cast<char*>(const_cast<void*>(t.storage().data())) +
+                        t.storage_offset() * t.element_size();
+}
+template <typename Params>
+inline void bind_params(Encoder enc, const Params& p, int index) {
+  const auto* bytes = reinterpret_cast<const unsigned char*>(&p);
+  enc->params.emplace_back(bytes, bytes + sizeof(Params));
+  enc->buffers[index] = enc->params.back().data();
+}
+inline void dispatch(Encoder enc, const Dispatch& d) {
+  char error[512] = {};
+  const int rc = opforge_emu_launch(enc->pipeline, enc->buffers, d.groups, d.threads, error,
+                                    sizeof(error));
+  TORCH_CHECK(rc == 0, "opforge MPS (emulated): ", error);
+}
+template <typename Body>
+inline void encode(Body body) {
+  EmulatedEncoder enc;
+  body(&enc);
+}
+#endif
+
+// ---------------------------------------------------------- plain C++ part
+// "float" / "half": the suffix of the kernel instantiation for a dtype.
+inline const char* metal_type(const at::Tensor& t, const char* op) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return "float";
+    case at::kHalf: return "half";
+    default:
+      TORCH_CHECK(false, op, ": the MPS kernels take float32 or float16 tensors, got ",
+                  t.scalar_type(), "; convert with .float() (float64 does not exist on MPS)");
+  }
+  return "";
+}
+
 inline void check_mps(const char* op, const char* name, const at::Tensor& t) {
+#ifdef OPFORGE_MPS_EMULATED
+  (void)op, (void)name, (void)t;  // the emulated build runs on CPU tensors
+#else
   TORCH_CHECK(t.is_mps(), op, ": ", name, " must be an MPS tensor, got ", t.device());
+#endif
 }
 
 // The plane size must fit the int32 argmax / index the CPU op also uses.
@@ -171,18 +259,6 @@ inline void check_rois_on_device(const char* op, const at::Tensor& rois, int64_t
                   " is not finite");
     }
   }
-}
-
-// Encodes `body` on torch's current MPS stream, the way ATen's own Metal
-// kernels do: the stream's serial queue owns its compute encoder.
-template <typename Body>
-inline void encode(Body body) {
-  at::mps::MPSStream* stream = at::mps::getCurrentMPSStream();
-  dispatch_sync(stream->queue(), ^() {
-    @autoreleasepool {
-      body(stream->commandEncoder());
-    }
-  });
 }
 
 }  // namespace opforge::mps

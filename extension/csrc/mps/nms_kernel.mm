@@ -40,8 +40,8 @@ at::Tensor nms_mps(const at::Tensor& dets, const at::Tensor& scores, double iou_
   const at::Tensor num_keep = at::empty({1}, long_opts);
   const at::Tensor removed = at::empty({blocks}, long_opts);
 
-  id<MTLComputePipelineState> mask_pso = nms_library().pipeline(std::string("nms_mask_") + type);
-  id<MTLComputePipelineState> reduce_pso = nms_library().pipeline("nms_reduce");
+  Pipeline mask_pso = nms_library().pipeline(std::string("nms_mask_") + type);
+  Pipeline reduce_pso = nms_library().pipeline("nms_reduce");
   TORCH_CHECK(max_threads(mask_pso) >= OPF_NMS_TILE, "nms: the GPU allows only ",
               max_threads(mask_pso), " threads per threadgroup; the mask kernel needs ",
               OPF_NMS_TILE);
@@ -52,14 +52,14 @@ at::Tensor nms_mps(const at::Tensor& dets, const at::Tensor& scores, double iou_
   p.col_blocks = blocks;
   p.iou_threshold = static_cast<float>(iou_threshold);
 
-  encode([&](id<MTLComputeCommandEncoder> enc) {
-    [enc setComputePipelineState:mask_pso];
+  encode([&](Encoder enc) {
+    set_pipeline(enc, mask_pso);
     bind(enc, boxes, OPF_NMS_MASK_BUF_BOXES);
     bind(enc, mask, OPF_NMS_MASK_BUF_MASK);
     bind_params(enc, p, OPF_NMS_MASK_BUF_PARAMS);
     dispatch(enc, mask_dispatch);
     // Same encoder: Metal runs the second dispatch after the first completes.
-    [enc setComputePipelineState:reduce_pso];
+    set_pipeline(enc, reduce_pso);
     bind(enc, mask, OPF_NMS_REDUCE_BUF_MASK);
     bind(enc, order, OPF_NMS_REDUCE_BUF_ORDER);
     bind(enc, keep, OPF_NMS_REDUCE_BUF_KEEP);
@@ -74,7 +74,8 @@ at::Tensor nms_mps(const at::Tensor& dets, const at::Tensor& scores, double iou_
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(opforge, MPS, m) {
+// TORCH_LIBRARY_IMPL(opforge, MPS, m); see metal_host.h
+OPFORGE_MPS_LIBRARY_IMPL(m) {
   m.impl("nms", TORCH_FN(nms_mps));
 }
 

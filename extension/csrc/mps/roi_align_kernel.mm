@@ -61,11 +61,11 @@ at::Tensor roi_align_forward_mps(const at::Tensor& input, const at::Tensor& rois
   const at::Tensor rois_ = rois.contiguous();
   const OpfRoiAlignParams p = make_params(total, channels, height, width, pooled_height,
                                           pooled_width, sampling_ratio, spatial_scale, aligned);
-  id<MTLComputePipelineState> pso =
+  Pipeline pso =
       roi_align_library().pipeline(std::string("roi_align_forward_") + type);
   const Dispatch d = metal::dispatch_1d(static_cast<uint64_t>(total), max_threads(pso));
-  encode([&](id<MTLComputeCommandEncoder> enc) {
-    [enc setComputePipelineState:pso];
+  encode([&](Encoder enc) {
+    set_pipeline(enc, pso);
     bind(enc, input_, OPF_ROI_ALIGN_FWD_BUF_INPUT);
     bind(enc, rois_, OPF_ROI_ALIGN_FWD_BUF_ROIS);
     bind(enc, output, OPF_ROI_ALIGN_FWD_BUF_OUTPUT);
@@ -103,11 +103,11 @@ at::Tensor roi_align_backward_mps(const at::Tensor& grad, const at::Tensor& rois
   p.grad_stride_c = grad.stride(1);
   p.grad_stride_h = grad.stride(2);
   p.grad_stride_w = grad.stride(3);
-  id<MTLComputePipelineState> pso =
+  Pipeline pso =
       roi_align_library().pipeline(std::string("roi_align_backward_") + type);
   const Dispatch d = metal::dispatch_1d(static_cast<uint64_t>(total), max_threads(pso));
-  encode([&](id<MTLComputeCommandEncoder> enc) {
-    [enc setComputePipelineState:pso];
+  encode([&](Encoder enc) {
+    set_pipeline(enc, pso);
     bind(enc, grad, OPF_ROI_ALIGN_BWD_BUF_GRAD);
     bind(enc, rois_, OPF_ROI_ALIGN_BWD_BUF_ROIS);
     bind(enc, grad_input, OPF_ROI_ALIGN_BWD_BUF_GRAD_INPUT);
@@ -119,7 +119,8 @@ at::Tensor roi_align_backward_mps(const at::Tensor& grad, const at::Tensor& rois
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(opforge, MPS, m) {
+// TORCH_LIBRARY_IMPL(opforge, MPS, m); see metal_host.h
+OPFORGE_MPS_LIBRARY_IMPL(m) {
   m.impl("roi_align", TORCH_FN(roi_align_forward_mps));
   m.impl("_roi_align_backward", TORCH_FN(roi_align_backward_mps));
 }

@@ -14,6 +14,7 @@ dir by a hash of everything that goes into them.
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import dataclasses
 import hashlib
@@ -327,3 +328,101 @@ class Geometry:
 
 def params_bytes(p: ctypes.Structure) -> bytes:
     return ctypes.string_at(ctypes.addressof(p), ctypes.sizeof(p))
+
+
+# ------------------------------------------- the .mm host code, emulated
+MPS_DIR = EXTENSION / "csrc" / "mps"
+CSRC = EXTENSION / "csrc"
+
+
+def _torch_build_flags() -> tuple[list[str], list[str]]:
+    import torch
+    from torch.utils import cpp_extension
+
+    cflags = [f"-isystem{p}" for p in cpp_extension.include_paths()]
+    cflags.append(f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}")
+    lib_dir = Path(torch.__file__).parent / "lib"
+    ldflags = [f"-L{lib_dir}", f"-Wl,-rpath,{lib_dir}", "-lc10", "-ltorch_cpu", "-ltorch"]
+    return cflags, ldflags
+
+
+def _load_embed():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("opforge_metal_embed", METAL_DIR / "embed.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def build_host_library() -> Path:
+    """csrc/mps/*_kernel.mm built with OPFORGE_MPS_EMULATED into one shared library.
+
+    Loaded with torch.ops.load_library, it registers opforge_emu::<op> on the
+    CPU key: the very host code the Mac runs (checks, parameter structs,
+    strides, chunking, ATen GEMMs, crossover), with every Metal dispatch run by
+    the emulation.  No sanitizers here: the library lives inside Python.
+    """
+    import torch
+
+    metal_files = sorted(METAL_DIR.glob("*.metal"))
+    mm_files = sorted(MPS_DIR.glob("*_kernel.mm"))
+    tables = [re.sub(r"\W", "_", p.stem) for p in metal_files]
+    units = {
+        f"kernels_{t}.cpp": prepass.translate(p, [METAL_DIR], None, CXX, library=True)[0]
+        for t, p in zip(tables, metal_files)
+    }
+    units["runtime.cpp"] = (
+        f"#define OPF_EMU_TABLES(X) {' '.join(f'X({t})' for t in tables)}\n"
+        f'#include "{HERE / "emu_runtime.h"}"\n'
+    )
+    units["host.cpp"] = "\n".join(f'#include "{p}"' for p in mm_files) + "\n"
+    cflags, ldflags = _torch_build_flags()
+    inputs = [u.encode() for u in units.values()]
+    inputs += [p.read_bytes() for p in mm_files + [MPS_DIR / "metal_host.h", CSRC / "common.h"]]
+    inputs += [p.read_bytes() for p in metal_files] + _emu_sources()
+    key = _digest(*inputs, torch.__version__.encode(), " ".join(cflags).encode())
+    lib = _ensure(CACHE) / f"mps-host-{key}" / "libopforge_mps_emulated.so"
+    if lib.exists():
+        return lib
+    tmp = Path(tempfile.mkdtemp(prefix="mps-host-", dir=CACHE))
+    try:
+        _load_embed().generate(metal_files, tmp / "generated", metallib="never")
+
+        def compile_unit(name: str, text: str) -> None:
+            (tmp / name).write_text(text)
+            host = name == "host.cpp"
+            cmd = [CXX, "-std=c++17" if host else "-std=c++20", "-O1", "-fPIC", "-pthread", "-c"]
+            cmd += ["-DOPFORGE_MPS_EMULATED", "-x", "c++", *cflags] if host else ["-Wno-attributes"]
+            cmd += [
+                f"-I{tmp / 'generated'}",
+                f"-I{CSRC}",
+                str(tmp / name),
+                "-o",
+                str(tmp / f"{name}.o"),
+            ]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise EmuError(
+                    f"compiling {name} of the emulated MPS host failed:\n{proc.stderr[-8000:]}"
+                )
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+            for f in [pool.submit(compile_unit, n, t) for n, t in units.items()]:
+                f.result()
+        objects = [str(tmp / f"{n}.o") for n in units]
+        link = subprocess.run(
+            [CXX, "-shared", "-pthread", *objects, "-o", str(tmp / lib.name), *ldflags],
+            capture_output=True,
+            text=True,
+        )
+        if link.returncode != 0:
+            raise EmuError(f"linking the emulated MPS host failed:\n{link.stderr[-8000:]}")
+        try:
+            tmp.rename(lib.parent)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return lib

@@ -210,13 +210,28 @@ def launchers(kernels: list[Kernel]) -> str:
 
 
 def translate(
-    metal_file: Path, include_dirs: list[Path], probes: Path | None = None, cxx: str = "g++"
+    metal_file: Path,
+    include_dirs: list[Path],
+    probes: Path | None = None,
+    cxx: str = "g++",
+    library: bool = False,
 ) -> tuple[str, list[Kernel]]:
-    """The complete C++ translation unit for one .metal file, and its kernels."""
+    """The complete C++ translation unit for one .metal file, and its kernels.
+
+    With library=False it is a program (driver_main.h); with library=True it
+    exports its kernel table as opforge_emu_kernels_<stem> for emu_runtime.h.
+    """
     expanded = preprocess(metal_file, include_dirs, cxx)
     kernels = find_kernels(expanded)
     body = rewrite_threadgroup_storage(expanded)
     parts = [f'#include "{HERE / "metal_shim.h"}"', body, launchers(kernels)]
+    if library:
+        ident = re.sub(r"\W", "_", metal_file.stem)
+        parts.append(
+            f'extern "C" const ::metal_emu::KernelEntry* opforge_emu_kernels_{ident}(unsigned long* n) '
+            "{ *n = sizeof(kEmuKernels) / sizeof(kEmuKernels[0]); return kEmuKernels; }"
+        )
+        return "\n".join(parts), kernels
     if probes is not None:
         parts.append(f'#include "{probes}"')
     parts.append(f'#include "{HERE / "driver_main.h"}"')
