@@ -57,8 +57,10 @@ def nox_sessions(root: Path) -> tuple[frozenset[str] | None, str | None]:
     else:
         return None, "nox is not installed here, so session names cannot be checked"
     try:
-        result = subprocess.run([*cmd, "--list", "--noxfile", str(noxfile)], cwd=root,
-                                capture_output=True, text=True, timeout=300)
+        # an empty --sessions selects nothing, so the noxfile's default sessions (which may
+        # name one that no longer exists) do not stop the listing
+        result = subprocess.run([*cmd, "--list", "--noxfile", str(noxfile), "--sessions"],
+                                cwd=root, capture_output=True, text=True, timeout=300)
     except subprocess.TimeoutExpired:
         return None, "nox --list timed out"
     names: set[str] = set()

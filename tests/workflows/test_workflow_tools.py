@@ -1,0 +1,84 @@
+"""actionlint and GitHub's workflow schema accept the real workflows and reject broken ones.
+
+These are the other two checks `nox -s lint` runs. check-jsonschema's `vendor.github-workflows`
+schema ships inside the package: the run below has no network (a dead proxy, and no network
+namespace at all where `unshare -n` is allowed), so CI cannot pass only because a download did.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
+BROKEN = """name: broken
+on: push
+permissions:
+  contents: read
+jobs:
+  a:
+    runs-on: ubuntu-24.04
+    timeout-minutes: "soon"
+    needs: nowhere
+    steps:
+      - run: nox -s lint
+        uses: actions/checkout@v4
+"""
+
+
+def tool(name: str) -> str:
+    found = Path(sys.executable).with_name(name)
+    path = str(found) if found.exists() else shutil.which(name)
+    if path is None:
+        pytest.skip(f"{name} is not installed: pip install -e '.[lint]' (nox -s lint has it)")
+    return path
+
+
+def offline(cmd: list[str]) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9",
+           "NO_PROXY": ""}
+    unshare = shutil.which("unshare")
+    if unshare and subprocess.run([unshare, "-n", "true"], capture_output=True).returncode == 0:
+        cmd = [unshare, "-n", *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_the_three_workflows_exist():
+    assert [p.name for p in WORKFLOWS] == ["bisect.yml", "ci.yml", "nightly.yml"]
+
+
+def test_actionlint_accepts_the_workflows():
+    result = subprocess.run([tool("actionlint"), *map(str, WORKFLOWS)], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_actionlint_rejects_a_broken_workflow(tmp_path):
+    broken = tmp_path / "broken.yml"
+    broken.write_text(BROKEN)
+    result = subprocess.run([tool("actionlint"), str(broken)], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 1
+    assert "nowhere" in result.stdout  # needs: a job that does not exist
+
+
+def test_the_github_workflow_schema_accepts_the_workflows_offline():
+    result = offline([tool("check-jsonschema"), "--builtin-schema", "vendor.github-workflows",
+                      *map(str, WORKFLOWS)])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ok -- validation done" in result.stdout
+
+
+def test_the_github_workflow_schema_rejects_a_broken_workflow_offline(tmp_path):
+    broken = tmp_path / "broken.yml"
+    broken.write_text(BROKEN)
+    result = offline([tool("check-jsonschema"), "--builtin-schema", "vendor.github-workflows",
+                      str(broken)])
+    assert result.returncode == 1
+    assert "timeout-minutes" in result.stdout or "jobs.a" in result.stdout
