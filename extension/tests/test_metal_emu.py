@@ -588,6 +588,21 @@ def test_nms_suppression_chain_crosses_tiles(geo):
     assert torch.equal(keep, ref_nms(boxes, scores, 0.3))
 
 
+def test_nms_reduce_ignores_extra_threadgroups(geo):
+    # A host that dispatched the single-threadgroup scan over several
+    # threadgroups must not get boxes kept twice.
+    gen = torch.Generator().manual_seed(8)
+    boxes, scores = random_boxes(gen, 200), torch.rand(200, generator=gen)
+    good, _ = emu_nms(geo, boxes, scores, 0.5)
+    real = geo.dispatch_nms_reduce
+    try:
+        geo.dispatch_nms_reduce = lambda t=1024: harness.Dispatch((3, 1, 1), real(t).threads)
+        keep, _ = emu_nms(geo, boxes, scores, 0.5)
+    finally:
+        geo.dispatch_nms_reduce = real
+    assert torch.equal(keep, good)
+
+
 def test_nms_half_boxes(geo):
     gen = torch.Generator().manual_seed(9)
     boxes = random_boxes(gen, 150).half()

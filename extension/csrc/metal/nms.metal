@@ -72,10 +72,14 @@ kernel void nms_reduce(device const ulong* mask [[buffer(OPF_NMS_REDUCE_BUF_MASK
                        device long* num_keep [[buffer(OPF_NMS_REDUCE_BUF_NUM_KEEP)]],
                        device ulong* removed [[buffer(OPF_NMS_REDUCE_BUF_REMOVED)]],
                        constant OpfNmsParams& p [[buffer(OPF_NMS_REDUCE_BUF_PARAMS)]],
+                       uint3 tgid [[threadgroup_position_in_grid]],
                        uint3 tid [[thread_position_in_threadgroup]],
                        uint3 threads [[threads_per_threadgroup]]) {
   threadgroup ulong survivors;  // bits of the current tile's kept boxes
   threadgroup long kept;
+  // Exactly one threadgroup does the scan; any other would repeat it (a
+  // whole-threadgroup exit, so no barrier is skipped).
+  if (tgid.x != 0 || tgid.y != 0 || tgid.z != 0) return;
   const long t = (long)tid.x;
   const long nt = (long)threads.x;
   const long blocks = p.col_blocks;

@@ -82,6 +82,11 @@ class KernelLibrary {
 
   id<MTLLibrary> library_locked() {
     if (library_ != nil) return library_;
+    if (@available(macOS 13.0, *)) {
+    } else {
+      TORCH_CHECK(false, "opforge MPS kernels need macOS 13 or newer (Metal 3 atomic float adds); "
+                  "move the tensors to the CPU on this macOS");
+    }
     NSError* error = nil;
     if (metallib_ != nullptr) {
       dispatch_data_t data = dispatch_data_create(metallib_, metallib_size_, nullptr,
@@ -89,8 +94,11 @@ class KernelLibrary {
       library_ = [device() newLibraryWithData:data error:&error];
     } else {
       MTLCompileOptions* options = [[MTLCompileOptions alloc] init];
-      // Metal 3: atomic_float on device memory (macOS 13+).
+      // Metal 3: atomic_float on device memory (macOS 13+, checked above).
+#pragma clang diagnostic push
+#pragma clang diagnostic ignored "-Wunguarded-availability-new"
       options.languageVersion = MTLLanguageVersion3_0;
+#pragma clang diagnostic pop
 #pragma clang diagnostic push
 #pragma clang diagnostic ignored "-Wdeprecated-declarations"
       // IEEE results, as the CPU kernels the tests compare against.
