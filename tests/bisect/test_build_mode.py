@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import write_wheel
+from fake_nightlies import write_wheel
 
 import opforge
 from opforge.bisect import extension

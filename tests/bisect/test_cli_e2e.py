@@ -11,7 +11,7 @@ import json
 from datetime import date
 
 import pytest
-from conftest import HERE_PLATFORM, PY, UNLISTED, write_wheel
+from fake_nightlies import HERE_PLATFORM, PY, UNLISTED, write_wheel
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ from datetime import date
 from pathlib import Path
 
 import pytest
-from conftest import HERE_PLATFORM, OTHER_PLATFORMS, PY, UNLISTED
+from fake_nightlies import HERE_PLATFORM, OTHER_PLATFORMS, PY, UNLISTED
 
 from opforge.bisect import index as ix
 from opforge.errors import OpforgeError, UsageError
