@@ -8,6 +8,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from opforge_ops import DeformConv2d, deform_conv2d
 
 # --- reference -----------------------------------------------------------------
