@@ -18,6 +18,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include "../ops/deform_conv2d.h"
 #include "cuda_utils.cuh"
 
 namespace opforge {
@@ -239,94 +240,34 @@ struct Checked {
   int64_t batch, out_channels, groups;
 };
 
+// The shared argument checks (ops/deform_conv2d.h, the same messages on every backend),
+// turned into the geometry the kernels take.
 Checked check_deform_args(
-    const char* op, const at::Tensor& input, const at::Tensor& weight, const at::Tensor& offset,
+    const at::Tensor& input, const at::Tensor& weight, const at::Tensor& offset,
     const at::Tensor& mask, const at::Tensor& bias, int64_t stride_h, int64_t stride_w,
     int64_t pad_h, int64_t pad_w, int64_t dilation_h, int64_t dilation_w, int64_t groups,
     int64_t offset_groups, bool use_mask) {
-  TORCH_CHECK(input.dim() == 4, op, ": input must have shape (N, C, H, W), got ", input.sizes());
-  TORCH_CHECK(
-      weight.dim() == 4,
-      op, ": weight must have shape (C_out, C_in / groups, kH, kW), got ", weight.sizes());
-  TORCH_CHECK(
-      offset.dim() == 4,
-      op, ": offset must have shape (N, 2 * offset_groups * kH * kW, H_out, W_out), got ",
-      offset.sizes());
-  TORCH_CHECK(bias.dim() == 1, op, ": bias must have shape (C_out,), got ", bias.sizes());
-  check_cuda(op, "input", input);
-  check_same_device_and_dtype(op, "input", input, "weight", weight);
-  check_same_device_and_dtype(op, "input", input, "offset", offset);
-  check_same_device_and_dtype(op, "input", input, "mask", mask);
-  check_same_device_and_dtype(op, "input", input, "bias", bias);
-  TORCH_CHECK(
-      is_supported_float(input),
-      op, ": input must be a floating point tensor, got ", input.scalar_type());
-  TORCH_CHECK(
-      stride_h > 0 && stride_w > 0, op, ": stride must be positive, got (", stride_h, ", ",
-      stride_w, ")");
-  TORCH_CHECK(
-      pad_h >= 0 && pad_w >= 0, op, ": padding must be non-negative, got (", pad_h, ", ",
-      pad_w, ")");
-  TORCH_CHECK(
-      dilation_h > 0 && dilation_w > 0, op, ": dilation must be positive, got (", dilation_h,
-      ", ", dilation_w, ")");
-  TORCH_CHECK(groups > 0, op, ": groups must be positive, got ", groups);
-  TORCH_CHECK(offset_groups > 0, op, ": offset_groups must be positive, got ", offset_groups);
-
+  const ops::DeformConv2dGeometry s = ops::check_deform_conv2d_args(
+      c10::DeviceType::CUDA, input, weight, offset, mask, bias, stride_h, stride_w, pad_h,
+      pad_w, dilation_h, dilation_w, groups, offset_groups, use_mask);
   DeformGeometry g;
-  g.channels = input.size(1);
-  g.height = input.size(2);
-  g.width = input.size(3);
-  g.kernel_h = weight.size(2);
-  g.kernel_w = weight.size(3);
-  g.stride_h = stride_h;
-  g.stride_w = stride_w;
-  g.pad_h = pad_h;
-  g.pad_w = pad_w;
-  g.dilation_h = dilation_h;
-  g.dilation_w = dilation_w;
-  g.offset_groups = offset_groups;
-  g.use_mask = use_mask;
-  const int64_t out_channels = weight.size(0);
-  TORCH_CHECK(
-      g.kernel_h > 0 && g.kernel_w > 0,
-      op, ": the kernel size must be positive, got weight of shape ", weight.sizes());
-  TORCH_CHECK(
-      weight.size(1) * groups == g.channels,
-      op, ": input has ", g.channels, " channels but weight.size(1) * groups = ",
-      weight.size(1), " * ", groups);
-  TORCH_CHECK(
-      out_channels % groups == 0,
-      op, ": out channels (", out_channels, ") must be divisible by groups (", groups, ")");
-  TORCH_CHECK(
-      g.channels % offset_groups == 0,
-      op, ": input channels (", g.channels, ") must be divisible by offset_groups (",
-      offset_groups, ")");
-  TORCH_CHECK(
-      bias.size(0) == out_channels,
-      op, ": bias must have ", out_channels, " elements, got ", bias.size(0));
-  g.channels_per_offset_group = g.channels / offset_groups;
-  g.out_h = (g.height + 2 * pad_h - (dilation_h * (g.kernel_h - 1) + 1)) / stride_h + 1;
-  g.out_w = (g.width + 2 * pad_w - (dilation_w * (g.kernel_w - 1) + 1)) / stride_w + 1;
-  TORCH_CHECK(
-      g.out_h > 0 && g.out_w > 0,
-      op, ": the output would be empty (", g.out_h, "x", g.out_w, ") for input ",
-      input.sizes(), " and kernel ", g.kernel_h, "x", g.kernel_w);
-  const int64_t taps = g.kernel_h * g.kernel_w;
-  const int64_t batch = input.size(0);
-  TORCH_CHECK(
-      offset.size(0) == batch && offset.size(1) == offset_groups * 2 * taps &&
-          offset.size(2) == g.out_h && offset.size(3) == g.out_w,
-      op, ": offset must have shape (", batch, ", ", offset_groups * 2 * taps, ", ", g.out_h,
-      ", ", g.out_w, "), got ", offset.sizes());
-  if (use_mask) {
-    TORCH_CHECK(
-        mask.dim() == 4 && mask.size(0) == batch && mask.size(1) == offset_groups * taps &&
-            mask.size(2) == g.out_h && mask.size(3) == g.out_w,
-        op, ": mask must have shape (", batch, ", ", offset_groups * taps, ", ", g.out_h,
-        ", ", g.out_w, "), got ", mask.sizes());
-  }
-  return Checked{g, batch, out_channels, groups};
+  g.channels = s.channels;
+  g.height = s.height;
+  g.width = s.width;
+  g.kernel_h = s.kernel_h;
+  g.kernel_w = s.kernel_w;
+  g.stride_h = s.stride_h;
+  g.stride_w = s.stride_w;
+  g.pad_h = s.pad_h;
+  g.pad_w = s.pad_w;
+  g.dilation_h = s.dilation_h;
+  g.dilation_w = s.dilation_w;
+  g.out_h = s.out_h;
+  g.out_w = s.out_w;
+  g.offset_groups = s.offset_groups;
+  g.channels_per_offset_group = s.channels_per_offset_group();
+  g.use_mask = s.use_mask;
+  return Checked{g, s.batch, s.out_channels, s.groups};
 }
 
 int64_t images_per_chunk(const DeformGeometry& g, int64_t batch) {
@@ -357,8 +298,8 @@ at::Tensor deform_conv2d_forward_cuda(
     int64_t pad_h, int64_t pad_w, int64_t dilation_h, int64_t dilation_w, int64_t groups,
     int64_t offset_groups, bool use_mask) {
   const auto checked = check_deform_args(
-      "deform_conv2d", input, weight, offset, mask, bias, stride_h, stride_w, pad_h,
-      pad_w, dilation_h, dilation_w, groups, offset_groups, use_mask);
+      input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w, dilation_h,
+      dilation_w, groups, offset_groups, use_mask);
   const DeformGeometry& g = checked.geometry;
   const c10::cuda::CUDAGuard device_guard(input.device());
   auto output = at::zeros({checked.batch, checked.out_channels, g.out_h, g.out_w}, input.options());
@@ -401,18 +342,25 @@ deform_conv2d_backward_cuda(
     const at::Tensor& offset, const at::Tensor& mask, const at::Tensor& bias, int64_t stride_h,
     int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h, int64_t dilation_w,
     int64_t groups, int64_t offset_groups, bool use_mask) {
-  constexpr const char* op = "_deform_conv2d_backward";
   const auto checked = check_deform_args(
-      op, input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w, dilation_h,
+      input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w, dilation_h,
       dilation_w, groups, offset_groups, use_mask);
   const DeformGeometry& g = checked.geometry;
-  check_same_device_and_dtype(op, "input", input, "grad", grad_out);
+  // The CPU kernel's messages, with CUDA for CPU.
+  TORCH_CHECK(
+      grad_out.device() == input.device(),
+      "deform_conv2d backward: grad must be a CUDA tensor on the device of input (",
+      input.device(), "), got ", grad_out.device());
+  TORCH_CHECK(
+      grad_out.scalar_type() == input.scalar_type(),
+      "deform_conv2d backward: expected grad to have the same dtype as input (",
+      input.scalar_type(), "), got ", grad_out.scalar_type());
   TORCH_CHECK(
       grad_out.dim() == 4 && grad_out.size(0) == checked.batch &&
           grad_out.size(1) == checked.out_channels && grad_out.size(2) == g.out_h &&
           grad_out.size(3) == g.out_w,
-      op, ": grad must have shape (", checked.batch, ", ", checked.out_channels, ", ", g.out_h,
-      ", ", g.out_w, "), got ", grad_out.sizes());
+      "deform_conv2d backward: grad must have the output shape (", checked.batch, ", ",
+      checked.out_channels, ", ", g.out_h, ", ", g.out_w, "), got ", grad_out.sizes());
 
   const c10::cuda::CUDAGuard device_guard(input.device());
   const auto acc_dtype = at::toAccumulateType(input.scalar_type(), /*is_cuda=*/true);
