@@ -113,22 +113,22 @@ def test_roi_pool_forward_backward_match_cpu(metal_path, dtype):
 
 
 @needs_device
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("n", [1, 64, 65, 1000, 5000])
+@pytest.mark.parametrize(
+    "dtype,n",
+    [(torch.float32, n) for n in (1, 64, 65, 1000, 5000)]
+    + [(torch.float16, n) for n in (65, 1000)],
+)
 def test_nms_matches_cpu(metal_path, dtype, n):
     gen = torch.Generator().manual_seed(n)
     xy = torch.rand(n, 2, generator=gen) * 200
     boxes = torch.cat([xy, xy + torch.rand(n, 2, generator=gen) * 40 + 1], 1).to(dtype)
-    scores = torch.rand(n, generator=gen)
-    keep_c = torch.ops.opforge.nms(boxes.float(), scores, 0.5)
-    keep_m = torch.ops.opforge.nms(boxes.to(MPS), scores.to(dtype).to(MPS), 0.5)
+    # Distinct scores (also after rounding to half, for n <= 1000): the order
+    # of tied scores is a sort detail, not nms behaviour.
+    scores = (torch.randperm(n, generator=gen).float() / n).to(dtype)
+    keep_c = torch.ops.opforge.nms(boxes.float(), scores.float(), 0.5)
+    keep_m = torch.ops.opforge.nms(boxes.to(MPS), scores.to(MPS), 0.5)
     assert keep_m.device.type == "mps" and keep_m.dtype == torch.int64
-    if dtype == torch.float32:
-        assert torch.equal(keep_m.cpu(), keep_c)
-    else:  # half boxes/scores: compare with the CPU op on the same rounded values
-        assert torch.equal(
-            keep_m.cpu(), torch.ops.opforge.nms(boxes.float(), scores.half().float(), 0.5)
-        )
+    assert torch.equal(keep_m.cpu(), keep_c)
 
 
 @needs_device
@@ -203,7 +203,10 @@ def test_bad_batch_index_is_one_clear_error(metal_path):
 
 @needs_device
 def test_bfloat16_is_refused_with_advice(metal_path):
-    x = torch.randn(1, 1, 4, 4).to(torch.bfloat16).to(MPS)
-    rois = torch.tensor([[0.0, 0, 0, 2, 2]]).to(torch.bfloat16).to(MPS)
+    try:
+        x = torch.randn(1, 1, 4, 4).to(torch.bfloat16).to(MPS)
+        rois = torch.tensor([[0.0, 0, 0, 2, 2]]).to(torch.bfloat16).to(MPS)
+    except (RuntimeError, TypeError) as exc:  # bfloat16 on MPS needs macOS 14
+        pytest.skip(f"this MPS device has no bfloat16 tensors: {exc}")
     with pytest.raises(RuntimeError, match="float32 or float16"):
         torch.ops.opforge.roi_align(x, rois, 1.0, 2, 2, 2, False)
