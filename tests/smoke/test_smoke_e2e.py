@@ -307,3 +307,29 @@ def test_ops_of_any_namespace_without_a_recipe_are_census_only(torch_2_13, tmp_p
     assert one(doc, "run:twice")["reason"] == "no-recipe"
     assert "differs from the recipe" in one(doc, "run:nms")["message"]
     assert "census only (no call recipe for its schema): nms, twice" in out
+
+
+def test_requirement_beside_a_forced_torch_reports_the_pin_it_breaks(tmp_path, capsys,
+                                                                     monkeypatch):
+    """--requirement and --torch: torch first, then the package without its dependencies."""
+    monkeypatch.setenv("OPFORGE_TORCH_INDEX", "pypi")
+    monkeypatch.delenv("GITHUB_ACTIONS", raising=False)
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    init = (b"import torch\n_lib = torch.library.Library('pinpkg', 'DEF')\n"
+            b"_lib.define('twice(Tensor x) -> Tensor')\n"
+            b"_lib.impl('twice', lambda x: x * 2, 'CPU')\n")
+    wheel = write_wheel(tmp_path / "pinpkg-1.0-py3-none-any.whl", {"pinpkg/__init__.py": init},
+                        dist="pinpkg", version="1.0", requires=("torch==2.12.0",))
+    rc, doc, out = smoke(capsys, "--requirement", str(wheel), "--torch", "torch==2.13.0",
+                         "--package", "pinpkg", "--namespace", "pinpkg", "--expect-keys", "CPU",
+                         json_path=tmp_path / "r.json")
+    assert rc == 0, [c["message"] for c in checks(doc, status="fail")]
+    assert doc["runner"]["installs"][0].startswith("pip install torch==2.13.0")
+    assert doc["runner"]["installs"][1] == f"pip install --no-deps {wheel}"
+    match = one(doc, "torch-match")
+    assert match["status"] == "warn"
+    assert match["message"].startswith("pinpkg was built against torch 2.12.0 (pinpkg wheel pin "
+                                       "torch==2.12.0) but torch 2.13.0+cpu is running, and it "
+                                       "loads")
+    assert one(doc, "census:twice:CPU")["status"] == "pass"
+    assert "::warning" not in out  # not in GitHub Actions: no annotations

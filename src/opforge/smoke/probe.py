@@ -617,11 +617,13 @@ class _ExplainingReport:
         self.report, self.rows, self.doc = report, rows, report.doc
 
     def explanation(self, category: str, op: str, device: str | None) -> str | None:
-        key = {"run": DEVICE_KEY.get(device or ""), "fake": "Meta", "compile": "Meta",
-               "backward": "Autograd", "autocast": AUTOCAST_KEY.get(device or "")}.get(category)
-        cell = self.rows.get(op, {}).get("keys", {}).get(key or "", {})
-        return f"census: {op} has no {key} kernel" if cell.get("status") in ("missing", "absent") \
-            else None
+        dev_key = DEVICE_KEY.get(device or "cpu")
+        keys = {"run": [dev_key], "fake": ["Meta"], "compile": ["Meta", "CPU"],
+                "backward": ["Autograd", dev_key],
+                "autocast": [AUTOCAST_KEY.get(device or ""), dev_key]}.get(category, [])
+        cells = self.rows.get(op, {}).get("keys", {})
+        gaps = [k for k in keys if cells.get(k or "", {}).get("status") in ("missing", "absent")]
+        return f"census: {op} has no {' and no '.join(gaps)} kernel" if gaps else None
 
     def check(self, check_id, category, status, message, **fields):
         if status == "fail" and fields.get("op"):
@@ -647,6 +649,12 @@ class OpRunner:
         if names != entry[1]:
             return None, f"schema {schema} differs from the recipe's ({', '.join(entry[1])}): census only"
         return packet.default, None
+
+    def absent(self, device: str) -> tuple[str, str]:
+        entry = self.report.doc["devices"][device]
+        if entry.get("present"):
+            return "present, device checks disabled (--device-checks skip)", "disabled"
+        return f"skipped-no-device: {entry.get('detail')}", "no-device"
 
     def runnable(self, op: str, device: str) -> str | None:
         key = DEVICE_KEY[device]
@@ -686,12 +694,12 @@ class OpRunner:
         for device in DEVICES:
             check_id = f"run:{op}:{device}"
             if device not in self.devices:
-                entry = self.report.doc["devices"][device]
-                self.report.check(check_id, "run", "skip", f"skipped-no-device: {entry.get('detail')}",
-                                  op=op, device=device, reason="no-device")
+                message, reason = self.absent(device)
+                self.report.check(check_id, "run", "skip", message, op=op, device=device,
+                                  reason=reason)
                 if recipe["grad"]:
-                    self.report.check(check_id + ":backward", "backward", "skip",
-                                      "skipped-no-device", op=op, device=device, reason="no-device")
+                    self.report.check(check_id + ":backward", "backward", "skip", message,
+                                      op=op, device=device, reason=reason)
                 continue
             why = self.runnable(op, device)
             if why:
@@ -824,8 +832,9 @@ class OpRunner:
             check_id = f"autocast:{op}:{device}"
             key = AUTOCAST_KEY[device]
             if device not in self.devices:
-                self.report.check(check_id, "autocast", "skip", "skipped-no-device", op=op,
-                                  device=device, reason="no-device")
+                message, reason = self.absent(device)
+                self.report.check(check_id, "autocast", "skip", message, op=op, device=device,
+                                  reason=reason)
                 continue
             cell = self.rows[op]["keys"].get(key, {})
             if cell.get("status") not in ("ok", "present", "missing"):

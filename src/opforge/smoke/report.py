@@ -46,6 +46,7 @@ def headline(doc: dict) -> str:
 
 RUN_CATEGORIES = ("run", "backward", "fake", "compile", "autocast")
 SKIP_LABEL = {"no-device": "no device", "no-kernel": "no kernel", "import-failed": "not run",
+              "disabled": "disabled",
               "no-recipe": "census only"}
 
 
