@@ -6,12 +6,13 @@ and only relinks. Run directly (``pytest tests/smoke``), the wheels are built in
 build/smoke-tests with a build environment kept there, so a second session compiles nothing.
 
 Torch environments: ``OPFORGE_TEST_TORCH_PYTHONS`` (os.pathsep-separated interpreters) names
-existing environments to take torch from; otherwise each torch version is installed once into
-an environment cached under the user cache directory.
+existing environments to take torch from, and the test interpreter counts too; otherwise each
+torch version is installed once into an environment cached under the user cache directory.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import sys
@@ -78,25 +79,34 @@ def _configured_pythons() -> list[str]:
     return [p for p in os.environ.get("OPFORGE_TEST_TORCH_PYTHONS", "").split(os.pathsep) if p]
 
 
+def _candidate_pythons() -> list[str]:
+    # under nox the test interpreter itself holds the torch the wheel was built with
+    return [*_configured_pythons(), sys.executable]
+
+
 def _cached_torch_env(version: str) -> Path:
     """An environment holding torch==version, installed once and kept in the user cache."""
     from platformdirs import user_cache_dir
 
     from opforge.venv import create_venv, pip, venv_python
 
-    env_dir = Path(user_cache_dir("opforge")) / "smoke-tests" / f"torch-{version}"
+    root = Path(user_cache_dir("opforge")) / "smoke-tests"
+    root.mkdir(parents=True, exist_ok=True)
+    env_dir = root / f"torch-{version}"
     done = env_dir / ".complete"
-    if done.exists():
-        return venv_python(env_dir)
-    shutil.rmtree(env_dir, ignore_errors=True)
-    python = create_venv(env_dir)
-    pip(python, "install", "-q", f"torch=={version}")
-    done.write_text(version, encoding="utf-8")
-    return python
+    # two test sessions at once (a developer and CI) must not build the same env together
+    with open(root / f"torch-{version}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(env_dir, ignore_errors=True)
+            python = create_venv(env_dir)
+            pip(python, "install", "-q", f"torch=={version}")
+            done.write_text(version, encoding="utf-8")
+    return venv_python(env_dir)
 
 
 def torch_python(version: str) -> Path:
-    for candidate in _configured_pythons():
+    for candidate in _candidate_pythons():
         found = torch_version(candidate)
         if found and found.split("+")[0] == version:
             return Path(candidate)

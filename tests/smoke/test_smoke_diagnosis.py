@@ -79,3 +79,50 @@ def test_build_facts_fall_back_to_the_wheel_pin(tmp_path, monkeypatch):
     facts = read_build_facts("pinned_pkg", str(tmp_path))
     assert facts["built_against_torch"] == "2.13.0"
     assert facts["source"] == "pinned-pkg wheel pin torch==2.13.0"
+
+
+class _FakeTensor:
+    def __init__(self, fail: bool):
+        self.fail = fail
+
+    def __mul__(self, other):
+        if self.fail:
+            raise RuntimeError("MPS backend out of memory (MPS allocated: 0 B, max allowed: 0 B)")
+        return self
+
+    def sum(self):
+        return self
+
+    def cpu(self):
+        return self
+
+    def __float__(self):
+        return 4032.0
+
+
+def _fake_torch(mps_allocates: bool):
+    def arange(n, dtype=None, device="cpu"):
+        return _FakeTensor(fail=device == "mps" and not mps_allocates)
+
+    return SimpleNamespace(
+        __version__="2.13.0", arange=arange, float32="float32",
+        version=SimpleNamespace(cuda=None, hip=None),
+        cuda=SimpleNamespace(is_available=lambda: False),
+        backends=SimpleNamespace(mps=SimpleNamespace(is_built=lambda: True,
+                                                     is_available=lambda: True)))
+
+
+@pytest.mark.parametrize("allocates, present", [(False, ["cpu"]), (True, ["cpu", "mps"])])
+def test_mps_that_reports_available_but_cannot_allocate_is_absent(allocates, present):
+    """GitHub's hosted macOS runners: is_available() is True, the first allocation fails."""
+    from opforge.smoke.probe import Report, parse_args, probe_devices
+
+    args = parse_args(["--package", "p", "--namespace", "n", "--out", "x"])
+    report = Report(args)
+    assert probe_devices(report, args, _fake_torch(allocates)) == present
+    mps = report.doc["devices"]["mps"]
+    assert mps["available"] is True and mps["present"] is allocates
+    if not allocates:
+        assert mps["detail"].startswith("mps reports available but a 256-byte allocation and "
+                                        "sum failed: RuntimeError: MPS backend out of memory")
+    assert report.doc["devices"]["cuda"]["detail"] == "torch 2.13.0 has no cuda support"

@@ -7,6 +7,7 @@ user reads, not only the exit code.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import time
 import xml.etree.ElementTree as ET
@@ -144,8 +145,10 @@ def test_wheel_beside_another_torch_says_what_happened(cpu_wheels, torch_2_14, t
     assert "WARN torch-match" in out
 
 
-def _linked_library_package(tmp_path: Path, missing: str, soname: str) -> Path:
-    """A package whose _ext.so links ``soname`` (built here, then left out of the wheel)."""
+def _linked_library_package(tmp_path: Path, missing: str, soname: str,
+                            swallow: bool = False) -> Path:
+    """A package whose _ext.so links ``soname`` (built here, then left out of the wheel);
+    ``swallow``: its __init__ hides the load error, as torchvision's extension loader does."""
     build = tmp_path / "build"
     build.mkdir()
     (build / "dep.c").write_text("int dep_answer(void) { return 42; }\n")
@@ -157,6 +160,9 @@ def _linked_library_package(tmp_path: Path, missing: str, soname: str) -> Path:
         str(build / soname), "-Wl,--no-as-needed")
     init = ("import ctypes, os\n"
             "_lib = ctypes.CDLL(os.path.join(os.path.dirname(__file__), '_ext.so'))\n")
+    if swallow:
+        init = "try:\n" + "".join(f"    {line}\n" for line in init.splitlines()) + \
+            "except OSError:\n    _lib = None\n"
     return write_wheel(tmp_path / f"{missing}-1.0-py3-none-linux_x86_64.whl",
                        {f"{missing}/__init__.py": init.encode(),
                         f"{missing}/_ext.so": (build / "_ext.so").read_bytes()},
@@ -333,3 +339,35 @@ def test_requirement_beside_a_forced_torch_reports_the_pin_it_breaks(tmp_path, c
                                        "loads")
     assert one(doc, "census:twice:CPU")["status"] == "pass"
     assert "::warning" not in out  # not in GitHub Actions: no annotations
+
+
+def test_package_that_hides_its_load_failure_still_fails(torch_2_13, tmp_path, capsys):
+    wheel = _linked_library_package(tmp_path, "hidepkg", "libbar.so.2", swallow=True)
+    python = linked_env(tmp_path / "env", torch_2_13, wheel)
+    rc, doc, _ = smoke(capsys, "--python", str(python), "--package", "hidepkg",
+                       "--namespace", "hidepkg", json_path=tmp_path / "r.json")
+    assert rc == 1
+    check = one(doc, "import")
+    assert doc["import"]["ok"] is True
+    assert check["status"] == "fail" and check["kind"] == "missing_library"
+    assert check["message"].startswith("import hidepkg succeeded but hid a load failure: "
+                                       "_ext.so links libbar.so.2")
+
+
+def test_package_imported_from_the_source_tree_is_caught(torch_2_13, tmp_path, capsys,
+                                                         monkeypatch):
+    from conftest import REPO
+
+    tree = REPO / "build" / "smoke-tests" / "checkout-import"
+    shutil.rmtree(tree, ignore_errors=True)
+    (tree / "treepkg").mkdir(parents=True)
+    (tree / "treepkg" / "__init__.py").write_text("")
+    monkeypatch.setenv("PYTHONPATH", str(tree))  # --python keeps the user's environment
+    try:
+        rc, doc, _ = smoke(capsys, "--python", str(torch_2_13), "--package", "treepkg",
+                           "--namespace", "treepkg", json_path=tmp_path / "r.json")
+    finally:
+        shutil.rmtree(tree, ignore_errors=True)
+    assert rc == 1
+    assert one(doc, "import-location")["message"].startswith(
+        f"treepkg was imported from the source tree ({tree / 'treepkg'}")
