@@ -81,3 +81,38 @@ def test_default_mode_checks_the_variant_against_the_matrix(fake_build, fake_ind
     assert main(["bisect", "--index", str(fake_index.root), "--variant", "cu999",
                  "--state", str(tmp_path / "s.json")]) == 2
     assert "unknown variant 'cu999'" in capsys.readouterr().err
+
+
+def test_a_nightly_the_extension_does_not_build_against_is_bad(fake_build, fake_index, tmp_path,
+                                                              monkeypatch, capsys):
+    from opforge.errors import OpforgeError
+
+    def build_against(variant, env_python, torch_version, out_dir, work_dir, log):
+        if torch_version >= "2.5.0.dev20240607":
+            raise OpforgeError(f"the extension does not build against torch {torch_version}: "
+                               "compile the extension into a wheel failed with exit 1\n"
+                               "nms.cpp:12: error: 'at::irrelevant' has not been declared")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        return write_wheel(out_dir, "fakeops", "0.1.0", "py3-none-any",
+                           {"fakeops/__init__.py": "\n"})
+
+    monkeypatch.setattr(extension, "build_against", build_against)
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    assert main(["bisect", "--index", str(fake_index.root), "--good", "2024-06-05", "--bad",
+                 "2024-06-08", "--match", "has not been declared", "--state",
+                 str(tmp_path / "state.json"), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["first_bad"]["date"] == "2024-06-07"
+    assert data["first_bad"]["reason"].startswith(
+        "the extension does not build against torch 2.5.0.dev20240607+cpu")
+
+
+def test_output_to_sends_children_output_to_the_log(tmp_path):
+    import sys
+
+    log = tmp_path / "out.log"
+    with extension.output_to(log):
+        # what the build runs (pip, the compiler) writes to the inherited descriptors
+        subprocess.run([sys.executable, "-c", "import sys; print('to out', flush=True); "
+                        "print('to err', file=sys.stderr)"])
+    assert log.read_text().split() == ["to", "out", "to", "err"]

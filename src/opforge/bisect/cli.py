@@ -161,9 +161,16 @@ def _params(args: argparse.Namespace):
 
 
 def _check_variant(variant: str) -> None:
-    from opforge.matrix import load_matrix  # the default and --wheel modes use matrix.yaml
+    # the default and --wheel modes build / smoke-test with the variant of this checkout's matrix
+    from opforge.matrix import MatrixError, find_matrix, load_matrix
 
-    load_matrix().variant(variant)
+    try:
+        path = find_matrix()
+    except MatrixError:
+        raise UsageError(f"no matrix.yaml in {Path.cwd()}: without -- CMD, bisect builds and "
+                         "smoke-tests the extension of this checkout; run it in the repository, "
+                         "or give the test command after --") from None
+    load_matrix(path).variant(variant)
 
 
 def _resumed_params(args: argparse.Namespace, stored: dict):

@@ -6,10 +6,18 @@ mode (and its tests) need neither a matrix nor a compiler.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+
+def checkout_root() -> Path:
+    """The checkout whose extension is built: where its matrix.yaml is (as `opforge build`)."""
+    from opforge.matrix import find_matrix
+
+    return find_matrix().parent
 
 
 def checkout_revision(root: Path) -> str:
@@ -25,13 +33,47 @@ def checkout_revision(root: Path) -> str:
 
 def build_against(variant: str, env_python: Path, torch_version: str,
                   out_dir: Path, work_dir: Path, log) -> Path:
-    """Build the checkout's wheel for ``variant`` inside the nightly's environment."""
-    from opforge.build import build_wheel  # lazily: needs matrix.yaml and a compiler
+    """Build the checkout's wheel for ``variant`` inside the nightly's environment.
 
-    # torch is already in the env (the pin is satisfied); "pypi" keeps the build tools
-    # (setuptools, ninja, ...) coming from the default index, not from the nightly one.
-    return build_wheel(variant, python=str(env_python), out_dir=out_dir, work_dir=work_dir,
-                       torch_spec=f"torch=={torch_version}", torch_index="pypi", log=log)
+    Everything the build prints (pip, the compiler) goes to ``work_dir/build-output.log``,
+    not over the progress display; a failure's message names that log.
+    """
+    from opforge.build import build_wheel  # lazily: needs matrix.yaml and a compiler
+    from opforge.errors import OpforgeError
+
+    work_dir.mkdir(parents=True, exist_ok=True)
+    logfile = work_dir / "build-output.log"
+    try:
+        with output_to(logfile):
+            # torch is already in the env (the pin is satisfied); "pypi" keeps the build tools
+            # (setuptools, ninja, ...) coming from the default index, not the nightly one.
+            return build_wheel(variant, python=str(env_python), out_dir=out_dir,
+                               work_dir=work_dir, torch_spec=f"torch=={torch_version}",
+                               torch_index="pypi", log=log)
+    except OpforgeError as exc:
+        tail = logfile.read_text(encoding="utf-8", errors="replace")[-3000:]
+        raise OpforgeError(f"the extension does not build against torch {torch_version}: {exc}"
+                           f" (output: {logfile})\n{tail}") from None
+
+
+@contextlib.contextmanager
+def output_to(logfile: Path):
+    """Send this process's stdout and stderr (and its children's) to ``logfile``, at fd level."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(logfile, "ab") as out:
+        os.dup2(out.fileno(), 1)
+        os.dup2(out.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
 
 
 def smoke_command(env_python: Path, variant: str, package: str | None = None) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -32,7 +33,7 @@ class Display:
         self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(bar_width=20),
                                  TextColumn("{task.fields[count]}"), TimeElapsedColumn(),
                                  console=self.console, transient=True)
-        self.task = self.progress.add_task("reading the index", total=None, count="")
+        self.task = self.progress.add_task("resolving the endpoints", total=None, count="")
         self.probes = 0
         self.remaining = 0
 
@@ -47,6 +48,15 @@ class Display:
         count = f"{self.probes} done" + (f", ~{self.remaining} left" if self.remaining else "")
         self.progress.update(self.task, description=text, count=count,
                              total=self.probes + self.remaining or None, completed=self.probes)
+
+    @contextlib.contextmanager
+    def paused(self):
+        """No live redraws while something else owns the terminal's file descriptors."""
+        self.progress.stop()
+        try:
+            yield
+        finally:
+            self.progress.start()
 
     def note(self, text: str) -> None:
         self.console.print(f"[bold]bisect:[/] {escape(text)}")

@@ -215,7 +215,8 @@ class Session:
         except OpforgeError as exc:
             # the extension no longer builds against this nightly: a failure, like a test's
             attempt = Attempt(1, time.monotonic() - t0, str(exc))
-            return self._verdict(nightly, env, [attempt], ["opforge", "build"], t0)
+            return self._verdict(nightly, env, [attempt], ["opforge", "build"], t0,
+                                 what=str(exc).splitlines()[0][:300])
         attempts: list[Attempt] = []
         for k in range(self.params.retries + 1):
             if k:
@@ -237,11 +238,13 @@ class Session:
         return self._verdict(nightly, env, attempts, cmd, t0)
 
     def _verdict(self, nightly: Nightly, env: NightlyEnv, attempts: list[Attempt],
-                 cmd: list[str], t0: float) -> StepRecord:
+                 cmd: list[str], t0: float, what: str | None = None) -> StepRecord:
         last = attempts[-1]
         verdict = classify(last, match=self.match, regress=self.params.regress,
                            timeout_skip=self.params.timeout_skip)
         reason = verdict.reason + (f" (after {len(attempts)} attempts)" if len(attempts) > 1 else "")
+        if what:
+            reason = f"{what} [{reason}]"
         record = StepRecord(nightly, verdict.outcome, reason, last.exit_code, len(attempts),
                             time.monotonic() - t0, env.sha256, env.git_version, env.reused,
                             last.tail)
@@ -267,14 +270,15 @@ class Session:
         """The command to run in ``env`` and its environment, per mode."""
         wheel = Path(self.params.wheel) if self.params.wheel else None
         if self.params.mode == "build":
-            rev = extension.checkout_revision(Path(self.params.cwd))
+            rev = extension.checkout_revision(extension.checkout_root())
             builds = self.envs.root / "builds" / f"{env.path.name}-{rev}"
             built = sorted(builds.glob("*.whl"))
             if not built or rev.endswith("-dirty"):
                 self.display.step(nightly, "building the extension")
-                built = [extension.build_against(
-                    self.params.variant, env.python, env.torch_version, builds,
-                    builds / "work", log=lambda line: None)]
+                with self.display.paused():
+                    built = [extension.build_against(
+                        self.params.variant, env.python, env.torch_version, builds,
+                        builds / "work", log=lambda line: None)]
             wheel = built[-1]
         if wheel is not None:
             self.envs.add_wheel(env, wheel, nightly)
