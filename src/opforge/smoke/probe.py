@@ -388,6 +388,13 @@ def missing_key_message(ns: str, op: str, key: str) -> str:
 
 def run_census(report: Report, args, torch_mod) -> dict[str, dict]:
     ns = args.namespace
+    known = getattr(torch_mod._C, "DispatchKey", None)
+    unknown = [k for k in args.expect_keys if known is not None and k not in known.__members__]
+    if unknown:
+        report.check("census-keys", "census", "fail",
+                     f"torch {torch_mod.__version__} has no dispatch key {', '.join(unknown)}: "
+                     "check --expect-keys / the variant's expected_keys")
+        args.expect_keys = [k for k in args.expect_keys if k not in unknown]
     found = namespace_ops(torch_mod, ns)
     declared_any = bool(args.ops or args.internal_ops)
     ops = list(dict.fromkeys([*args.ops, *args.internal_ops, *found]))
@@ -643,8 +650,11 @@ class OpRunner:
         entry = RECIPES.get(op)
         if entry is None:
             return None, "no call recipe for this op: census only"
-        packet = getattr(getattr(self.t.ops, self.ns), op)
-        schema = packet.default._schema
+        try:
+            packet = getattr(getattr(self.t.ops, self.ns), op)
+            schema = packet.default._schema
+        except (AttributeError, RuntimeError) as exc:
+            return None, f"no default overload to call ({_first_line(exc)}): census only"
         names = tuple(a.name for a in schema.arguments)
         if names != entry[1]:
             return None, f"schema {schema} differs from the recipe's ({', '.join(entry[1])}): census only"
@@ -681,12 +691,16 @@ class OpRunner:
             if fn is None:
                 self.report.check(f"run:{op}", "run", "skip", why, op=op, reason="no-recipe")
                 continue
-            recipe = RECIPES[op][0](t)
-            cpu_out, cpu_grads = self.device_runs(op, fn, recipe)
-            self.fake_run(op, fn, recipe, cpu_out)
-            self.compile_run(op, fn, recipe, cpu_out)
-            if op in AUTOCAST_OPS:
-                self.autocast_runs(op, fn, recipe)
+            try:
+                recipe = RECIPES[op][0](t)
+                cpu_out, _ = self.device_runs(op, fn, recipe)
+                self.fake_run(op, fn, recipe, cpu_out)
+                self.compile_run(op, fn, recipe, cpu_out)
+                if op in AUTOCAST_OPS:
+                    self.autocast_runs(op, fn, recipe)
+            except Exception as exc:  # noqa: BLE001 - one op's surprise must not end the probe
+                self.report.check(f"run:{op}", "run", "fail", f"probing {op} raised "
+                                  f"{_first_line(exc)}", op=op)
 
     def device_runs(self, op, fn, recipe):
         t = self.t
