@@ -1119,3 +1119,29 @@ def geo_singleton() -> harness.Geometry:
     if not _GEO:
         _GEO.append(harness.Geometry())
     return _GEO[0]
+
+
+# ------------------------------------------- what the shim would let pass
+@pytest.mark.parametrize("op", ["nms", "roi_align", "roi_pool", "deform_conv2d"])
+def test_metal_source_follows_msl_rules_the_shim_erases(op):
+    expanded = harness.prepass.preprocess(harness.METAL_DIR / f"{op}.metal", [harness.METAL_DIR])
+    names = harness.prepass.function_names(expanded)
+    kernels = set(harness.build(op).kernels)
+    assert kernels <= set(names), "the lint must see every kernel signature"
+    assert len(names) > len(kernels), "and the helper functions"
+    assert harness.prepass.lint(expanded) == []
+
+
+def test_msl_lint_reports_what_apples_compiler_would():
+    bad = (
+        "inline float f(float* x, thread float& y) { return *x + y; }\n"
+        "kernel void k(device float* a [[buffer(0)]], device float* b [[buffer(0)]],\n"
+        "  uint g [[thread_position_in_grid]], uint3 t [[thread_position_in_threadgroup]]) {\n"
+        "  double d = 1; a[g] = f(a, b[0]) + d; }\n"
+    )
+    problems = "\n".join(harness.prepass.lint(bad))
+    assert "'float* x' needs an address space" in problems
+    assert "MSL has no double" in problems
+    assert "used twice" in problems
+    assert "share one type" in problems
+    assert "thread float& y" not in problems

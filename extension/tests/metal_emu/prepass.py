@@ -236,3 +236,59 @@ def translate(
         parts.append(f'#include "{probes}"')
     parts.append(f'#include "{HERE / "driver_main.h"}"')
     return "\n".join(parts), kernels
+
+
+# ------------------------------------------------------------------ lint
+# The shim erases address spaces and accepts all of C++, so the emulation
+# would pass code Apple's compiler rejects.  These checks cover that gap for
+# the rules that are mechanical.
+_FORBIDDEN = {
+    r"\bdouble\b": "MSL has no double",
+    r"\bstd::": "the C++ standard library does not exist in MSL",
+    r"\bnew\b|\bdelete\b|\bmalloc\b": "no dynamic allocation in MSL",
+    r"\bthrow\b|\btry\b|\bcatch\b": "no exceptions in MSL",
+    r"\bvirtual\b": "no virtual functions in MSL",
+    r"\bthread_local\b|\bgoto\b": "not in MSL",
+    r"\bprintf\b": "no printf in MSL kernels",
+}
+_FUNCTION = re.compile(
+    r"(?:^|[;}\n])\s*(?:template\s*<[^>]*>\s*)?(?:inline\s+|static\s+)*(?:kernel\s+)?"
+    r"(?!return\b|if\b|for\b|while\b|switch\b)[A-Za-z_][\w:]*(?:<[^;{}()]*>)?\s*[*&]?\s+"
+    r"(?P<name>[A-Za-z_]\w*)\s*\((?P<params>[^;{}]*?)\)\s*\{",
+)
+_ADDRESS_SPACE = re.compile(r"\b(device|constant|thread|threadgroup)\b")
+
+
+def function_names(expanded: str) -> list[str]:
+    """Functions whose parameters lint() checks (to prove it is not checking nothing)."""
+    text = "\n".join(line for line in expanded.splitlines() if not line.startswith("#"))
+    return [m["name"] for m in _FUNCTION.finditer(text)]
+
+
+def lint(expanded: str) -> list[str]:
+    """Problems Apple's Metal compiler would report that the shim would not."""
+    text = "\n".join(line for line in expanded.splitlines() if not line.startswith("#"))
+    problems = []
+    for pattern, why in _FORBIDDEN.items():
+        for m in re.finditer(pattern, text):
+            problems.append(f"{m.group(0)!r}: {why}")
+    for m in _FUNCTION.finditer(text):
+        for p in _split_top_level(m["params"]):
+            decl = re.sub(r"\[\[.*?\]\]", "", p)
+            if ("*" in decl or "&" in decl) and not _ADDRESS_SPACE.search(decl):
+                problems.append(
+                    f"{m['name']}: parameter {p.strip()!r} needs an address space "
+                    "(device, constant, thread or threadgroup)"
+                )
+    for k in find_kernels(expanded):
+        buffers = [p.index for p in k.params if p.attribute == "buffer"]
+        if len(set(buffers)) != len(buffers):
+            problems.append(f"{k.name}: a [[buffer(n)]] index is used twice: {buffers}")
+        if any(i > 30 for i in buffers):
+            problems.append(f"{k.name}: Metal binds buffers 0..30 only: {buffers}")
+        kinds = {p.type for p in k.params if p.attribute != "buffer"}
+        if len(kinds) > 1:
+            problems.append(
+                f"{k.name}: position attributes must share one type, got {sorted(kinds)}"
+            )
+    return problems
