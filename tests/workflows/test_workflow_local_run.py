@@ -8,7 +8,8 @@ JUnit XML and a step summary come out.
 
 Two local values differ from GitHub: OPFORGE_TORCH_INDEX=pypi (download.pytorch.org is not
 reachable from the development machines; the workflow itself uses the matrix's index; an
-OPFORGE_TORCH_INDEX already set, or running on GitHub, keeps that) and MAX_JOBS=1 (shared cores). The build job's workspace persists between runs (like a self-hosted
+OPFORGE_TORCH_INDEX already set keeps that) and MAX_JOBS=1 (shared cores); on GitHub neither
+is changed. The build job's workspace persists between runs (like a self-hosted
 runner), so a second run reuses the compiled objects; set OPFORGE_EMULATOR_CACHE to move it.
 """
 
@@ -50,9 +51,10 @@ def test_a_linux_cpu_cell_of_ci_runs_here_build_upload_download_smoke(tmp_path, 
     if not (ROOT / ".git").exists():
         pytest.skip("needs a git checkout: actions/checkout is emulated from git ls-files")
     wf = workflow_emulator.load_workflow(ROOT / ".github" / "workflows" / "ci.yml")
-    local = {"MAX_JOBS": os.environ.get("MAX_JOBS", "1")}
+    local = {}
     if os.environ.get("GITHUB_ACTIONS") != "true":
-        local["OPFORGE_TORCH_INDEX"] = os.environ.get("OPFORGE_TORCH_INDEX", "pypi")
+        local = {"OPFORGE_TORCH_INDEX": os.environ.get("OPFORGE_TORCH_INDEX", "pypi"),
+                 "MAX_JOBS": os.environ.get("MAX_JOBS", "1")}
     runner = workflow_emulator.Runner(wf, ROOT, tmp_path, extra_env=local)
 
     matrix = runner.run_job("matrix")
