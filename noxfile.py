@@ -75,7 +75,7 @@ def tests(session: nox.Session) -> None:
     session.install("-e", ".[test,build,lint]")
     session.install("--no-deps", "--force-reinstall", str(wheel))
     # harness tests first (fast), then the kernel tests against the installed wheel
-    session.run("pytest", "tests", "extension/tests", *session.posargs,
+    session.run("pytest", "--durations=15", "tests", "extension/tests", *session.posargs,
                 env={"OPFORGE_TEST_WHEEL": str(wheel), "OPFORGE_TEST_BUILD_DIR": str(work_dir)})
 
 
