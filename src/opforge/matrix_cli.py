@@ -10,6 +10,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
+from opforge.errors import UsageError
 from opforge.matrix import Matrix, load_matrix
 
 
@@ -38,6 +39,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     filters = dict(variant=args.variant, platform=args.platform, python=args.python,
                    pull_request=args.pull_request)
+    if not matrix.jobs(**filters):
+        # an empty strategy.matrix fails the next GitHub job with a far vaguer message
+        given = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in filters.items()
+                         if v not in (None, False, True)) + (" --pull-request"
+                                                             if args.pull_request else "")
+        raise UsageError(f"no job in {matrix.path.name} matches {given.strip()}")
     if args.github:
         payload = json.dumps(matrix.github_matrix(**filters), separators=(",", ":"))
         print(payload)

@@ -243,3 +243,10 @@ def test_bad_env_override_is_one_line_exit_2(env, words):
     result = _cli("--check", env=env)
     assert result.returncode == 2
     assert words in result.stderr and "Traceback" not in result.stderr
+
+
+def test_filters_matching_no_job_are_a_usage_error():
+    # mps is macOS-only: an empty {"include": []} would fail the next GitHub job vaguely
+    result = _cli("--github", "--variant", "mps", "--platform", "linux-x86_64")
+    assert result.returncode == 2
+    assert "no job in matrix.yaml matches --variant mps --platform linux-x86_64" in result.stderr
