@@ -46,7 +46,7 @@ def test_cuda_plan_takes_arch_list_from_the_matrix(tmp_path):
 def test_mps_plan_sets_deployment_target_and_delocates(tmp_path):
     plan = build.plan_build(MATRIX, "mps", work_dir=tmp_path, host="macos-arm64", env={})
     assert plan.build.env["FORCE_MPS"] == "1"
-    assert plan.build.env["MACOSX_DEPLOYMENT_TARGET"] == "12.3"
+    assert plan.build.env["MACOSX_DEPLOYMENT_TARGET"] == "13.0"
     assert "delocate.cmd.delocate_wheel" in plan.repair.argv
     assert "libtorch" in plan.repair.argv
 
@@ -156,5 +156,5 @@ def test_nox_build_mps_fails_clearly_and_dry_run_prints_the_plan(tmp_path):
                          capture_output=True, text=True, env=env)
     output = dry.stdout + dry.stderr
     assert dry.returncode == 0, output
-    assert "FORCE_MPS=1" in output and "MACOSX_DEPLOYMENT_TARGET=12.3" in output
+    assert "FORCE_MPS=1" in output and "MACOSX_DEPLOYMENT_TARGET=13.0" in output
     assert "delocate" in output
