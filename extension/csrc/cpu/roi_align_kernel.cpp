@@ -1,5 +1,5 @@
-// RoIAlign on the CPU. For each roi the bilinear sample rows, columns and
-// weights are computed once and reused for every channel. Forward work is split over
+// RoIAlign on the CPU. For each roi the valid bilinear samples (taps) are
+// computed once and reused for every channel. Forward work is split over
 // (roi, channel) pairs; backward over channels, so no two threads ever add into
 // the same input-gradient element.
 #include <ATen/ATen.h>
@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "../common.h"
@@ -34,12 +35,22 @@ struct AxisRange {
   int64_t begin, end;  // into the samples vector
 };
 
+// One valid bilinear sample: the offsets of its four neighbours in an H*W plane
+// and their weights. Built per roi from the axis samples, reused by every channel.
+template <typename acc_t>
+struct Tap {
+  int32_t pos[4];
+  acc_t w[4];
+};
+
 template <typename acc_t>
 struct RoiGrid {
   int64_t batch_index = 0;
   acc_t count = 1;  // samples averaged per bin, valid or not
   std::vector<AxisSample<acc_t>> ys, xs;
   std::vector<AxisRange> y_range, x_range;  // one per output row / column
+  std::vector<Tap<acc_t>> taps;
+  std::vector<int64_t> bin_begin;  // taps of bin b: [bin_begin[b], bin_begin[b + 1])
 };
 
 // Appends the valid samples of one axis, following the Detectron border rule:
@@ -116,6 +127,51 @@ void compute_roi_grid(
   grid.count = static_cast<acc_t>(std::max<int64_t>(int64_t(grid_h) * int64_t(grid_w), 1));
   fill_axis(grid.ys, grid.y_range, start_h, bin_h, pooled_h, int64_t(grid_h), height);
   fill_axis(grid.xs, grid.x_range, start_w, bin_w, pooled_w, int64_t(grid_w), width);
+
+  grid.taps.clear();
+  grid.bin_begin.assign(1, 0);
+  for (int64_t ph = 0; ph < pooled_h; ++ph) {
+    const AxisRange yr = grid.y_range[ph];
+    for (int64_t pw = 0; pw < pooled_w; ++pw) {
+      const AxisRange xr = grid.x_range[pw];
+      for (int64_t iy = yr.begin; iy < yr.end; ++iy) {
+        const AxisSample<acc_t>& y = grid.ys[iy];
+        for (int64_t ix = xr.begin; ix < xr.end; ++ix) {
+          const AxisSample<acc_t>& x = grid.xs[ix];
+          grid.taps.push_back(
+              {{static_cast<int32_t>(y.low * width + x.low), static_cast<int32_t>(y.low * width + x.high),
+                static_cast<int32_t>(y.high * width + x.low), static_cast<int32_t>(y.high * width + x.high)},
+               {y.h * x.h, y.h * x.l, y.l * x.h, y.l * x.l}});
+        }
+      }
+      grid.bin_begin.push_back(static_cast<int64_t>(grid.taps.size()));
+    }
+  }
+}
+
+// Output bins of `block` consecutive channels of one roi: each tap is loaded once
+// and applied to every channel plane of the block.
+template <int block, typename scalar_t, typename acc_t>
+void pool_channels(
+    const RoiGrid<acc_t>& grid,
+    const scalar_t* plane,
+    int64_t plane_size,
+    scalar_t* out,
+    int64_t bins) {
+  for (int64_t bin = 0; bin < bins; ++bin) {
+    acc_t sum[block] = {};
+    for (int64_t t = grid.bin_begin[bin]; t < grid.bin_begin[bin + 1]; ++t) {
+      const Tap<acc_t>& tap = grid.taps[t];
+      for (int k = 0; k < block; ++k) {
+        const scalar_t* p = plane + k * plane_size;
+        sum[k] += tap.w[0] * static_cast<acc_t>(p[tap.pos[0]]) + tap.w[1] * static_cast<acc_t>(p[tap.pos[1]]) +
+            tap.w[2] * static_cast<acc_t>(p[tap.pos[2]]) + tap.w[3] * static_cast<acc_t>(p[tap.pos[3]]);
+      }
+    }
+    for (int k = 0; k < block; ++k) {
+      out[k * bins + bin] = static_cast<scalar_t>(sum[k] / grid.count);
+    }
+  }
 }
 
 template <typename scalar_t>
@@ -141,38 +197,26 @@ void roi_align_forward_impl(
 
   at::parallel_for(0, num_rois * channels, grain, [&](int64_t begin, int64_t end) {
     RoiGrid<acc_t> grid;
-    int64_t current = -1;
-    for (int64_t index = begin; index < end; ++index) {
+    const int64_t plane_size = height * width;
+    int64_t index = begin;
+    while (index < end) {
       const int64_t n = index / channels;
       const int64_t c = index % channels;
-      if (n != current) {
-        compute_roi_grid<scalar_t, acc_t>(
-            grid, roi_p + n * 5, static_cast<acc_t>(spatial_scale), height, width,
-            pooled_h, pooled_w, sampling_ratio, aligned);
-        current = n;
-      }
-      const scalar_t* plane = in + (grid.batch_index * channels + c) * height * width;
+      compute_roi_grid<scalar_t, acc_t>(
+          grid, roi_p + n * 5, static_cast<acc_t>(spatial_scale), height, width, pooled_h, pooled_w,
+          sampling_ratio, aligned);
+      // The channels of roi n that fall in this thread's range.
+      const int64_t c_end = std::min(channels, c + (end - index));
+      const scalar_t* plane = in + (grid.batch_index * channels + c) * plane_size;
       scalar_t* out_plane = out + index * bins;
-      for (int64_t ph = 0; ph < pooled_h; ++ph) {
-        const AxisRange yr = grid.y_range[ph];
-        for (int64_t pw = 0; pw < pooled_w; ++pw) {
-          const AxisRange xr = grid.x_range[pw];
-          acc_t sum = 0;
-          for (int64_t iy = yr.begin; iy < yr.end; ++iy) {
-            const AxisSample<acc_t>& y = grid.ys[iy];
-            const scalar_t* row_low = plane + y.low * width;
-            const scalar_t* row_high = plane + y.high * width;
-            for (int64_t ix = xr.begin; ix < xr.end; ++ix) {
-              const AxisSample<acc_t>& x = grid.xs[ix];
-              sum += y.h * x.h * static_cast<acc_t>(row_low[x.low]) +
-                  y.h * x.l * static_cast<acc_t>(row_low[x.high]) +
-                  y.l * x.h * static_cast<acc_t>(row_high[x.low]) +
-                  y.l * x.l * static_cast<acc_t>(row_high[x.high]);
-            }
-          }
-          out_plane[ph * pooled_w + pw] = static_cast<scalar_t>(sum / grid.count);
-        }
+      int64_t k = c;
+      for (; k + 4 <= c_end; k += 4, plane += 4 * plane_size, out_plane += 4 * bins) {
+        pool_channels<4>(grid, plane, plane_size, out_plane, bins);
       }
+      for (; k < c_end; ++k, plane += plane_size, out_plane += bins) {
+        pool_channels<1>(grid, plane, plane_size, out_plane, bins);
+      }
+      index += c_end - c;
     }
   });
 }
@@ -207,22 +251,12 @@ void roi_align_backward_impl(
       for (int64_t c = c_begin; c < c_end; ++c) {
         const scalar_t* g_plane = g + (n * channels + c) * bins;
         acc_t* gi_plane = gi + (grid.batch_index * channels + c) * height * width;
-        for (int64_t ph = 0; ph < pooled_h; ++ph) {
-          const AxisRange yr = grid.y_range[ph];
-          for (int64_t pw = 0; pw < pooled_w; ++pw) {
-            const AxisRange xr = grid.x_range[pw];
-            const acc_t value = static_cast<acc_t>(g_plane[ph * pooled_w + pw]) / grid.count;
-            for (int64_t iy = yr.begin; iy < yr.end; ++iy) {
-              const AxisSample<acc_t>& y = grid.ys[iy];
-              acc_t* row_low = gi_plane + y.low * width;
-              acc_t* row_high = gi_plane + y.high * width;
-              for (int64_t ix = xr.begin; ix < xr.end; ++ix) {
-                const AxisSample<acc_t>& x = grid.xs[ix];
-                row_low[x.low] += y.h * x.h * value;
-                row_low[x.high] += y.h * x.l * value;
-                row_high[x.low] += y.l * x.h * value;
-                row_high[x.high] += y.l * x.l * value;
-              }
+        for (int64_t bin = 0; bin < bins; ++bin) {
+          const acc_t value = static_cast<acc_t>(g_plane[bin]) / grid.count;
+          for (int64_t t = grid.bin_begin[bin]; t < grid.bin_begin[bin + 1]; ++t) {
+            const Tap<acc_t>& tap = grid.taps[t];
+            for (int q = 0; q < 4; ++q) {
+              gi_plane[tap.pos[q]] += tap.w[q] * value;
             }
           }
         }
@@ -240,6 +274,9 @@ at::Tensor roi_align_forward_kernel(
     int64_t sampling_ratio,
     bool aligned) {
   check_roi_inputs("roi_align", input, rois, pooled_height, pooled_width);
+  TORCH_CHECK(
+      input.size(2) * input.size(3) <= std::numeric_limits<int32_t>::max(),
+      "roi_align: input planes (H * W) of more than 2^31 - 1 elements are not supported on the CPU");
   at::Tensor output = at::empty(
       {rois.size(0), input.size(1), pooled_height, pooled_width}, input.options());
   if (output.numel() == 0) {
@@ -269,6 +306,9 @@ at::Tensor roi_align_backward_kernel(
     int64_t width,
     int64_t sampling_ratio,
     bool aligned) {
+  TORCH_CHECK(
+      height * width <= std::numeric_limits<int32_t>::max(),
+      "_roi_align_backward: input planes (height * width) of more than 2^31 - 1 elements are not supported on the CPU");
   check_roi_backward_inputs(
       "_roi_align_backward", grad, rois, pooled_height, pooled_width, batch_size,
       channels, height, width);
