@@ -108,9 +108,11 @@ def test_wheel_without_its_compiled_library_names_the_missing_file(
 def test_kernel_left_out_of_the_build_is_named_by_op_and_key(cpu_wheels, torch_2_13,
                                                              tmp_path, capsys):
     python = linked_env(tmp_path / "env", torch_2_13, cpu_wheels.omitted)
-    rc, doc, out = smoke(capsys, "--python", str(python), "--variant", "cpu",
-                         json_path=tmp_path / "r.json")
+    rc, doc, out = smoke(capsys, "--python", str(python), json_path=tmp_path / "r.json")
     assert rc == 1
+    # no --variant: the installed build info says cpu, and cpu's promises are checked
+    assert (doc["variant"], doc["variant_source"]) == ("cpu", "opforge_ops/_build_info.json")
+    assert doc["expected_keys"] == ["CPU", "Meta", "Autograd", "AutocastCPU"]
     assert one(doc, "import")["status"] == "pass"
     failed = {c["id"] for c in checks(doc, category="census", status="fail")}
     assert failed == {"census:roi_align:CPU", "census:_roi_align_backward:CPU"}

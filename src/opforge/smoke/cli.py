@@ -122,11 +122,14 @@ def resolve(args: argparse.Namespace):
 
     channel_index = matrix.torch_index(variant) if (matrix and variant) else None
     index = resolve_index(channel_index, args.torch_index)
+    # our own package with no variant named: the probe takes the one its build info records
+    variant_keys = {v.name: v.expected_keys for v in matrix.variants} \
+        if own and not keys and args.expect_keys is None else {}
     target = Target(wheel=args.wheel, requirement=args.requirement, python=args.python,
                     torch_spec=args.torch_spec, torch_index=index, env_dir=args.env_dir)
     request = ProbeRequest(package=package, namespace=namespace, ops=tuple(ops),
                            internal_ops=tuple(internal), expect_keys=tuple(keys),
-                           device_checks=device_checks)
+                           device_checks=device_checks, variant_keys=variant_keys)
     return target, request, variant_name
 
 
@@ -135,11 +138,14 @@ def run(args: argparse.Namespace) -> int:
     from opforge.smoke.runner import cleanup, prepare_environment, run_probe
 
     target, request, variant = resolve(args)
-    print(f"opforge smoke: {target.describe()}"
-          + (f", variant {variant}" if variant else "")
-          + (f", expecting {','.join(request.expect_keys)}" if request.expect_keys
-             else ", no expected keys (census is informational; pass --variant or --expect-keys)"),
-          file=sys.stderr, flush=True)
+    if request.expect_keys:
+        expecting = f", expecting {','.join(request.expect_keys)}"
+    elif request.variant_keys:
+        expecting = ", expected keys from the variant the installed build info names"
+    else:
+        expecting = ", no expected keys (census is informational; pass --variant or --expect-keys)"
+    print(f"opforge smoke: {target.describe()}" + (f", variant {variant}" if variant else "")
+          + expecting, file=sys.stderr, flush=True)
     env = prepare_environment(target)
     try:
         doc = run_probe(env, request)
@@ -147,6 +153,12 @@ def run(args: argparse.Namespace) -> int:
         cleanup(env, keep=args.keep_env)
     if variant:
         doc["variant"] = variant
+    if request.variant_keys and not doc.get("variant"):
+        # neither the arguments nor the build info named a variant: nothing was promised
+        doc.setdefault("checks", []).append({
+            "id": "variant", "category": "environment", "status": "warn",
+            "message": f"{request.package} names no variant of {', '.join(request.variant_keys)} "
+                       "in its build info, so no kernel was required: pass --variant"})
     report.render_terminal(doc)
     if args.keep_env and env.env_dir:
         print(f"environment kept at {env.env_dir} (python: {env.python})", file=sys.stderr)

@@ -911,9 +911,24 @@ def parse_args(argv):
     p.add_argument("--ops", type=_csv, default=[])
     p.add_argument("--internal-ops", type=_csv, default=[])
     p.add_argument("--expect-keys", type=_csv, default=[])
+    # {variant: [keys]}: with no --expect-keys, the keys of the variant the build info names
+    p.add_argument("--variant-keys", type=json.loads, default={})
     p.add_argument("--device-checks", choices=("auto", "skip"), default="auto")
     p.add_argument("--out", required=True)
     return p.parse_args(argv)
+
+
+def choose_variant_keys(report: Report, args) -> None:
+    """An installed wheel says which variant it is; its promises then come from the matrix."""
+    if args.expect_keys or not args.variant_keys:
+        return
+    variant = ((report.doc["build"] or {}).get("build_info") or {}).get("variant")
+    if variant in args.variant_keys:
+        args.expect_keys = list(args.variant_keys[variant])
+        report.doc["variant"] = variant
+        report.doc["variant_source"] = f"{args.package}/_build_info.json"
+        report.doc["expected_keys"] = list(args.expect_keys)
+        report.doc["internal_keys"] = [k for k in args.expect_keys if k in BACKEND_KEYS]
 
 
 def probe(args) -> dict:
@@ -930,6 +945,7 @@ def probe(args) -> dict:
                      f"import torch fails in {sys.executable}: {_first_line(exc)}")
         return report.finish()
     import_ok = probe_import(report, args, torch)
+    choose_variant_keys(report, args)
     rows = run_census(report, args, torch)
     devices = probe_devices(report, args, torch)
     OpRunner(report, args, torch, rows, devices).run_all(import_ok)

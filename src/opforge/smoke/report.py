@@ -81,7 +81,11 @@ def render_terminal(doc: dict, console: Console | None = None) -> None:
     build = doc.get("build", {})
     runner = doc.get("runner", {})
     devices = doc.get("devices", {})
-    console.print(f"[bold]opforge smoke[/] {doc.get('package')} · namespace {doc.get('namespace')}")
+    variant = f" · variant {doc['variant']}" if doc.get("variant") else ""
+    if doc.get("variant_source"):
+        variant += f" (from {doc['variant_source']})"
+    console.print(f"[bold]opforge smoke[/] {doc.get('package')} · namespace "
+                  f"{doc.get('namespace')}{variant}")
     if env.get("torch_version"):
         console.print(f"  torch {env['torch_version']} ({(env.get('torch_git_version') or '')[:12]})"
                       f" · python {env.get('python')} · {env.get('executable')}")

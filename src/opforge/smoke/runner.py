@@ -37,12 +37,17 @@ class ProbeRequest:
     internal_ops: tuple[str, ...] = ()
     expect_keys: tuple[str, ...] = ()
     device_checks: str = "auto"
+    # variant -> keys, used by the probe when expect_keys is empty and the build info names one
+    variant_keys: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def argv(self, out: Path) -> list[str]:
-        return ["--package", self.package, "--namespace", self.namespace,
+        argv = ["--package", self.package, "--namespace", self.namespace,
                 "--ops", ",".join(self.ops), "--internal-ops", ",".join(self.internal_ops),
                 "--expect-keys", ",".join(self.expect_keys),
                 "--device-checks", self.device_checks, "--out", str(out)]
+        if self.variant_keys and not self.expect_keys:
+            argv += ["--variant-keys", json.dumps({k: list(v) for k, v in self.variant_keys.items()})]
+        return argv
 
 
 @dataclass(frozen=True)
