@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -19,6 +20,9 @@ from smoke_wheelkit import doctor_wheel, gcc, linked_env, write_wheel
 from opforge.cli import main
 
 pytestmark = pytest.mark.slow
+# the doctored packages are ELF libraries built with gcc and linked with -soname
+elf_only = pytest.mark.skipif(sys.platform != "linux" or shutil.which("gcc") is None,
+                              reason="builds ELF shared libraries with gcc (Linux)")
 
 
 def smoke(capsys, *argv: str, json_path: Path) -> tuple[int, dict, str]:
@@ -171,6 +175,7 @@ def _linked_library_package(tmp_path: Path, missing: str, soname: str,
                        dist=missing, version="1.0")
 
 
+@elf_only
 def test_library_linking_a_missing_library_is_named(torch_2_13, tmp_path, capsys):
     wheel = _linked_library_package(tmp_path, "linkpkg", "libfoo.so.1")
     python = linked_env(tmp_path / "env", torch_2_13, wheel)
@@ -184,6 +189,7 @@ def test_library_linking_a_missing_library_is_named(torch_2_13, tmp_path, capsys
     assert "auditwheel repair" in check["message"]
 
 
+@elf_only
 def test_cuda_extension_beside_cpu_torch_is_named(torch_2_13, tmp_path, capsys):
     wheel = _linked_library_package(tmp_path, "cudapkg", "libc10_cuda.so")
     python = linked_env(tmp_path / "env", torch_2_13, wheel)
@@ -230,6 +236,7 @@ def test_package_that_is_not_installed(torch_2_13, capsys, tmp_path):
     assert "no package 'no_such_pkg_xyz' is importable" in check["message"]
 
 
+@elf_only
 def test_undefined_torch_symbol_with_another_build_torch_is_abi_drift(torch_2_13, tmp_path,
                                                                       capsys):
     """Deterministic drift: the library needs a c10 symbol this torch does not export."""
@@ -343,6 +350,7 @@ def test_requirement_beside_a_forced_torch_reports_the_pin_it_breaks(tmp_path, c
     assert "::warning" not in out  # not in GitHub Actions: no annotations
 
 
+@elf_only
 def test_package_that_hides_its_load_failure_still_fails(torch_2_13, tmp_path, capsys):
     wheel = _linked_library_package(tmp_path, "hidepkg", "libbar.so.2", swallow=True)
     python = linked_env(tmp_path / "env", torch_2_13, wheel)
