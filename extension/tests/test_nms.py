@@ -2,8 +2,8 @@ import pytest
 import torch
 
 import opforge_ops
-import reference
-from conftest import random_boxes
+import ops_reference as reference
+from ops_inputs import random_boxes
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

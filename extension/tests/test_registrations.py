@@ -6,7 +6,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.library import opcheck
 
 import opforge_ops
-from conftest import random_boxes, random_rois
+from ops_inputs import random_boxes, random_rois
 
 FORWARD_KEYS = ("CPU", "Meta", "Autograd", "AutocastCPU")
 BACKWARD_KEYS = ("CPU", "Meta")

@@ -2,8 +2,8 @@ import pytest
 import torch
 
 import opforge_ops
-import reference
-from conftest import random_rois
+import ops_reference as reference
+from ops_inputs import random_rois
 
 OP = torch.ops.opforge.roi_pool
 

@@ -1,0 +1,138 @@
+"""Slow, obviously-correct references, written from the operators' definitions.
+
+They loop in Python over boxes, bins and sample points and use differentiable tensor
+indexing, so autograd through them gives the reference gradient too.
+"""
+
+import math
+
+import torch
+
+
+def box_iou(a, b):
+    """IoU of two (x1, y1, x2, y2) boxes given as Python floats; NaN for two empty boxes."""
+    inter_w = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
+    inter_h = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+    inter = inter_w * inter_h
+    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
+    return inter / union if union != 0 else math.nan
+
+
+def nms(boxes, scores, iou_threshold):
+    """Visit boxes by decreasing score (ties: lower index first); keep a box unless its IoU
+    with an already kept box exceeds the threshold."""
+    box_list = boxes.double().tolist()
+    score_list = scores.double().tolist()
+    order = sorted(range(len(score_list)), key=lambda i: -score_list[i])
+    kept = []
+    for i in order:
+        if not any(box_iou(box_list[i], box_list[k]) > iou_threshold for k in kept):
+            kept.append(i)
+    return torch.tensor(kept, dtype=torch.int64)
+
+
+def batched_nms(boxes, scores, idxs, iou_threshold):
+    """NMS within each category, merged by decreasing score."""
+    kept = []
+    for category in sorted(set(idxs.tolist())):
+        members = [i for i, c in enumerate(idxs.tolist()) if c == category]
+        for k in nms(boxes[members], scores[members], iou_threshold).tolist():
+            kept.append(members[k])
+    kept.sort(key=lambda i: (-float(scores[i]), i))
+    return torch.tensor(kept, dtype=torch.int64)
+
+
+def _bilinear(plane, y, x):
+    """plane: [C, H, W]; sample at (y, x) with the torchvision/Detectron border rule."""
+    height, width = plane.shape[-2:]
+    if y < -1.0 or y > height or x < -1.0 or x > width or height == 0 or width == 0:
+        return plane.new_zeros(plane.shape[0])
+    y, x = max(y, 0.0), max(x, 0.0)
+    y_low, x_low = int(y), int(x)
+    if y_low >= height - 1:
+        y_low = y_high = height - 1
+        y = float(y_low)
+    else:
+        y_high = y_low + 1
+    if x_low >= width - 1:
+        x_low = x_high = width - 1
+        x = float(x_low)
+    else:
+        x_high = x_low + 1
+    ly, lx = y - y_low, x - x_low
+    hy, hx = 1.0 - ly, 1.0 - lx
+    return (
+        hy * hx * plane[:, y_low, x_low]
+        + hy * lx * plane[:, y_low, x_high]
+        + ly * hx * plane[:, y_high, x_low]
+        + ly * lx * plane[:, y_high, x_high]
+    )
+
+
+def roi_align(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned):
+    """Average of bilinear samples on a regular grid inside each of the roi's bins."""
+    num_rois, channels = rois.shape[0], input.shape[1]
+    rows = []
+    offset = 0.5 if aligned else 0.0
+    for roi in rois.double().tolist():
+        plane = input[int(roi[0])]
+        x1, y1, x2, y2 = (v * spatial_scale - offset for v in roi[1:])
+        roi_w, roi_h = x2 - x1, y2 - y1
+        if not aligned:
+            roi_w, roi_h = max(roi_w, 1.0), max(roi_h, 1.0)
+        bin_h, bin_w = roi_h / pooled_height, roi_w / pooled_width
+        grid_h = sampling_ratio if sampling_ratio > 0 else max(0, math.ceil(roi_h / pooled_height))
+        grid_w = sampling_ratio if sampling_ratio > 0 else max(0, math.ceil(roi_w / pooled_width))
+        count = max(grid_h * grid_w, 1)
+        bins = []
+        for ph in range(pooled_height):
+            for pw in range(pooled_width):
+                total = input.new_zeros(channels)
+                for iy in range(grid_h):
+                    y = y1 + ph * bin_h + (iy + 0.5) * bin_h / grid_h
+                    for ix in range(grid_w):
+                        x = x1 + pw * bin_w + (ix + 0.5) * bin_w / grid_w
+                        total = total + _bilinear(plane, y, x)
+                bins.append(total / count)
+        rows.append(torch.stack(bins, dim=1).reshape(channels, pooled_height, pooled_width))
+    if not rows:
+        return input.new_zeros((num_rois, channels, pooled_height, pooled_width))
+    return torch.stack(rows)
+
+
+def roi_pool(input, rois, spatial_scale, pooled_height, pooled_width):
+    """Max over each bin of the roi quantized to input pixels; argmax is the flat H*W index
+    of the first maximum (-1 and output 0 for an empty bin)."""
+    num_rois, channels = rois.shape[0], input.shape[1]
+    height, width = input.shape[-2:]
+    output = input.new_zeros((num_rois, channels, pooled_height, pooled_width))
+    argmax = torch.full(output.shape, -1, dtype=torch.int32)
+    outputs = []
+    for n, roi in enumerate(rois.double().tolist()):
+        plane = input[int(roi[0])]
+        x1, y1, x2, y2 = (_round_half_away(v * spatial_scale) for v in roi[1:])
+        roi_w, roi_h = max(x2 - x1 + 1, 1), max(y2 - y1 + 1, 1)
+        bin_h, bin_w = roi_h / pooled_height, roi_w / pooled_width
+        bins = []
+        for ph in range(pooled_height):
+            h0 = min(max(math.floor(ph * bin_h) + y1, 0), height)
+            h1 = min(max(math.ceil((ph + 1) * bin_h) + y1, 0), height)
+            for pw in range(pooled_width):
+                w0 = min(max(math.floor(pw * bin_w) + x1, 0), width)
+                w1 = min(max(math.ceil((pw + 1) * bin_w) + x1, 0), width)
+                if h1 <= h0 or w1 <= w0:
+                    bins.append(input.new_zeros(channels))
+                    continue
+                region = plane[:, h0:h1, w0:w1].reshape(channels, -1)
+                values, where = region.max(dim=1)
+                bins.append(values)
+                rows_, cols_ = where // (w1 - w0) + h0, where % (w1 - w0) + w0
+                argmax[n, :, ph, pw] = (rows_ * width + cols_).to(torch.int32)
+        outputs.append(torch.stack(bins, dim=1).reshape(channels, pooled_height, pooled_width))
+    if outputs:
+        output = torch.stack(outputs)
+    return output, argmax
+
+
+def _round_half_away(value):
+    return int(math.floor(value + 0.5)) if value >= 0 else -int(math.floor(-value + 0.5))
