@@ -381,3 +381,14 @@ def test_package_imported_from_the_source_tree_is_caught(torch_2_13, tmp_path, c
     assert rc == 1
     assert one(doc, "import-location")["message"].startswith(
         f"treepkg was imported from the source tree ({tree / 'treepkg'}")
+
+
+def test_interpreter_without_torch_says_so(tmp_path, capsys):
+    from opforge.venv import create_venv
+
+    python = create_venv(tmp_path / "bare")
+    rc, doc, _ = smoke(capsys, "--python", str(python), "--package", "anything",
+                       "--namespace", "anything", json_path=tmp_path / "r.json")
+    assert rc == 1
+    check = one(doc, "import-torch")
+    assert check["message"].startswith(f"import torch fails in {python}: ModuleNotFoundError")

@@ -135,7 +135,7 @@ def resolve(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from opforge.smoke import report
-    from opforge.smoke.runner import cleanup, prepare_environment, run_probe
+    from opforge.smoke.runner import add_check, cleanup, prepare_environment, run_probe
 
     target, request, variant = resolve(args)
     if request.expect_keys:
@@ -155,10 +155,9 @@ def run(args: argparse.Namespace) -> int:
         doc["variant"] = variant
     if request.variant_keys and not doc.get("variant"):
         # neither the arguments nor the build info named a variant: nothing was promised
-        doc.setdefault("checks", []).append({
-            "id": "variant", "category": "environment", "status": "warn",
-            "message": f"{request.package} names no variant of {', '.join(request.variant_keys)} "
-                       "in its build info, so no kernel was required: pass --variant"})
+        add_check(doc, "variant", "warn", f"{request.package} names no variant of "
+                  f"{', '.join(request.variant_keys)} in its build info, so no kernel was "
+                  "required: pass --variant", category="environment")
     report.render_terminal(doc)
     if args.keep_env and env.env_dir:
         print(f"environment kept at {env.env_dir} (python: {env.python})", file=sys.stderr)

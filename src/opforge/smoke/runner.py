@@ -170,7 +170,7 @@ def _read_document(out: Path, rc: int | None, stderr: str, request: ProbeRequest
         try:
             doc = json.loads(out.read_text(encoding="utf-8"))
             if doc.get("probe_error"):
-                _add_check(doc, "probe", "fail",
+                add_check(doc, "probe", "fail",
                            "the probe itself failed: " + doc["probe_error"].strip().splitlines()[-1])
             return doc
         except ValueError:
@@ -186,12 +186,12 @@ def _read_document(out: Path, rc: int | None, stderr: str, request: ProbeRequest
         why = f"the probe exited {rc} without writing its report"
     doc = {"schema": 1, "package": request.package, "namespace": request.namespace,
            "checks": [], "environment": {}, "stderr": stderr[-4000:]}
-    _add_check(doc, "probe", "fail", f"{why}{': ' + tail if tail else ''}")
+    add_check(doc, "probe", "fail", f"{why}{': ' + tail if tail else ''}")
     return doc
 
 
-def _add_check(doc: dict, check_id: str, status: str, message: str) -> None:
-    doc.setdefault("checks", []).append({"id": check_id, "category": "probe", "status": status,
+def add_check(doc: dict, check_id: str, status: str, message: str, category: str = "probe") -> None:
+    doc.setdefault("checks", []).append({"id": check_id, "category": category, "status": status,
                                          "message": message})
     summary = doc.setdefault("summary", {"pass": 0, "fail": 0, "warn": 0, "skip": 0})
     summary[status] = summary.get(status, 0) + 1
@@ -207,7 +207,7 @@ def _check_not_from_checkout(doc: dict) -> None:
     path = Path(imported).resolve()
     for root in _source_roots():
         if path.is_relative_to(root) and ".venv" not in path.parts and "site-packages" not in path.parts:
-            _add_check(doc, "import-location", "fail",
+            add_check(doc, "import-location", "fail",
                        f"{doc.get('package')} was imported from the source tree ({path}), not "
                        "from the installed wheel")
 
