@@ -1,8 +1,8 @@
 """Session fixtures for the smoke tests: the CPU wheel (built once), torch environments.
 
 The CPU wheel: under ``nox -s tests`` the session has built it already (``OPFORGE_TEST_WHEEL``)
-in build/cpu with the session's interpreter, so the fault-injected rebuild reuses those objects
-and only relinks. Run directly (``pytest tests/smoke``), the wheels are built in
+in ``OPFORGE_TEST_BUILD_DIR`` with the session's interpreter, so the fault-injected rebuild
+reuses those objects and only relinks. Run directly (``pytest tests/smoke``), the wheels are built in
 build/smoke-tests with a build environment kept there, so a second session compiles nothing.
 
 Torch environments: ``OPFORGE_TEST_TORCH_PYTHONS`` (os.pathsep-separated interpreters) names
@@ -52,8 +52,9 @@ def cpu_wheels(tmp_path_factory) -> CpuWheels:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MAX_JOBS", os.environ.get("MAX_JOBS", "1"))
         if given and _has(sys.executable, "torch"):
-            work_dir, python = REPO / "build" / "cpu", sys.executable
-            good = Path(given)
+            # the build cache the session built OPFORGE_TEST_WHEEL in: the rebuild only relinks
+            work_dir = Path(os.environ.get("OPFORGE_TEST_BUILD_DIR") or REPO / "build" / "cpu")
+            python, good = sys.executable, Path(given)
         else:
             work_dir, python = REPO / "build" / "smoke-tests", None
             good = None

@@ -287,7 +287,8 @@ def probe_import(report: Report, args, torch_mod) -> bool:
     elif not info["ok"]:
         frames = traceback.extract_tb(exc_info.__traceback__) if exc_info else []
         # the package's own line that failed, not torch's __getattr__ it called
-        own = [f for f in frames if os.path.realpath(f.filename).startswith(os.path.realpath(pkg_dir))]
+        root = os.path.join(os.path.realpath(pkg_dir), "")
+        own = [f for f in frames if os.path.realpath(f.filename).startswith(root)]
         frame = (own or frames)[-1:]
         where = f" at {frame[0].filename}:{frame[0].lineno}" if frame else ""
         kind = "no_library" if not libs and isinstance(exc_info, (ImportError, OSError)) \
@@ -302,8 +303,9 @@ def probe_import(report: Report, args, torch_mod) -> bool:
             message = f"{loaded}, so the failure is in Python: {_first_line(exc_info)}{where}"
         diagnosis = {"kind": kind, "message": message}
     else:
-        diagnosis = {"kind": "ok", "message": f"import {package} succeeded "
-                                               f"({len(libs)} compiled libraries load)"}
+        loads = {0: "no compiled library", 1: "its compiled library loads"}.get(
+            len(libs), f"its {len(libs)} compiled libraries load")
+        diagnosis = {"kind": "ok", "message": f"import {package} succeeded ({loads})"}
         if not libs:
             diagnosis["no_library"] = True
     info["diagnosis"] = diagnosis
