@@ -90,6 +90,8 @@ def test_missing_dependency_is_reported_with_the_dlopen_text(tmp_path):
     assert needed in data
     # Same length, so the ELF/Mach-O layout is untouched: the library now needs libc1X, which nobody has.
     library.write_bytes(data.replace(needed, needed.replace(b"libc10", b"libc1X")))
+    if sys.platform == "darwin":  # an edited Mach-O must be re-signed, or dlopen reports the signature
+        subprocess.run(["codesign", "--force", "--sign", "-", str(library)], check=True)
     result = _import_in_subprocess(tmp_path)
     dlopen_text = _dlopen_error(library)
     assert "libc1X" in dlopen_text
