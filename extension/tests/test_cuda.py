@@ -332,9 +332,9 @@ def test_roi_align_input_past_2_31_elements():
     grad = torch.ones_like(out)
     del x
     g = ops._roi_align_backward(grad, rois, 1.0, 4, 4, 1, 33, 8192, 8192, 2, False)
-    corner = g[0, -1, -64:, -64:].float()
-    torch.testing.assert_close(corner.sum(), torch.tensor(16.0, device="cuda"))
-    assert g[0, -1].float().sum().item() == pytest.approx(16.0, rel=1e-3)
+    # 16 bins, each spreading a gradient of 1 over its samples; elements are rounded to half.
+    assert g[0, -1, -64:, -64:].float().sum().item() == pytest.approx(16.0, rel=1e-2)
+    assert g[0, -1].float().sum().item() == pytest.approx(16.0, rel=1e-2)
     del g
     torch.cuda.empty_cache()
 
@@ -462,7 +462,8 @@ def test_deform_conv2d_half_types_match_cpu_float(dtype):
 
 @device_test
 def test_deform_conv2d_gradcheck_on_cuda():
-    t, args = deform_inputs(batch=1, cin=2, cout=2, size=(4, 4), groups=1, offset_groups=1, seed=7)
+    t, args = deform_inputs(batch=1, cin=2, cout=2, size=(4, 4), groups=1, offset_groups=1, stride=(1, 1),
+                            pad=(1, 1), dilation=(1, 1), seed=7)
     inputs = [v.cuda().requires_grad_() for v in t.values()]
     # nondet_tol: col2im's float64 atomic adds may sum in any order.
     assert torch.autograd.gradcheck(lambda *a: ops.deform_conv2d(*a, *args, True), inputs, nondet_tol=1e-12)
@@ -557,7 +558,9 @@ BACKWARDS = {
 
 
 @pytest.fixture
-def deterministic_mode():
+def deterministic_mode(monkeypatch):
+    # deform_conv2d's GEMMs go through cuBLAS, which deterministic mode accepts only with this set.
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     saved = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
     yield
     torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
@@ -671,7 +674,8 @@ def test_empty_inputs_launch_no_opforge_kernel(case):
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         call()
         torch.cuda.synchronize()
-    launched = [e.name for e in prof.events() if "opforge" in e.name]
+    launched = [e.name for e in prof.events()
+                if e.device_type == torch.autograd.DeviceType.CUDA and "opforge" in e.name]
     assert launched == []
 
 
