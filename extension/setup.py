@@ -87,7 +87,9 @@ def cuda_include_dirs():
 def embed_metal_sources(out_dir):
     """csrc/metal/<op>.metal -> <out_dir>/opforge_metal/<op>.h (csrc/metal/embed.py); returns
     (include dir, whether metallibs were embedded)."""
-    spec = importlib.util.spec_from_file_location("opforge_metal_embed", CSRC / "metal" / "embed.py")
+    spec = importlib.util.spec_from_file_location(
+        "opforge_metal_embed", CSRC / "metal" / "embed.py"
+    )
     embed = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(embed)
     try:
@@ -111,12 +113,6 @@ class BuildConfig:
         self.local_version = os.environ.get("OPFORGE_LOCAL_VERSION", "").strip()
         self.metallib = False
         self.omitted = parse_omitted_kernels(os.environ.get("OPFORGE_OMIT_KERNELS", ""))
-        wants = {"cpu": (False, False), "mps": (False, True)}.get(self.variant, (True, False))
-        if (self.cuda, self.mps) != wants:
-            raise BuildConfigError(
-                f"OPFORGE_VARIANT={self.variant} needs FORCE_CUDA={int(wants[0])} and FORCE_MPS={int(wants[1])}, "
-                f"got FORCE_CUDA={int(self.cuda)} FORCE_MPS={int(self.mps)}: the variant names what the wheel holds"
-            )
         if self.cuda and self.mps:
             raise BuildConfigError("FORCE_CUDA=1 and FORCE_MPS=1 cannot be combined in one wheel")
         if self.cuda:
@@ -132,6 +128,12 @@ class BuildConfig:
             raise BuildConfigError(
                 f"FORCE_MPS=1 needs macOS with Xcode's Metal toolchain; this host is {platform.system()}. "
                 "In CI the MPS wheel is built on the macOS runner."
+            )
+        wants = {"cpu": (False, False), "mps": (False, True)}.get(self.variant, (True, False))
+        if (self.cuda, self.mps) != wants:
+            raise BuildConfigError(
+                f"OPFORGE_VARIANT={self.variant} needs FORCE_CUDA={int(wants[0])} and FORCE_MPS={int(wants[1])}, "
+                f"got FORCE_CUDA={int(self.cuda)} FORCE_MPS={int(self.mps)}: the variant names what the wheel holds"
             )
 
     @property
