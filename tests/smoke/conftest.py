@@ -12,18 +12,15 @@ torch version is installed once into an environment cached under the user cache 
 
 from __future__ import annotations
 
-import fcntl
 import os
-import shutil
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from smoke_wheelkit import torch_version
+from smoke_wheelkit import REPO, torch_python
 
-REPO = Path(__file__).resolve().parents[2]
 OMIT = "roi_align:cpu"
 
 
@@ -74,44 +71,6 @@ def cpu_wheels(tmp_path_factory) -> CpuWheels:
                               install=python is None, log=log)
         seconds["omitted"] = round(time.monotonic() - t0, 1)
     return CpuWheels(good=good, omitted=omitted, build_seconds=seconds)
-
-
-def _configured_pythons() -> list[str]:
-    return [p for p in os.environ.get("OPFORGE_TEST_TORCH_PYTHONS", "").split(os.pathsep) if p]
-
-
-def _candidate_pythons() -> list[str]:
-    # under nox the test interpreter itself holds the torch the wheel was built with
-    return [*_configured_pythons(), sys.executable]
-
-
-def _cached_torch_env(version: str) -> Path:
-    """An environment holding torch==version, installed once and kept in the user cache."""
-    from platformdirs import user_cache_dir
-
-    from opforge.venv import create_venv, pip, venv_python
-
-    root = Path(user_cache_dir("opforge")) / "smoke-tests"
-    root.mkdir(parents=True, exist_ok=True)
-    env_dir = root / f"torch-{version}"
-    done = env_dir / ".complete"
-    # two test sessions at once (a developer and CI) must not build the same env together
-    with open(root / f"torch-{version}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not done.exists():
-            shutil.rmtree(env_dir, ignore_errors=True)
-            python = create_venv(env_dir)
-            pip(python, "install", "-q", f"torch=={version}")
-            done.write_text(version, encoding="utf-8")
-    return venv_python(env_dir)
-
-
-def torch_python(version: str) -> Path:
-    for candidate in _candidate_pythons():
-        found = torch_version(candidate)
-        if found and found.split("+")[0] == version:
-            return Path(candidate)
-    return _cached_torch_env(version)
 
 
 @pytest.fixture(scope="session")

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import base64
+import fcntl
 import hashlib
 import json
+import os
+import shutil
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
 from opforge.venv import create_venv, pip
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _record_line(name: str, data: bytes) -> str:
@@ -77,9 +83,49 @@ def linked_env(env_dir: Path, torch_python: Path, *wheels: Path) -> Path:
     (Path(own) / "_opforge_tests_torch.pth").write_text(
         "\n".join(site_packages(torch_python)) + "\n", encoding="utf-8")
     if wheels:
-        pip(python, "install", "-q", "--no-deps", *map(str, wheels))
+        # --ignore-installed: the linked env may hold the same version (nox installs the good
+        # wheel into the test env); ours must land in this env, which comes first on sys.path
+        pip(python, "install", "-q", "--no-deps", "--ignore-installed", *map(str, wheels))
     return python
 
 
 def gcc(*args: str) -> None:
     subprocess.run(["gcc", *args], check=True, capture_output=True, text=True)
+
+
+def configured_pythons() -> list[str]:
+    return [p for p in os.environ.get("OPFORGE_TEST_TORCH_PYTHONS", "").split(os.pathsep) if p]
+
+
+def _candidate_pythons() -> list[str]:
+    # under nox the test interpreter itself holds the torch the wheel was built with
+    return [*configured_pythons(), sys.executable]
+
+
+def _cached_torch_env(version: str) -> Path:
+    """An environment holding torch==version, installed once and kept in the user cache."""
+    from platformdirs import user_cache_dir
+
+    from opforge.venv import create_venv, pip, venv_python
+
+    root = Path(user_cache_dir("opforge")) / "smoke-tests"
+    root.mkdir(parents=True, exist_ok=True)
+    env_dir = root / f"torch-{version}"
+    done = env_dir / ".complete"
+    # two test sessions at once (a developer and CI) must not build the same env together
+    with open(root / f"torch-{version}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(env_dir, ignore_errors=True)
+            python = create_venv(env_dir)
+            pip(python, "install", "-q", f"torch=={version}")
+            done.write_text(version, encoding="utf-8")
+    return venv_python(env_dir)
+
+
+def torch_python(version: str) -> Path:
+    for candidate in _candidate_pythons():
+        found = torch_version(candidate)
+        if found and found.split("+")[0] == version:
+            return Path(candidate)
+    return _cached_torch_env(version)

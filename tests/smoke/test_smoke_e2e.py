@@ -15,7 +15,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from smoke_wheelkit import doctor_wheel, gcc, linked_env, write_wheel
+from smoke_wheelkit import REPO, configured_pythons, doctor_wheel, gcc, linked_env, write_wheel
 
 from opforge.cli import main
 
@@ -266,9 +266,7 @@ def test_undefined_torch_symbol_with_another_build_torch_is_abi_drift(torch_2_13
 
 
 def _torchvision_python() -> Path | None:
-    from conftest import _configured_pythons
-
-    for candidate in _configured_pythons():
+    for candidate in configured_pythons():
         if subprocess.run([candidate, "-c", "import torchvision"],
                           capture_output=True).returncode == 0:
             return Path(candidate)
@@ -366,8 +364,6 @@ def test_package_that_hides_its_load_failure_still_fails(torch_2_13, tmp_path, c
 
 def test_package_imported_from_the_source_tree_is_caught(torch_2_13, tmp_path, capsys,
                                                          monkeypatch):
-    from conftest import REPO
-
     tree = REPO / "build" / "smoke-tests" / "checkout-import"
     shutil.rmtree(tree, ignore_errors=True)
     (tree / "treepkg").mkdir(parents=True)
