@@ -30,3 +30,30 @@ def test_missing_interpreter_is_a_usage_error(capsys):
     assert main(["smoke", "--python", "/nonexistent/bin/python", "--package", "p",
                  "--namespace", "n"]) == 2
     assert "no such interpreter" in capsys.readouterr().err
+
+
+def test_env_dir_that_is_not_empty_is_refused(tmp_path, capsys):
+    wheel = tmp_path / "pkg-1.0-py3-none-any.whl"
+    wheel.write_bytes(b"")
+    (tmp_path / "env").mkdir()
+    (tmp_path / "env" / "keep.txt").write_text("mine")
+    assert main(["smoke", "--wheel", str(wheel), "--env-dir", str(tmp_path / "env"),
+                 "--package", "pkg", "--namespace", "pkg"]) == 2
+    assert "exists and is not empty" in capsys.readouterr().err
+    assert (tmp_path / "env" / "keep.txt").read_text() == "mine"
+
+
+def test_wheel_pip_refuses_is_one_line_and_leaves_no_environment(tmp_path, capsys, monkeypatch):
+    import tempfile
+
+    from smoke_wheelkit import write_wheel
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the fresh env would go
+    wheel = write_wheel(tmp_path / "oldpkg-1.0-cp27-cp27mu-linux_x86_64.whl",
+                        {"oldpkg/__init__.py": b""}, dist="oldpkg", version="1.0")
+    assert main(["smoke", "--wheel", str(wheel), "--package", "oldpkg",
+                 "--namespace", "oldpkg"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("opforge: error: pip install failed: ")
+    assert "is not a supported wheel on this platform" in err[-1]
+    assert not list(tmp_path.glob("opforge-smoke-env-*"))

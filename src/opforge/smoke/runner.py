@@ -86,8 +86,6 @@ def _pip_args(index: str | None) -> list[str]:
 
 def prepare_environment(target: Target) -> Environment:
     """Create the environment and install the target the way a user would."""
-    from opforge.venv import create_venv, pip
-
     if target.python is not None:
         python = Path(target.python)
         if not python.exists():
@@ -95,7 +93,21 @@ def prepare_environment(target: Target) -> Environment:
         return Environment(python=python, fresh=False)
     if target.wheel is not None and not target.wheel.is_file():
         raise UsageError(f"--wheel {target.wheel}: no such file")
+    if target.env_dir is not None and target.env_dir.exists() and any(target.env_dir.iterdir()):
+        raise UsageError(f"--env-dir {target.env_dir} exists and is not empty: remove it or "
+                         "choose another directory")
     env_dir = target.env_dir or Path(tempfile.mkdtemp(prefix="opforge-smoke-env-"))
+    try:
+        return _install(target, env_dir)
+    except BaseException:
+        if target.env_dir is None:  # ours: do not leave half an environment in /tmp
+            shutil.rmtree(env_dir, ignore_errors=True)
+        raise
+
+
+def _install(target: Target, env_dir: Path) -> Environment:
+    from opforge.venv import create_venv, pip
+
     env = Environment(python=Path(), fresh=True, env_dir=env_dir)
     t0 = time.monotonic()
     env.python = create_venv(env_dir)
