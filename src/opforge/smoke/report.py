@@ -182,7 +182,8 @@ def write_junit(doc: dict, path: Path) -> None:
 
 
 def step_summary(doc: dict) -> str:
-    lines = [f"### opforge smoke: {doc.get('package')}", "", f"**{headline(doc)}**", ""]
+    variant = f" (variant {doc['variant']})" if doc.get("variant") else ""
+    lines = [f"### opforge smoke: {doc.get('package')}{variant}", "", f"**{headline(doc)}**", ""]
     env = doc.get("environment", {})
     if env.get("torch_version"):
         build = doc.get("build", {})
@@ -193,12 +194,14 @@ def step_summary(doc: dict) -> str:
     census = doc.get("census", {})
     if census.get("ops"):
         keys = census["keys"]
-        lines.append("| op | " + " | ".join(keys) + " |")
+        promised = set(doc.get("expected_keys") or [])
+        lines.append("| op | " + " | ".join(k + ("*" if k in promised else "") for k in keys)
+                     + " |")
         lines.append("|---" * (len(keys) + 1) + "|")
         for row in census["ops"]:
             cells = [CELL[row["keys"].get(k, {}).get("status", "absent")][2] for k in keys]
             lines.append(f"| `{row['op']}` | " + " | ".join(cells) + " |")
-        lines.append("")
+        lines += ["", "\\* promised by the variant", ""]
     problems = [c for c in doc.get("checks", []) if c["status"] in ("fail", "warn")]
     for c in problems:
         lines.append(f"- **{c['status']}** `{c['id']}`: {c['message']}")
