@@ -98,13 +98,9 @@ def matrix(session: nox.Session) -> None:
 
 @nox.session
 def smoke(session: nox.Session) -> None:
-    """Smoke-test a wheel in a fresh env (default: dist/cpu's wheel; -- opforge smoke args)."""
+    """Smoke-test a wheel in a fresh env (default: dist/<variant>'s, cpu; -- opforge smoke args)."""
     session.install("-e", ".")
-    args = list(session.posargs)
-    if not any(a in args for a in ("--wheel", "--requirement", "--python")):
-        args = ["--wheel", str(sessions.latest_wheel(MATRIX, HOST_VARIANT)), "--variant",
-                HOST_VARIANT, *args]
-    session.run("opforge", "smoke", *args)
+    session.run("opforge", "smoke", *sessions.smoke_args(MATRIX, session.posargs, HOST_VARIANT))
 
 
 @nox.session

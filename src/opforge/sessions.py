@@ -52,3 +52,20 @@ def lint_commands(root: Path) -> list[list[str]]:
         ["actionlint", *files],
         ["check-jsonschema", "--builtin-schema", "vendor.github-workflows", *files],
     ]
+
+
+def smoke_args(matrix: Matrix, posargs: list[str], default_variant: str) -> list[str]:
+    """``nox -s smoke -- [--variant V] [...]``: without a target, take dist/<V>'s newest wheel."""
+    args = list(posargs)
+    if any(a in args or any(p.startswith(a + "=") for p in args)
+           for a in ("--wheel", "--requirement", "--python")):
+        return args
+    variant = default_variant
+    for i, arg in enumerate(args):
+        if arg == "--variant" and i + 1 < len(args):
+            variant = args[i + 1]
+        elif arg.startswith("--variant="):
+            variant = arg.split("=", 1)[1]
+    if "--variant" not in args and not any(a.startswith("--variant=") for a in args):
+        args = ["--variant", variant, *args]
+    return ["--wheel", str(latest_wheel(matrix, variant)), *args]

@@ -158,3 +158,20 @@ def test_nox_build_mps_fails_clearly_and_dry_run_prints_the_plan(tmp_path):
     assert dry.returncode == 0, output
     assert "FORCE_MPS=1" in output and "MACOSX_DEPLOYMENT_TARGET=13.0" in output
     assert "delocate" in output
+
+
+def test_smoke_session_defaults_to_the_variants_newest_wheel(tmp_path):
+    from opforge import sessions
+
+    fake_root = tmp_path
+    (fake_root / "matrix.yaml").write_text((ROOT / "matrix.yaml").read_text())
+    matrix = load_matrix(fake_root / "matrix.yaml")
+    with pytest.raises(Exception, match="run `nox -s build_cu130` first"):
+        sessions.smoke_args(matrix, ["--variant", "cu130"], "cpu")
+    wheel_dir = fake_root / "dist" / "cu130"
+    wheel_dir.mkdir(parents=True)
+    wheel = wheel_dir / "opforge_ops-0.1.0+cu130-cp311-cp311-manylinux_2_34_x86_64.whl"
+    wheel.write_text("")
+    assert sessions.smoke_args(matrix, ["--variant", "cu130"], "cpu") == \
+        ["--wheel", str(wheel), "--variant", "cu130"]
+    assert sessions.smoke_args(matrix, ["--wheel", "x.whl"], "cpu") == ["--wheel", "x.whl"]
