@@ -102,7 +102,11 @@ def _candidate_pythons() -> list[str]:
     return [*configured_pythons(), sys.executable]
 
 
-def _cached_torch_env(version: str) -> Path:
+# the torchvision release built against each torch the tests install (both on local disk here)
+TORCHVISION_FOR = {"2.14.1": "0.29.1"}
+
+
+def _cached_torch_env(version: str, with_torchvision: bool = False) -> Path:
     """An environment holding torch==version, installed once and kept in the user cache."""
     from platformdirs import user_cache_dir
 
@@ -120,7 +124,21 @@ def _cached_torch_env(version: str) -> Path:
             python = create_venv(env_dir)
             pip(python, "install", "-q", f"torch=={version}")
             done.write_text(version, encoding="utf-8")
+        tv_done = env_dir / ".torchvision"
+        if with_torchvision and not tv_done.exists():
+            pip(venv_python(env_dir), "install", "-q", f"torch=={version}",
+                f"torchvision=={TORCHVISION_FOR[version]}")
+            tv_done.write_text(TORCHVISION_FOR[version], encoding="utf-8")
     return venv_python(env_dir)
+
+
+def torchvision_python() -> Path:
+    """An interpreter with torchvision: a configured one, else the cached torch 2.14.1 env."""
+    for candidate in configured_pythons():
+        if subprocess.run([candidate, "-c", "import torchvision"],
+                          capture_output=True).returncode == 0:
+            return Path(candidate)
+    return _cached_torch_env("2.14.1", with_torchvision=True)
 
 
 def torch_python(version: str) -> Path:

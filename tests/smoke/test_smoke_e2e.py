@@ -15,7 +15,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from smoke_wheelkit import REPO, configured_pythons, doctor_wheel, gcc, linked_env, write_wheel
+from smoke_wheelkit import REPO, doctor_wheel, gcc, linked_env, torchvision_python, write_wheel
 
 from opforge.cli import main
 
@@ -265,20 +265,9 @@ def test_undefined_torch_symbol_with_another_build_torch_is_abi_drift(torch_2_13
     assert one(doc, "torch-match")["status"] == "warn"
 
 
-def _torchvision_python() -> Path | None:
-    for candidate in configured_pythons():
-        if subprocess.run([candidate, "-c", "import torchvision"],
-                          capture_output=True).returncode == 0:
-            return Path(candidate)
-    return None
-
-
 def test_torchvision_report_is_truthful(tmp_path, capsys):
     """The probe is not opforge-specific: torchvision's namespace, schemas and kernels."""
-    python = _torchvision_python()
-    if python is None:
-        pytest.skip("no interpreter in OPFORGE_TEST_TORCH_PYTHONS has torchvision "
-                    "(installing it would download a 5.5 GB CUDA torch)")
+    python = torchvision_python()
     rc, doc, out = smoke(capsys, "--python", str(python), "--package", "torchvision",
                          "--namespace", "torchvision", "--expect-keys", "CPU,CUDA,Meta",
                          "--ops", "nms,roi_align,roi_pool,deform_conv2d",
