@@ -20,6 +20,12 @@ ROOT = Path(__file__).resolve().parents[2]
 MATRIX = load_matrix(ROOT / "matrix.yaml")
 
 
+@pytest.fixture(autouse=True)
+def _matrix_index(monkeypatch):
+    """Plans here use the matrix's own torch index unless a test overrides it."""
+    monkeypatch.delenv("OPFORGE_TORCH_INDEX", raising=False)
+
+
 def test_cpu_plan_is_explicit_and_never_forces_accelerators(tmp_path):
     plan = build.plan_build(MATRIX, "cpu", out_dir=tmp_path / "dist", work_dir=tmp_path / "w",
                             host="linux-x86_64", env={})

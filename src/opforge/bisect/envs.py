@@ -80,13 +80,15 @@ class NightlyEnv:
 
 def _host_pip_works() -> bool:
     # pip >= 22.3 can install into another interpreter with --python
-    if importlib.util.find_spec("pip") is None:
-        return False
-    try:
-        import pip
+    # Read the version from metadata: importing pip in-process (Python < 3.12) makes
+    # setuptools' distutils shim stand down for the rest of the process, which breaks any
+    # later torch.utils.cpp_extension / inductor build in it.
+    from importlib import metadata
 
-        major, minor = (int(x) for x in pip.__version__.split(".")[:2])
-    except (ImportError, ValueError):
+    try:
+        version = metadata.version("pip")
+        major, minor = (int(x) for x in version.split(".")[:2])
+    except (metadata.PackageNotFoundError, ValueError):
         return False
     return (major, minor) >= (22, 3)
 
