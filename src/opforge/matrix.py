@@ -17,6 +17,7 @@ import yaml
 from packaging.version import InvalidVersion, Version
 
 from opforge.errors import UsageError
+from opforge.files import compose_yaml, read_text
 
 DEFAULT_MATRIX = "matrix.yaml"
 
@@ -234,14 +235,9 @@ class Matrix:
 
 def _compose(text: str, filename: str) -> yaml.Node | None:
     try:
-        return yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark else 0
-        problem = exc.problem or exc.context or "invalid YAML"
-        raise MatrixError(f"{filename}:{line}: (yaml): {problem}") from None
-    except yaml.YAMLError as exc:
-        raise MatrixError(f"{filename}:0: (yaml): {exc}") from None
+        return compose_yaml(text, filename)
+    except UsageError as exc:
+        raise MatrixError(str(exc)) from None
 
 
 class _Reader:
@@ -334,9 +330,9 @@ def load_matrix(path: str | Path | None = None, env: dict[str, str] | None = Non
     """
     path = Path(path) if path is not None else find_matrix()
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise MatrixError(f"{path}:0: (file): cannot read: {exc.strerror}") from None
+        text = read_text(path)
+    except UsageError as exc:
+        raise MatrixError(f"{exc}") from None
     matrix = parse_matrix(text, path)
     env = os.environ if env is None else env
     channel, version = env.get(CHANNEL_ENV), env.get(VERSION_ENV)

@@ -140,7 +140,7 @@ def test_resume_refuses_different_endpoints(bisector):
     run = bisector("--good", "2024-05-20", "--resume")
     assert run.returncode == 2
     assert run.stderr.strip().splitlines() == [
-        "opforge: error: --resume: --good 2024-05-20 differs from the interrupted bisect's "
+        "opforge bisect: error: --resume: --good 2024-05-20 differs from the interrupted bisect's "
         "2024-06-01; leave it out, or start over without --resume"]
 
 
@@ -148,7 +148,7 @@ def test_good_endpoint_that_fails_is_reported(bisector):
     run = bisector("--good", "2024-06-08", "--bad", "2024-06-10", "--match", "does not exist")
     assert run.returncode == 1
     last = run.stderr.strip().splitlines()[-1]
-    assert last.startswith("opforge: error: the good nightly 2024-06-08 (2.5.0.dev20240608+cpu)"
+    assert last.startswith("opforge bisect: error: the good nightly 2024-06-08 (2.5.0.dev20240608+cpu)"
                            " already fails the test (exit 1)")
     assert "pick an earlier --good" in last
     assert "Traceback" not in run.stderr
@@ -157,7 +157,7 @@ def test_good_endpoint_that_fails_is_reported(bisector):
 def test_bad_endpoint_that_passes_is_reported(bisector):
     run = bisector("--good", "2024-06-01", "--bad", "2024-06-03")
     assert run.returncode == 1
-    assert ("opforge: error: the bad nightly 2024-06-03 (2.5.0.dev20240603+cpu) passes the test "
+    assert ("opforge bisect: error: the bad nightly 2024-06-03 (2.5.0.dev20240603+cpu) passes the test "
             "(exit 0), so it is not bad: nothing to bisect") in run.stderr
     assert bisector.probed() == ["2024-06-03"]  # the bad end is checked first, and alone
 
@@ -166,7 +166,7 @@ def test_a_date_without_a_nightly_is_a_usage_error(bisector):
     run = bisector("--good", "2024-06-06", "--bad", "2024-06-10")
     assert run.returncode == 2
     assert run.stderr.strip().splitlines() == [
-        f"opforge: error: --good 2024-06-06: no nightly for that date in {bisector.index.root} "
+        f"opforge bisect: error: --good 2024-06-06: no nightly for that date in {bisector.index.root} "
         "(nearest before: 2024-06-05; nearest after: 2024-06-07)"]
     assert bisector.probed() == []
 
@@ -184,7 +184,7 @@ def test_bad_arguments_get_one_line_and_exit_2(bisector, argv, message):
     run = bisector(*argv)
     assert run.returncode == 2
     lines = run.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("opforge: error: ")
+    assert len(lines) == 1 and lines[0].startswith("opforge bisect: error: ")
     assert message in lines[0]
 
 

@@ -21,7 +21,7 @@ from opforge.cli import main
 def test_bad_arguments_exit_2_with_one_line(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("opforge: error: ")
+    assert len(err) == 1 and err[0].startswith("opforge smoke: error: ")
     assert message in err[0]
     assert "Traceback" not in err[0]
 
@@ -54,6 +54,6 @@ def test_wheel_pip_refuses_is_one_line_and_leaves_no_environment(tmp_path, capsy
     assert main(["smoke", "--wheel", str(wheel), "--package", "oldpkg",
                  "--namespace", "oldpkg"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("opforge: error: pip install failed: ")
+    assert err[-1].startswith("opforge smoke: error: pip install failed: ")
     assert "is not a supported wheel on this platform" in err[-1]
     assert not list(tmp_path.glob("opforge-smoke-env-*"))

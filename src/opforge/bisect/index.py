@@ -11,7 +11,6 @@ for by its direct wheel URL (``wheel_for_date``) before it is declared missing.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import tempfile
@@ -29,6 +28,7 @@ from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import Version
 
 from opforge.errors import OpforgeError, UsageError
+from opforge.files import MAX_TEXT_BYTES, decode_utf8, parse_json, read_text
 
 DEFAULT_INDEX = "https://download.pytorch.org/whl/nightly"
 PROJECT = "torch"
@@ -142,7 +142,7 @@ def _links_from_html(text: str, page_url: str) -> list[_Link]:
 
 def _links_from_json(text: str, page_url: str) -> list[_Link]:
     try:
-        data = json.loads(text)
+        data = parse_json(text, page_url)
         files = data["files"]
         links = []
         for entry in files:
@@ -161,8 +161,8 @@ def _read_local(root: Path) -> list[_Link]:
     for page, reader in ((project / "index.json", _links_from_json),
                          (project / "index.html", _links_from_html),
                          (root / "index.html", _links_from_html)):
-        if page.is_file():
-            return reader(page.read_text(encoding="utf-8"), page.as_uri())
+        if page.exists():
+            return reader(read_text(page, what="--index page"), page.as_uri())
     folder = project if project.is_dir() else root  # find-links style: a folder of wheels
     return [_Link(p.name, p.resolve().as_uri(), None) for p in sorted(folder.glob("*.whl"))]
 
@@ -173,13 +173,16 @@ def _read_remote(index: str) -> list[_Link]:
     try:
         with urllib.request.urlopen(request, timeout=_TIMEOUT) as response:
             content_type = response.headers.get("Content-Type", "")
-            text = response.read().decode("utf-8", "replace")
+            body = response.read(MAX_TEXT_BYTES + 1)
             page_url = response.geturl()
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise OpforgeError(f"cannot read the nightly index {page_url}: {reason}; "
                            "pass --index with a reachable index (a URL, file:// or a directory)"
                            ) from None
+    if len(body) > MAX_TEXT_BYTES:
+        raise UsageError(f"{page_url}: the index page is larger than {MAX_TEXT_BYTES} bytes")
+    text = decode_utf8(body, page_url)
     if "json" in content_type:
         return _links_from_json(text, page_url)
     return _links_from_html(text, page_url)

@@ -5,7 +5,6 @@ Stored in the state file and compared on ``--resume``.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -14,6 +13,7 @@ from datetime import date
 from pathlib import Path
 
 from opforge.errors import UsageError
+from opforge.files import read_json
 
 from .index import Nightly
 
@@ -87,10 +87,10 @@ def endpoint(text: str | None, which: str) -> tuple[str | None, str | None]:
             if which == "good":
                 return None, f"{option} {text}: no such report, so walking back from --bad instead"
             raise UsageError(f"{option} {text}: no such file")
+        doc = read_json(path, what=option)
         try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
             version = (doc.get("environment") or {}).get("torch_version") or doc.get("torch_version")
-        except (OSError, ValueError, AttributeError) as exc:
+        except AttributeError as exc:
             raise UsageError(f"{option} {text}: not an opforge smoke --json report ({exc})") from None
         if not isinstance(version, str) or ".dev" not in version:
             raise UsageError(f"{option} {text}: its torch ({version}) is not a nightly")

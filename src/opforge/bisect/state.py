@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from opforge.errors import UsageError
+from opforge.files import read_json
 
 from .index import Nightly
 from .search import Outcome
@@ -100,20 +101,21 @@ def save(state: BisectState, path: Path) -> None:
 
 
 def load(path: Path) -> BisectState:
+    """The saved state; a missing, unreadable or malformed file is a UsageError naming it."""
+    if not path.exists() and not path.is_symlink():
+        raise UsageError(f"--resume: no bisect state at {path}; start a bisect without --resume")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UsageError(f"--resume: no bisect state at {path}; start a bisect without --resume"
-                         ) from None
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"--resume: cannot read {path}: {exc}") from None
-    if data.get("schema") != SCHEMA:
-        raise UsageError(f"--resume: {path} was written by another opforge version; start over")
+        data = read_json(path, what="--state")
+    except UsageError as exc:
+        raise UsageError(f"{exc}; start over with --restart") from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise UsageError(f"--state {path}: not a bisect state of this opforge version; "
+                         "start over with --restart")
     try:
         return BisectState.from_json(data)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise UsageError(f"--resume: {path} is damaged ({exc}); start over without --resume"
-                         ) from None
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        raise UsageError(f"--state {path}: damaged ({type(exc).__name__}: {exc}); start over "
+                         "with --restart") from None
 
 
 class StepLog:

@@ -79,13 +79,13 @@ def resolve(args: argparse.Namespace):
     from opforge.torchsource import resolve_index
 
     if not (args.wheel or args.requirement or args.python):
-        raise UsageError("smoke: give one of --wheel PATH, --requirement REQ, --python PATH")
+        raise UsageError("give one of --wheel PATH, --requirement REQ, --python PATH")
     if args.wheel is not None and args.wheel.suffix != ".whl":
-        raise UsageError(f"smoke: --wheel {args.wheel}: not a .whl file")
+        raise UsageError(f"--wheel {args.wheel}: not a .whl file")
     if args.wheel is not None and not args.wheel.is_file():
-        raise UsageError(f"smoke: --wheel {args.wheel}: no such file")
+        raise UsageError(f"--wheel {args.wheel}: no such file")
     if args.python is not None and (args.torch_spec or args.keep_env):
-        raise UsageError("smoke: --torch and --keep-env apply to a fresh environment, not --python")
+        raise UsageError("--torch and --keep-env apply to a fresh environment, not --python")
     needs_matrix = args.variant is not None or args.package is None or args.namespace is None
     matrix = _load_matrix(args.matrix, required=needs_matrix)
     ext = matrix.extension if matrix else None
@@ -93,7 +93,7 @@ def resolve(args: argparse.Namespace):
     namespace = args.namespace or ext.namespace
     for what, value in (("--package", package), ("--namespace", namespace)):
         if not value.replace(".", "_").isidentifier():
-            raise UsageError(f"smoke: {what} {value!r} is not an identifier")
+            raise UsageError(f"{what} {value!r} is not an identifier")
 
     variant = None
     variant_name = args.variant
@@ -107,7 +107,7 @@ def resolve(args: argparse.Namespace):
         (variant.expected_keys if variant else ())
     for key in keys:
         if not _KEY.match(key):
-            raise UsageError(f"smoke: --expect-keys: {key!r} is not a dispatch key name "
+            raise UsageError(f"--expect-keys: {key!r} is not a dispatch key name "
                              "(e.g. CPU, CUDA, MPS, Meta, Autograd, AutocastCPU)")
     own = ext is not None and package == ext.package
     ops = args.ops if args.ops is not None else (ext.ops if own else ())
@@ -115,7 +115,7 @@ def resolve(args: argparse.Namespace):
         (ext.internal_ops if own else ())
     for op in (*ops, *internal):
         if not op.isidentifier():
-            raise UsageError(f"smoke: {op!r} is not an operator name")
+            raise UsageError(f"{op!r} is not an operator name")
     device_checks = args.device_checks
     if variant is not None and not variant.device_checks and device_checks == "auto":
         device_checks = "skip"

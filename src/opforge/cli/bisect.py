@@ -110,8 +110,8 @@ def python_for(spec: str | None) -> tuple[str, str]:
 
 
 def _params(args: argparse.Namespace):
-    from .index import DEFAULT_INDEX, _is_local, variant_index
-    from .params import Params, endpoint
+    from opforge.bisect.index import DEFAULT_INDEX, _is_local, variant_index
+    from opforge.bisect.params import Params, endpoint
 
     command = list(args.command or [])
     if command:
@@ -174,7 +174,7 @@ def _check_variant(variant: str) -> None:
 
 
 def _resumed_params(args: argparse.Namespace, stored: dict):
-    from .params import Params, endpoint
+    from opforge.bisect.params import Params, endpoint
 
     params = Params.from_json(stored)
     for name in _DEFINING:
@@ -200,12 +200,12 @@ def _resumed_params(args: argparse.Namespace, stored: dict):
 
 
 def run(args: argparse.Namespace) -> int:
-    from . import state as state_mod
-    from .commits import check_repo, commit_range
-    from .envs import EnvCache, cache_dir
-    from .index import load_index
-    from .report import Display, emit, emit_error, result_json
-    from .session import Session
+    from opforge.bisect import state as state_mod
+    from opforge.bisect.commits import check_repo, commit_range
+    from opforge.bisect.envs import EnvCache, cache_dir
+    from opforge.bisect.index import load_index
+    from opforge.bisect.report import Display, emit, emit_error, result_json
+    from opforge.bisect.session import Session
 
     root = cache_dir()
     state_path = Path(args.state).expanduser() if args.state else root / "bisect" / "state.json"
@@ -228,7 +228,7 @@ def run(args: argparse.Namespace) -> int:
         state_mod.save(state, state_path)
         log.write("start", params=params.to_json(), nightlies=len(index.nightlies))
     exe, _ = python_for(params.python)
-    from .index import _is_local
+    from opforge.bisect.index import _is_local
 
     pip_index = [] if _is_local(params.index) else ["--index-url", params.index]
     envs = EnvCache(root, exe, pip_index, with_pip=params.mode == "build")
