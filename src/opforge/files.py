@@ -200,10 +200,11 @@ def check_writable(path: str | os.PathLike, *, what: str, append: bool = False) 
     label = f"{what} {path}"
     try:
         info = os.stat(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # the walk below names the culprit
         info = None
-    except OSError as exc:
-        raise UsageError(f"{label}: {open_problem(exc)}") from None
+    except (OSError, ValueError) as exc:
+        problem = open_problem(exc) if isinstance(exc, OSError) else "not a valid path"
+        raise UsageError(f"{label}: {problem}") from None
     if info is not None:
         if stat.S_ISDIR(info.st_mode):
             raise UsageError(f"{label}: is a directory; give a file path")
@@ -216,7 +217,7 @@ def check_writable(path: str | os.PathLike, *, what: str, append: bool = False) 
     while True:  # the nearest existing ancestor decides whether the folders can be made
         try:
             info = os.stat(folder)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             if folder.parent == folder:
                 break
             folder = folder.parent

@@ -209,6 +209,13 @@ if os.environ.get("KILL_AT") == str(torch.DATE) and not os.path.exists(os.enviro
     open(os.environ["KILL_ONCE"], "w").close()
     os.kill(os.getppid(), signal.SIGKILL)  # the bisect dies mid-step, like a killed runner
     sys.exit(0)
+if os.environ.get("HANG_AT") == str(torch.DATE) and not os.path.exists(os.environ["HANG_ONCE"]):
+    import subprocess  # a test command with a child of its own, both stopped by a signal
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    with open(os.environ["HANG_ONCE"] + ".tmp", "w") as f:
+        f.write(str(child.pid))
+    os.replace(os.environ["HANG_ONCE"] + ".tmp", os.environ["HANG_ONCE"])
+    time.sleep(300)
 if os.environ.get("FLAKY_AT") == str(torch.DATE) and not os.path.exists(os.environ["FLAKY_ONCE"]):
     open(os.environ["FLAKY_ONCE"], "w").close()
     sys.exit(3)
@@ -256,8 +263,7 @@ class Bisector:
             return []
         return [f"{d[:4]}-{d[4:6]}-{d[6:]}" for d in self.probe_log.read_text().split()]
 
-    def __call__(self, *args: str, command: list[str] | None = None, index: str | None = None,
-                 timeout: float = 120) -> Run:
+    def _argv_env(self, args, command, index) -> tuple[list[str], dict[str, str]]:
         src = str(Path(opforge.__file__).resolve().parent.parent)
         env = {**os.environ, "OPFORGE_CACHE_DIR": str(self.cache), "PROBE_LOG": str(self.probe_log),
                "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", ""),
@@ -265,6 +271,17 @@ class Bisector:
         cmd = command if command is not None else ["python", str(self.probe)]  # the env's python
         argv = [sys.executable, "-m", "opforge", "bisect", "--index", index or str(self.index.root),
                 "--state", str(self.state), *args, "--", *cmd]
+        return argv, env
+
+    def __call__(self, *args: str, command: list[str] | None = None, index: str | None = None,
+                 timeout: float = 120) -> Run:
+        argv, env = self._argv_env(args, command, index)
         result = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=self.work,
                                 timeout=timeout)
         return Run(result.returncode, result.stdout, result.stderr)
+
+    def start(self, *args: str) -> subprocess.Popen:
+        """The bisect as a running process (to send it signals)."""
+        argv, env = self._argv_env(args, None, None)
+        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=env, cwd=self.work)

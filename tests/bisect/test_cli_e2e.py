@@ -141,7 +141,7 @@ def test_resume_refuses_different_endpoints(bisector):
     assert run.returncode == 2
     assert run.stderr.strip().splitlines() == [
         "opforge bisect: error: --resume: --good 2024-05-20 differs from the interrupted bisect's "
-        "2024-06-01; leave it out, or start over without --resume"]
+        "2024-06-01; leave it out, or start over with --restart"]
 
 
 def test_good_endpoint_that_fails_is_reported(bisector):
@@ -174,7 +174,7 @@ def test_a_date_without_a_nightly_is_a_usage_error(bisector):
 @pytest.mark.parametrize("argv, message", [
     (("--good", "June 1st"), "--good 'June 1st': expected a date like 2024-06-01"),
     (("--good", "2024-06-05", "--bad", "2024-06-01"), "--good 2024-06-05 must be older than --bad 2024-06-01"),
-    (("--timeout", "-1"), "--timeout must be a positive number of seconds"),
+    (("--timeout", "-1"), "--timeout -1: must be a positive number of seconds"),
     (("--timeout-skip",), "--timeout-skip needs --timeout"),
     (("--match", "("), "--match '(': not a regular expression"),
     (("--wheel", "nope.whl"), "--wheel nope.whl: no such wheel file"),

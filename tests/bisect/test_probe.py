@@ -75,5 +75,5 @@ def test_output_is_stdout_and_stderr_together(tmp_path):
 
 
 def test_a_command_that_cannot_start_aborts():
-    with pytest.raises(Abort, match="cannot run 'no-such-command-xyz'"):
+    with pytest.raises(Abort, match="'no-such-command-xyz' cannot be run"):
         run_command(["no-such-command-xyz"], None, timeout=5)

@@ -56,8 +56,11 @@ class Nightly:
 
     @classmethod
     def from_json(cls, data: dict) -> Nightly:
-        return cls(date.fromisoformat(data["date"]), data["version"], data["filename"],
-                   data["url"], data.get("sha256"))
+        fields = [data["date"], data["version"], data["filename"], data["url"]]
+        sha = data.get("sha256")
+        if not all(isinstance(f, str) for f in fields) or not isinstance(sha, (str, type(None))):
+            raise TypeError("a nightly's date, version, filename, url and sha256 are strings")
+        return cls(date.fromisoformat(fields[0]), *fields[1:], sha)
 
 
 def nightly_date(version: Version) -> date | None:

@@ -48,7 +48,26 @@ class Params:
 
     @classmethod
     def from_json(cls, data: dict) -> Params:
+        """Parameters read back from a state file; a field of the wrong type is a TypeError."""
+        if not isinstance(data, dict):
+            raise TypeError("params must be an object")
+        for name, types in _FIELD_TYPES.items():
+            value = data.get(name)
+            if name in ("good", "bad", "wheel", "match", "timeout") and value is None:
+                continue
+            if name == "notes" and name not in data:
+                continue
+            if not isinstance(value, types) or isinstance(value, bool) and bool not in types:
+                raise TypeError(f"params.{name} is {type(value).__name__}")
+            if isinstance(value, list) and not all(isinstance(x, str) for x in value):
+                raise TypeError(f"params.{name} must list strings")
         return cls(**data)
+
+
+_FIELD_TYPES = {"good": (str,), "bad": (str,), "variant": (str,), "python": (str,),
+                "index": (str,), "command": (list,), "wheel": (str,), "match": (str,),
+                "regress": (str,), "retries": (int,), "timeout": (int, float),
+                "timeout_skip": (bool,), "cwd": (str,), "notes": (list,)}
 
 
 

@@ -44,6 +44,10 @@ class Abort(Exception):
     """The probe asked to stop the bisect (exit >= 128, or killed by a signal)."""
 
 
+class CannotStart(Abort):
+    """The test command could not be started at all (no such program, not executable)."""
+
+
 @dataclass(frozen=True)
 class Verdict:
     outcome: Outcome
@@ -61,7 +65,7 @@ def run_command(cmd: Sequence[str], env: dict[str, str] | None, timeout: float |
                                     cwd=cwd, stdin=subprocess.DEVNULL, start_new_session=True)
         except OSError as exc:
             # a command that cannot start is not a verdict on the nightly: git bisect aborts too
-            raise Abort(f"cannot run {cmd[0]!r}: {exc.strerror or exc}") from None
+            raise CannotStart(f"{cmd[0]!r} cannot be run: {exc.strerror or exc}") from None
         try:
             code: int | None = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -20,7 +20,7 @@ from . import state as state_mod
 from .envs import EnvCache, NightlyEnv
 from .index import Nightly, NightlyIndex, find_unlisted, with_unlisted
 from .params import Params, parse_day
-from .probe import Abort, Attempt, classify, run_command
+from .probe import Abort, Attempt, CannotStart, classify, run_command
 from .search import EndpointError, Found, Outcome, Probe, next_step, walkback_dates
 from .state import BisectState, StepLog, StepRecord
 
@@ -40,7 +40,7 @@ class Outcomes:
 
 class Session:
     def __init__(self, params: Params, state: BisectState, state_path: Path, log: StepLog,
-                 envs: EnvCache, display):
+                 envs: EnvCache, display, on_start=None):
         self.params = params
         self.state = state
         self.state_path = state_path
@@ -50,6 +50,21 @@ class Session:
         self.listing = NightlyIndex(params.index, tuple(state.listed))
         self.match = re.compile(params.match, re.MULTILINE) if params.match else None
         self.probed_now = 0
+        # a new bisect writes its state only once its endpoints checked out and its first step
+        # finished, so a mistaken command never replaces the state of an interrupted bisect
+        self.started = on_start is None  # a resumed bisect's state is already its own
+        self.on_start = on_start
+
+    def save(self) -> None:
+        if self.started:
+            state_mod.save(self.state, self.state_path)
+
+    def begin(self) -> None:
+        if not self.started:
+            self.started = True
+            if self.on_start is not None:
+                self.on_start()
+            self.save()
 
     # -- endpoints ------------------------------------------------------------------------------
 
@@ -77,7 +92,7 @@ class Session:
         self.listing = with_unlisted(self.listing, nightlies)
         self.state.looked_up.extend(n.day for n in nightlies if n.day not in self.state.looked_up)
         self.state.listed = list(self.listing.nightlies)
-        state_mod.save(self.state, self.state_path)
+        self.save()
 
     # -- the run --------------------------------------------------------------------------------
 
@@ -90,11 +105,10 @@ class Session:
         bad = (self.resolve(self.params.bad, "bad") if self.params.bad
                else self.listing.nightlies[-1])
         walked: list[str] = []
-        if self.params.good:
-            good = self.resolve(self.params.good, "good")
-            if good.date >= bad.date:
-                raise UsageError(f"--good {good.day} must be older than --bad {bad.day}")
-        else:
+        good = self.resolve(self.params.good, "good") if self.params.good else None
+        if good is not None and good.date >= bad.date:
+            raise UsageError(f"--good {good.day} must be older than --bad {bad.day}")
+        if good is None:
             if not self.params.bad:
                 self.display.note(f"no --bad given: using the newest nightly, {bad.day}")
             self._check_endpoint(self.probe(bad), "bad")
@@ -223,7 +237,10 @@ class Session:
                 self.display.step(nightly, f"retry {k} of {self.params.retries}")
             else:
                 self.display.step(nightly, "testing")
-            attempt = run_command(cmd, run_env, self.params.timeout, Path(self.params.cwd))
+            try:
+                attempt = run_command(cmd, run_env, self.params.timeout, Path(self.params.cwd))
+            except CannotStart as exc:
+                raise UsageError(f"the test command {exc}") from None
             attempts.append(attempt)
             try:
                 verdict = classify(attempt, match=self.match, regress=self.params.regress,
@@ -253,7 +270,8 @@ class Session:
     def _finish(self, record: StepRecord, actions: list[str], cmd: list[str] | None = None,
                 attempts: list[Attempt] | None = None) -> StepRecord:
         self.state.record(record)
-        state_mod.save(self.state, self.state_path)
+        self.begin()
+        self.save()
         self.probed_now += 1
         self.log.write("probe", date=record.nightly.day, version=record.nightly.version,
                        url=record.nightly.url, sha256=record.sha256, commit=record.git_version,

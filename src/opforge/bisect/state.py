@@ -18,9 +18,11 @@ from opforge.errors import UsageError
 from opforge.files import read_json
 
 from .index import Nightly
+from .params import Params
 from .search import Outcome
 
 SCHEMA = 1
+STOPPED = ("interrupted", "error")
 
 
 @dataclass
@@ -47,6 +49,13 @@ class StepRecord:
 
     @classmethod
     def from_json(cls, data: dict) -> StepRecord:
+        for key, types in (("reason", str), ("exit_code", (int, type(None))),
+                           ("attempts", int), ("duration_s", (int, float)),
+                           ("sha256", (str, type(None))), ("git_version", (str, type(None))),
+                           ("reused_env", bool), ("output_tail", str)):
+            if key in data or key != "output_tail":
+                if not isinstance(data[key], types):
+                    raise TypeError(f"a step's {key} is {type(data[key]).__name__}")
         return cls(Nightly.from_json(data["nightly"]), Outcome(data["outcome"]), data["reason"],
                    data["exit_code"], data["attempts"], data["duration_s"], data["sha256"],
                    data["git_version"], data["reused_env"], data.get("output_tail", ""))
@@ -59,6 +68,12 @@ class BisectState:
     steps: dict[str, StepRecord] = field(default_factory=dict)   # date -> record
     result: dict | None = None
     looked_up: list[str] = field(default_factory=list)  # unlisted days already searched by URL
+    stopped: str | None = None  # "interrupted" (a signal) or "error"; None while running
+
+    @property
+    def unfinished(self) -> bool:
+        """Work a new bisect must not discard silently: steps done, no result, not an error."""
+        return bool(self.steps) and self.result is None and self.stopped != "error"
 
     @property
     def index_oldest(self):
@@ -73,15 +88,21 @@ class BisectState:
         return {"schema": SCHEMA, "params": self.params,
                 "listed": [n.to_json() for n in self.listed],
                 "steps": [s.to_json() for s in self.steps.values()], "result": self.result,
-                "looked_up": self.looked_up}
+                "looked_up": self.looked_up, "stopped": self.stopped}
 
     @classmethod
     def from_json(cls, data: dict) -> BisectState:
+        if not isinstance(data["listed"], list) or not isinstance(data["steps"], list):
+            raise TypeError("listed and steps must be lists")
         state = cls(data["params"], [Nightly.from_json(n) for n in data["listed"]])
         for step in data["steps"]:
             state.record(StepRecord.from_json(step))
         state.result = data.get("result")
-        state.looked_up = list(data.get("looked_up", []))
+        state.looked_up = [str(day) for day in data.get("looked_up", [])]
+        state.stopped = data.get("stopped") if data.get("stopped") in STOPPED else None
+        if not isinstance(state.result, (dict, type(None))):
+            raise TypeError("result must be an object")
+        Params.from_json(state.params)  # checks every field's type
         return state
 
 
@@ -123,9 +144,9 @@ class StepLog:
 
     def __init__(self, path: Path):
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
 
     def write(self, event: str, **fields) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         line = json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                            "event": event, **fields})
         with open(self.path, "a", encoding="utf-8") as f:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import shutil
 import subprocess
 import sys
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from opforge.errors import OpforgeError, UsageError
+from opforge.errors import Interrupted, OpforgeError, UsageError
 
 DESCRIPTION = """\
 Test PyTorch nightlies between a good and a bad date by halving, like git bisect, and report
@@ -69,6 +71,9 @@ def register(subparsers) -> argparse.ArgumentParser:
                    help="count a timeout as a skip instead")
     p.add_argument("--resume", action="store_true",
                    help="continue the interrupted bisect without repeating finished steps")
+    p.add_argument("--restart", action="store_true",
+                   help="start a new bisect even though the state file holds an interrupted "
+                        "one (it is replaced once the new bisect's endpoints check out)")
     p.add_argument("--pytorch-repo", metavar="PATH",
                    help="a local pytorch clone (with its nightly branch): map the nightlies to "
                         "main-branch commits and list the commits in between")
@@ -125,10 +130,16 @@ def _params(args: argparse.Namespace):
         raise UsageError(f"--variant {variant!r}: expected a name like cpu, cu126, mps")
     good, good_note = endpoint(args.good, "good")
     bad, bad_note = endpoint(args.bad, "bad")
+    tomorrow = (datetime.now(timezone.utc) + timedelta(days=1)).date().isoformat()
+    for option, day in (("--good", good), ("--bad", bad)):
+        if day is not None and day > tomorrow:
+            raise UsageError(f"{option} {day}: that date is in the future; no nightly exists yet")
+    if good is not None and bad is not None and good >= bad:
+        raise UsageError(f"--good {good} must be older than --bad {bad}")
     if args.retries is not None and args.retries < 0:
         raise UsageError("--retries must be 0 or more")
-    if args.timeout is not None and args.timeout <= 0:
-        raise UsageError("--timeout must be a positive number of seconds")
+    if args.timeout is not None and not (0 < args.timeout < math.inf):
+        raise UsageError(f"--timeout {args.timeout:g}: must be a positive number of seconds")
     if args.timeout_skip and args.timeout is None:
         raise UsageError("--timeout-skip needs --timeout")
     if args.match == "":
@@ -193,56 +204,104 @@ def _resumed_params(args: argparse.Namespace, stored: dict):
         if given != have:
             raise UsageError(f"--resume: --{name.replace('_', '-')} {given} differs from the "
                              f"interrupted bisect's {have}; leave it out, or start over "
-                             "without --resume")
+                             "with --restart")
     if args.command and args.command[1:] != params.command:
         raise UsageError("--resume: the test command differs from the interrupted bisect's")
     return params
+
+
+def _destinations(args: argparse.Namespace, state_path: Path, log_path: Path) -> None:
+    """Every file the bisect will write, checked before anything runs."""
+    from opforge.files import check_writable
+
+    check_writable(state_path, what="--state")
+    check_writable(log_path, what="--log", append=True)
+    for option, target in (("--json", args.json), ("--markdown", args.markdown)):
+        if target and target != "-":
+            check_writable(target, what=option)
+    if args.json == "-" and args.markdown == "-":
+        raise UsageError("--json and --markdown cannot both go to stdout; give one a PATH")
+
+
+def _replaceable(state_path: Path, restart: bool) -> None:
+    """Refuse to start over on an interrupted bisect's state unless --restart says so."""
+    from opforge.bisect import state as state_mod
+
+    if restart or not (state_path.exists() or state_path.is_symlink()):
+        return
+    try:
+        old = state_mod.load(state_path)
+    except UsageError:
+        raise UsageError(f"--state {state_path}: exists and is not a bisect state this opforge "
+                         "can read; pass another --state, or --restart to replace it") from None
+    if old.unfinished:
+        p = old.params
+        raise UsageError(f"--state {state_path} holds an interrupted bisect ({len(old.steps)} "
+                         f"steps done, --good {p.get('good') or '(walk back)'} --bad "
+                         f"{p.get('bad') or 'latest'}): continue it with `opforge bisect "
+                         "--resume`, or start over with --restart")
 
 
 def run(args: argparse.Namespace) -> int:
     from opforge.bisect import state as state_mod
     from opforge.bisect.commits import check_repo, commit_range
     from opforge.bisect.envs import EnvCache, cache_dir
-    from opforge.bisect.index import load_index
+    from opforge.bisect.index import _is_local, load_index
     from opforge.bisect.report import Display, emit, emit_error, result_json
     from opforge.bisect.session import Session
 
+    # everything is checked before the state, the log or an environment is touched
+    if args.resume and args.restart:
+        raise UsageError("--resume continues the saved bisect, --restart replaces it: pick one")
     root = cache_dir()
     state_path = Path(args.state).expanduser() if args.state else root / "bisect" / "state.json"
     log_path = Path(args.log).expanduser() if args.log else state_path.with_suffix(".log.jsonl")
+    _destinations(args, state_path, log_path)
     repo = check_repo(Path(args.pytorch_repo)) if args.pytorch_repo else None
     display = Display()
     log = state_mod.StepLog(log_path)
+    on_start = None
     if args.resume:
         saved = state_mod.load(state_path)
         params = _resumed_params(args, saved.params)
         state = saved
-        display.note(f"resuming: {len(state.steps)} steps already done ({state_path})")
-        log.write("resume", state=str(state_path), steps_done=len(state.steps))
+        state.stopped = None
     else:
         params = _params(args)
-        if state_path.exists():
-            display.note(f"starting a new bisect (replacing the state in {state_path})")
+        _replaceable(state_path, args.restart)
         index = load_index(params.index, params.python)
         state = state_mod.BisectState(params.to_json(), list(index.nightlies))
-        state_mod.save(state, state_path)
-        log.write("start", params=params.to_json(), nightlies=len(index.nightlies))
-    exe, _ = python_for(params.python)
-    from opforge.bisect.index import _is_local
 
+        def on_start() -> None:
+            if state_path.exists():
+                display.note(f"starting a new bisect (replacing the state in {state_path})")
+            log.write("start", params=params.to_json(), nightlies=len(index.nightlies))
+    exe, _ = python_for(params.python)
+    if args.resume:
+        display.note(f"resuming: {len(state.steps)} steps already done ({state_path})")
+        log.write("resume", state=str(state_path), steps_done=len(state.steps))
     pip_index = [] if _is_local(params.index) else ["--index-url", params.index]
     envs = EnvCache(root, exe, pip_index, with_pip=params.mode == "build")
-    session = Session(params, state, state_path, log, envs, display)
+    session = Session(params, state, state_path, log, envs, display, on_start=on_start)
     try:
         with display:
             outcome = session.run()
-    except KeyboardInterrupt:
-        display.note(f"interrupted after {len(state.steps)} finished steps; "
+    except KeyboardInterrupt as exc:
+        if not session.started:
+            raise
+        signame = exc.name if isinstance(exc, Interrupted) else "SIGINT"
+        state.stopped = "interrupted"
+        session.save()
+        display.note(f"interrupted ({signame}) after {len(state.steps)} finished steps; "
                      "`opforge bisect --resume` continues without repeating them")
-        log.write("interrupted", steps_done=len(state.steps))
+        log.write("interrupted", signal=signame, steps_done=len(state.steps))
         raise
     except OpforgeError as exc:
+        if not session.started:  # bad input: nothing was tested, nothing is written
+            raise
         # CI attaches the report wherever the bisect ends: say what was tested and why it stopped
+        state.stopped = "error"
+        session.save()
         log.write("error", message=str(exc), steps_done=len(state.steps))
         emit_error(str(exc), list(state.steps.values()), json_to=args.json,
                    markdown_to=args.markdown)
