@@ -70,8 +70,8 @@ inline void check_roi_inputs(
       is_supported_float(input),
       op, ": input must be a floating point tensor, got ", input.scalar_type());
   TORCH_CHECK(
-      pooled_height > 0 && pooled_width > 0,
-      op, ": output_size (pooled_height, pooled_width) must be positive, got (",
+      pooled_height >= 0 && pooled_width >= 0,
+      op, ": output_size (pooled_height, pooled_width) must not be negative, got (",
       pooled_height, ", ", pooled_width, ")");
 }
 

@@ -417,9 +417,13 @@ def _bad(**changes):
 
 
 BAD_FUNCTIONAL = {
-    "input_rank": (lambda: _bad(input=torch.randn(4, 5, 5)), ValueError, "input must be 4-D"),
-    "weight_rank": (lambda: _bad(weight=torch.randn(6, 4, 9)), ValueError, "weight must be 4-D"),
-    "offset_rank": (lambda: _bad(offset=torch.randn(2, 18, 9)), ValueError, "offset must be 4-D"),
+    "input_rank": (lambda: _bad(input=torch.randn(4, 5, 5)), ValueError, "input must be a 4-D"),
+    # read as a 4 x 9 kernel, as torchvision reads it: the offset channels no longer fit
+    "weight_rank": (lambda: _bad(weight=torch.randn(6, 4, 9)), RuntimeError, "offset tensor at dimension 1"),
+    "weight_rank_1": (lambda: _bad(weight=torch.randn(6)), ValueError, "weight must be a 4-D"),
+    "weight_rank_0": (lambda: _bad(weight=torch.tensor(1.0)), IndexError, "weight must be a 4-D"),
+    "offset_rank": (lambda: _bad(offset=torch.randn(2, 18, 9)), RuntimeError, "offset must be 4-D"),
+    "offset_rank_1": (lambda: _bad(offset=torch.randn(18)), IndexError, "offset must be a 4-D"),
     "offset_too_few_channels": (lambda: _bad(offset=torch.randn(2, 17, 3, 3)), RuntimeError, "offset"),
     "offset_channels": (lambda: _bad(offset=torch.randn(2, 54, 3, 3)), RuntimeError, "offset_groups"),
     "offset_spatial": (lambda: _bad(offset=torch.randn(2, 18, 4, 3)), RuntimeError, "offset spatial size"),
@@ -519,7 +523,8 @@ def test_fuzz_public_function_raises_only_clear_errors(input_shape, weight_shape
     try:
         out = deform_conv2d(torch.randn(input_shape), torch.randn(offset_shape), torch.randn(weight_shape),
                             stride=stride, padding=padding, dilation=dilation, mask=mask)
-    except (RuntimeError, ValueError) as exc:
+    except (RuntimeError, ValueError, IndexError, ZeroDivisionError) as exc:
+        # torchvision's exception types; the message names the op and the argument
         assert "deform_conv2d" in str(exc) or "offset" in str(exc)
         return
     assert out.dim() == 4

@@ -116,7 +116,7 @@ def test_nms_bad_input_names_the_argument(boxes, scores, message):
 
 
 def test_batched_nms_bad_idxs_names_the_argument():
-    with pytest.raises(ValueError, match="idxs"):
+    with pytest.raises(RuntimeError, match="idxs"):
         opforge_ops.batched_nms(
             random_boxes(4), torch.rand(4), torch.zeros(3, dtype=torch.int64), 0.5
         )

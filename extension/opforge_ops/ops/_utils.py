@@ -1,56 +1,101 @@
-"""Box format helpers shared by the RoI operators."""
+"""Helpers every public op shares, written so that TorchScript compiles them and torch.fx
+never runs them on a Proxy.
+
+The wrapper pattern for a public function (see roi_align.py):
+
+    @torch.fx.wrap                      # a leaf when traced through this module's binding
+    def op(input: Tensor, ...) -> Tensor:
+        if not torch.jit.is_scripting():  # TorchScript skips this branch entirely
+            leaf = fx_leaf_call(op, (input, ...))
+            if leaf is not None:          # a leaf through any other binding too
+                return leaf
+        ...argument checks in torchvision's order, with torchvision's exception types...
+        return torch.ops.opforge.op(...)
+
+Exception types follow torchvision.ops: box-shape problems it asserts on raise
+AssertionError, shape slips its Python would hit raise the IndexError / ValueError /
+ZeroDivisionError it would hit (with a message that names the argument), and everything the
+kernels check raises RuntimeError.
+"""
+
+from typing import Any
 
 import torch
+import torch.fx
 from torch import Tensor
 
 
-def convert_boxes_to_roi_format(boxes: list[Tensor]) -> Tensor:
-    """[Tensor[L_i, 4]] -> Tensor[K, 5] whose first column is the index i of the image."""
-    concat = torch.cat(list(boxes), dim=0)
-    index = torch.cat(
-        [
-            torch.full((b.shape[0], 1), i, dtype=concat.dtype, device=concat.device)
-            for i, b in enumerate(boxes)
-        ],
-        dim=0,
-    )
-    return torch.cat([index, concat], dim=1)
+def _find_proxy(value: Any) -> torch.fx.Proxy | None:
+    if isinstance(value, torch.fx.Proxy):
+        return value
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            found = _find_proxy(item)
+            if found is not None:
+                return found
+    return None
 
 
-def check_roi_boxes_shape(boxes) -> None:
+def fx_leaf_call(fn: Any, args: tuple[Any, ...]) -> torch.fx.Proxy | None:
+    """Under torch.fx symbolic tracing, record ``fn(*args)`` as one call_function node.
+
+    torch.fx.wrap only patches the binding in the defining module; a model that calls the
+    function through another name (``opforge_ops.roi_align``, ``from opforge_ops import
+    nms``) would otherwise run its checks on Proxies. Returns None outside tracing.
+    """
+    proxy = _find_proxy(args)
+    if proxy is None:
+        return None
+    # While tracing, the module global may be torch.fx's patch wrapper: record the function.
+    fn = getattr(fn, "__wrapped__", fn)
+    return proxy.tracer.create_proxy("call_function", fn, args, {})
+
+
+def _check_box_tensor(boxes: Tensor, columns: int, name: str, form: str) -> None:
+    # torchvision reads boxes.size(1): fewer than 2 dimensions is its IndexError
+    if boxes.dim() < 2:
+        raise IndexError(f"{name} must be a {form}, got shape {boxes.shape}")
+    if boxes.size(1) != columns:
+        raise AssertionError(f"{name} must be a {form}, got shape {boxes.shape}")
+
+
+def check_roi_boxes_shape(boxes: Tensor | list[Tensor]) -> None:
+    """Tensor[K, 5] or a list/tuple of Tensor[L, 4], checked as torchvision does: a box
+    tensor with fewer than 2 dimensions is an IndexError, a wrong last size an
+    AssertionError; more dimensions are left to the kernel (RuntimeError)."""
     if isinstance(boxes, (list, tuple)):
-        if len(boxes) == 0:
-            raise ValueError("boxes: an empty list has no images; pass a Tensor[0, 5] for no boxes")
         for i, b in enumerate(boxes):
-            if not isinstance(b, Tensor):
-                raise ValueError(f"boxes[{i}] must be a Tensor[L, 4], got {type(b).__name__}")
-            if b.dim() != 2 or b.size(1) != 4:
-                raise ValueError(f"boxes[{i}] must have shape [L, 4], got {list(b.shape)}")
-    elif isinstance(boxes, Tensor):
-        if boxes.dim() != 2 or boxes.size(1) != 5:
-            raise ValueError(
-                f"boxes must have shape [K, 5] (batch index, x1, y1, x2, y2), got {list(boxes.shape)}"
-            )
+            _check_box_tensor(b, 4, f"boxes[{i}]", "Tensor[L, 4] (x1, y1, x2, y2)")
+    elif isinstance(boxes, torch.Tensor):
+        _check_box_tensor(boxes, 5, "boxes", "Tensor[K, 5] (batch index, x1, y1, x2, y2)")
     else:
+        raise AssertionError("boxes must be a Tensor[K, 5] or a list of Tensor[L, 4]")
+
+
+def convert_boxes_to_roi_format(boxes: list[Tensor]) -> Tensor:
+    """[Tensor[L_i, 4]] -> Tensor[K, 5] whose first column is the image index i."""
+    if len(boxes) == 0:
         raise ValueError(
-            f"boxes must be a Tensor[K, 5] or a list of Tensor[L, 4], got {type(boxes).__name__}"
+            "boxes is an empty list: pass one Tensor[L, 4] per image (L may be 0), "
+            "or a Tensor[0, 5] for no boxes"
         )
+    columns: list[Tensor] = []
+    for i, b in enumerate(boxes):
+        columns.append(torch.full_like(b[:, :1], i))
+    if len(boxes) == 1:
+        return torch.cat([columns[0], boxes[0]], dim=1)
+    return torch.cat([torch.cat(columns, dim=0), torch.cat(boxes, dim=0)], dim=1)
 
 
-def rois_from_boxes(boxes) -> Tensor:
+def rois_from_boxes(boxes: Tensor | list[Tensor]) -> Tensor:
+    """Checked Tensor[K, 5] rois from either box form."""
     check_roi_boxes_shape(boxes)
-    return boxes if isinstance(boxes, Tensor) else convert_boxes_to_roi_format(boxes)
+    if isinstance(boxes, torch.Tensor):
+        return boxes
+    return convert_boxes_to_roi_format(boxes)
 
 
-def pair(value, name: str) -> tuple[int, int]:
-    if isinstance(value, int):
-        return value, value
-    if (
-        isinstance(value, (list, tuple))
-        and len(value) == 2
-        and all(isinstance(v, int) for v in value)
-    ):
-        return int(value[0]), int(value[1])
-    if isinstance(value, (list, tuple)) and len(value) == 1 and isinstance(value[0], int):
-        return int(value[0]), int(value[0])
-    raise ValueError(f"{name} must be an int or a pair of ints, got {value!r}")
+def check_quantized_rois(input: Tensor, rois: Tensor) -> None:
+    """A quantized input needs quantized rois (ValueError, as torchvision)."""
+    if input.is_quantized and not rois.is_quantized:
+        raise ValueError("roi ops: input is quantized, so rois (boxes) must be quantized too")

@@ -1,25 +1,27 @@
 """Deformable convolution (v1 and v2): ``deform_conv2d`` and ``DeformConv2d``.
 
-Same signatures, defaults and checks as ``torchvision.ops.deform_conv2d``; the
-kernels are ``torch.ops.opforge.deform_conv2d`` and
-``torch.ops.opforge._deform_conv2d_backward``. This module also registers their
-fake (meta) kernels and the autograd formula. It must be imported only after the
-compiled library has loaded.
+Same signatures, defaults, checks and exception types as ``torchvision.ops.deform_conv2d``;
+scriptable and a torch.fx leaf (see _utils.py). The kernels are
+``torch.ops.opforge.deform_conv2d`` and ``torch.ops.opforge._deform_conv2d_backward``; this
+module also registers their fake (meta) kernels and the autograd formula. It must be imported
+only after the compiled library has loaded.
 """
-
-from __future__ import annotations
 
 import math
 
 import torch
+import torch.fx
 from torch import Tensor, nn
 from torch.nn import init
 from torch.nn.modules.utils import _pair
 from torch.nn.parameter import Parameter
 
+from ._utils import fx_leaf_call
+
 __all__ = ["deform_conv2d", "DeformConv2d"]
 
 
+@torch.fx.wrap
 def deform_conv2d(
     input: Tensor,
     offset: Tensor,
@@ -49,26 +51,21 @@ def deform_conv2d(
     Returns:
         Tensor[batch_sz, out_channels, out_h, out_w]: result of convolution
     """
-    for name, value in (("input", input), ("offset", offset), ("weight", weight)):
-        if not isinstance(value, Tensor):
-            raise TypeError(f"deform_conv2d: {name} must be a Tensor, got {type(value).__name__}")
-    if input.dim() != 4:
-        raise ValueError(
-            f"deform_conv2d: input must be 4-D (batch, channels, height, width), got shape {tuple(input.shape)}"
-        )
-    if weight.dim() != 4:
-        raise ValueError(
-            "deform_conv2d: weight must be 4-D (out_channels, in_channels / groups, kernel_h, kernel_w), "
-            f"got shape {tuple(weight.shape)}"
-        )
-    if offset.dim() != 4:
-        raise ValueError(
-            "deform_conv2d: offset must be 4-D (batch, 2 * offset_groups * kernel_h * kernel_w, out_h, out_w), "
-            f"got shape {tuple(offset.shape)}"
-        )
+    if not torch.jit.is_scripting():
+        leaf = fx_leaf_call(deform_conv2d, (input, offset, weight, bias, stride, padding, dilation, mask))
+        if leaf is not None:
+            return leaf
+    # The order and exception types of torchvision's checks (its Python indexes and unpacks
+    # shapes; the kernel checks the rest), with messages that name the argument.
+    if weight.dim() == 0:
+        raise IndexError("deform_conv2d: weight must be a 4-D tensor (out_channels, "
+                         "in_channels / groups, kernel_h, kernel_w), got a 0-D tensor")
     out_channels = weight.shape[0]
     use_mask = mask is not None
     if mask is None:
+        if input.dim() == 0:
+            raise IndexError("deform_conv2d: input must be a 4-D tensor (batch, channels, "
+                             "height, width), got a 0-D tensor")
         mask = torch.zeros((input.shape[0], 1), device=input.device, dtype=input.dtype)
     if bias is None:
         bias = torch.zeros(out_channels, device=input.device, dtype=input.dtype)
@@ -76,22 +73,31 @@ def deform_conv2d(
     stride_h, stride_w = _pair(stride)
     pad_h, pad_w = _pair(padding)
     dil_h, dil_w = _pair(dilation)
-    weights_h, weights_w = weight.shape[-2:]
+    if weight.dim() < 2:
+        raise ValueError(f"deform_conv2d: weight must be a 4-D tensor (out_channels, in_channels "
+                         f"/ groups, kernel_h, kernel_w), got shape {weight.shape}")
+    if input.dim() != 4:
+        raise ValueError(f"deform_conv2d: input must be a 4-D tensor (batch, channels, height, "
+                         f"width), got shape {input.shape}")
+    weights_h, weights_w = weight.shape[-2], weight.shape[-1]
     n_in_channels = input.shape[1]
-
-    if weights_h * weights_w == 0 or weight.shape[1] == 0:
-        raise ValueError(
-            "deform_conv2d: weight must have a non-empty kernel and in_channels / groups > 0, "
-            f"got shape {tuple(weight.shape)}"
-        )
+    if offset.dim() < 2:
+        raise IndexError(f"deform_conv2d: offset must be a 4-D tensor (batch, 2 * offset_groups "
+                         f"* kernel_h * kernel_w, out_h, out_w), got shape {offset.shape}")
+    if weights_h * weights_w == 0:
+        raise ZeroDivisionError(f"deform_conv2d: weight has an empty kernel, shape {weight.shape}")
     n_offset_grps = offset.shape[1] // (2 * weights_h * weights_w)
+    if weight.shape[1] == 0:
+        raise ZeroDivisionError(f"deform_conv2d: weight.shape[1] (in_channels / groups) is 0, "
+                                f"shape {weight.shape}")
     n_weight_grps = n_in_channels // weight.shape[1]
 
     if n_offset_grps == 0:
         raise RuntimeError(
-            "the shape of the offset tensor at dimension 1 is not valid. It should "
+            "deform_conv2d: the shape of the offset tensor at dimension 1 is not valid. It should "
             "be a multiple of 2 * weight.size[2] * weight.size[3].\n"
-            f"Got offset.shape[1]={offset.shape[1]}, while 2 * weight.size[2] * weight.size[3]={2 * weights_h * weights_w}"
+            f"Got offset.shape[1]={offset.shape[1]}, while 2 * weight.size[2] * weight.size[3]="
+            f"{2 * weights_h * weights_w}"
         )
 
     return torch.ops.opforge.deform_conv2d(

@@ -1,37 +1,66 @@
-"""nms and batched_nms (torch.ops.opforge.nms)."""
+"""nms and batched_nms (torch.ops.opforge.nms).
+
+Scriptable and torch.fx leaves (see _utils.py). batched_nms picks its strategy as torchvision
+does: offset the boxes of each category apart (one nms call), or above a size threshold and
+outside tracing, one nms call per category.
+"""
 
 import torch
+import torch.fx
 from torch import Tensor
 
-# Above this many box coordinates the per-class loop beats offsetting boxes (as in torchvision).
-_VANILLA_THRESHOLD = {"cpu": 4000}
-_VANILLA_THRESHOLD_OTHER = 20000
+from ._utils import fx_leaf_call
 
 
+@torch.fx.wrap
 def nms(boxes: Tensor, scores: Tensor, iou_threshold: float) -> Tensor:
     """Greedy non-maximum suppression.
 
     boxes: Tensor[N, 4] as (x1, y1, x2, y2); scores: Tensor[N]. Returns the int64 indices of the
     kept boxes, by decreasing score (equal scores keep input order). A box is suppressed when its
-    IoU with a kept, higher-scoring box is greater than iou_threshold.
+    IoU with a kept, higher-scoring box is greater than iou_threshold. Quantized boxes and
+    scores (quint8, qint8, qint32) run the QuantizedCPU kernel.
     """
+    if not torch.jit.is_scripting():
+        leaf = fx_leaf_call(nms, (boxes, scores, iou_threshold))
+        if leaf is not None:
+            return leaf
     return torch.ops.opforge.nms(boxes, scores, iou_threshold)
 
 
+@torch.fx.wrap
 def batched_nms(boxes: Tensor, scores: Tensor, idxs: Tensor, iou_threshold: float) -> Tensor:
-    """NMS per category: boxes with different idxs never suppress each other."""
-    if idxs.dim() != 1 or idxs.size(0) != boxes.size(0):
-        raise ValueError(
-            f"idxs must be a 1-D tensor with one entry per box ({boxes.size(0)}), got {list(idxs.shape)}"
+    """NMS per category: boxes with different idxs never suppress each other.
+
+    idxs: Tensor[N] of category indices. Returns the int64 indices of the kept boxes by
+    decreasing score.
+    """
+    if not torch.jit.is_scripting():
+        leaf = fx_leaf_call(batched_nms, (boxes, scores, idxs, iou_threshold))
+        if leaf is not None:
+            return leaf
+    # torchvision's coordinate trick broadcasts idxs against the boxes: a 0-D idxs is an
+    # IndexError there, one category for every box ([1]) is accepted, any other length fails.
+    if idxs.dim() == 0:
+        raise IndexError("batched_nms: idxs must be a 1-D tensor [N] of categories, got a 0-D tensor")
+    if boxes.dim() > 0 and idxs.size(0) == 1 and boxes.size(0) != 1:
+        idxs = idxs.expand(boxes.size(0))
+    if idxs.dim() != 1 or boxes.dim() == 0 or idxs.size(0) != boxes.size(0):
+        raise RuntimeError(
+            f"batched_nms: idxs must be a 1-D tensor with one category per box, got idxs of "
+            f"shape {idxs.shape} for boxes of shape {boxes.shape}"
         )
-    limit = _VANILLA_THRESHOLD.get(boxes.device.type, _VANILLA_THRESHOLD_OTHER)
-    tracing = torch.jit.is_tracing() or torch.compiler.is_compiling()
-    if boxes.numel() > limit and not tracing:
-        return _batched_nms_per_class(boxes, scores, idxs, iou_threshold)
-    return _batched_nms_coordinate_offset(boxes, scores, idxs, iou_threshold)
+    # The thresholds torchvision measured: above them one nms per category is faster.
+    limit = 4000 if boxes.device.type == "cpu" else 100_000
+    if boxes.numel() > limit and not torch.jit.is_tracing():
+        return _batched_nms_vanilla(boxes, scores, idxs, iou_threshold)
+    return _batched_nms_coordinate_trick(boxes, scores, idxs, iou_threshold)
 
 
-def _batched_nms_coordinate_offset(boxes, scores, idxs, iou_threshold):
+@torch.jit._script_if_tracing
+def _batched_nms_coordinate_trick(
+    boxes: Tensor, scores: Tensor, idxs: Tensor, iou_threshold: float
+) -> Tensor:
     # Shift each category by more than the largest coordinate so categories never overlap.
     if boxes.numel() == 0:
         return torch.empty((0,), dtype=torch.int64, device=boxes.device)
@@ -40,7 +69,10 @@ def _batched_nms_coordinate_offset(boxes, scores, idxs, iou_threshold):
     return nms(boxes + offsets[:, None], scores, iou_threshold)
 
 
-def _batched_nms_per_class(boxes, scores, idxs, iou_threshold):
+@torch.jit._script_if_tracing
+def _batched_nms_vanilla(
+    boxes: Tensor, scores: Tensor, idxs: Tensor, iou_threshold: float
+) -> Tensor:
     keep_mask = torch.zeros_like(scores, dtype=torch.bool)
     for category in torch.unique(idxs):
         members = torch.where(idxs == category)[0]

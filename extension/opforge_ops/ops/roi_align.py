@@ -1,40 +1,58 @@
-"""roi_align and RoIAlign (torch.ops.opforge.roi_align)."""
+"""roi_align and RoIAlign (torch.ops.opforge.roi_align).
+
+Scriptable, a torch.fx leaf, and checked in torchvision's order (see _utils.py).
+"""
+
 
 import torch
+import torch.fx
 from torch import Tensor, nn
+from torch.jit.annotations import BroadcastingList2
+from torch.nn.modules.utils import _pair
 
 from ._first_order import forbid_double_backward
-from ._utils import pair, rois_from_boxes
+from ._utils import check_quantized_rois, fx_leaf_call, rois_from_boxes
 
 
+@torch.fx.wrap
 def roi_align(
     input: Tensor,
-    boxes,
-    output_size,
+    boxes: Tensor | list[Tensor],
+    output_size: BroadcastingList2[int],
     spatial_scale: float = 1.0,
     sampling_ratio: int = -1,
     aligned: bool = False,
 ) -> Tensor:
     """Region of Interest Align (Mask R-CNN).
 
-    input: Tensor[N, C, H, W]; boxes: Tensor[K, 5] (batch index, x1, y1, x2, y2) or a list of
-    Tensor[L, 4], one per image. output_size: int or (height, width). spatial_scale maps box
-    coordinates onto input coordinates. sampling_ratio: bilinear samples per bin side (<= 0:
-    adaptive, ceil(roi size / output size)). aligned: shift boxes by -0.5 pixel for exact alignment.
-    Returns Tensor[K, C, output_size[0], output_size[1]].
+    input: Tensor[N, C, H, W] (quantized: N == 1, boxes quantized too); boxes: Tensor[K, 5]
+    (batch index, x1, y1, x2, y2) or a list of Tensor[L, 4], one per image. output_size: int or
+    (height, width). spatial_scale maps box coordinates onto input coordinates. sampling_ratio:
+    bilinear samples per bin side (<= 0: adaptive, ceil(roi size / output size)). aligned: shift
+    boxes by -0.5 pixel for exact alignment. Returns Tensor[K, C, output_size[0], output_size[1]].
     """
+    if not torch.jit.is_scripting():
+        leaf = fx_leaf_call(roi_align, (input, boxes, output_size, spatial_scale, sampling_ratio, aligned))
+        if leaf is not None:
+            return leaf
     rois = rois_from_boxes(boxes)
-    pooled_height, pooled_width = pair(output_size, "output_size")
+    output_size = _pair(output_size)
+    if not torch.jit.is_scripting():
+        check_quantized_rois(input, rois)
     return torch.ops.opforge.roi_align(
-        input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned
+        input, rois, spatial_scale, output_size[0], output_size[1], sampling_ratio, aligned
     )
 
 
 class RoIAlign(nn.Module):
-    """nn.Module form of roi_align."""
+    """See :func:`roi_align`."""
 
     def __init__(
-        self, output_size, spatial_scale: float, sampling_ratio: int, aligned: bool = False
+        self,
+        output_size: BroadcastingList2[int],
+        spatial_scale: float,
+        sampling_ratio: int,
+        aligned: bool = False,
     ):
         super().__init__()
         self.output_size = output_size
@@ -42,15 +60,16 @@ class RoIAlign(nn.Module):
         self.sampling_ratio = sampling_ratio
         self.aligned = aligned
 
-    def forward(self, input: Tensor, rois) -> Tensor:
+    def forward(self, input: Tensor, rois: Tensor | list[Tensor]) -> Tensor:
         return roi_align(
             input, rois, self.output_size, self.spatial_scale, self.sampling_ratio, self.aligned
         )
 
     def __repr__(self) -> str:
         return (
-            f"{self.__class__.__name__}(output_size={self.output_size}, spatial_scale={self.spatial_scale}, "
-            f"sampling_ratio={self.sampling_ratio}, aligned={self.aligned})"
+            f"{self.__class__.__name__}(output_size={self.output_size}, "
+            f"spatial_scale={self.spatial_scale}, sampling_ratio={self.sampling_ratio}, "
+            f"aligned={self.aligned})"
         )
 
 
@@ -79,9 +98,9 @@ def _check_roi_inputs(op, input, rois, pooled_height, pooled_width):
         lambda: f"{op}: input must be a floating point tensor, got {input.dtype}",
     )
     torch._check(
-        pooled_height > 0 and pooled_width > 0,
+        pooled_height >= 0 and pooled_width >= 0,
         lambda: (
-            f"{op}: output_size (pooled_height, pooled_width) must be positive, got ({pooled_height}, {pooled_width})"
+            f"{op}: output_size (pooled_height, pooled_width) must not be negative, got ({pooled_height}, {pooled_width})"
         ),
     )
 

@@ -1,34 +1,52 @@
-"""roi_pool and RoIPool (torch.ops.opforge.roi_pool)."""
+"""roi_pool and RoIPool (torch.ops.opforge.roi_pool).
+
+Scriptable, a torch.fx leaf, and checked in torchvision's order (see _utils.py).
+"""
+
 
 import torch
+import torch.fx
 from torch import Tensor, nn
+from torch.jit.annotations import BroadcastingList2
+from torch.nn.modules.utils import _pair
 
 from ._first_order import forbid_double_backward
-from ._utils import pair, rois_from_boxes
+from ._utils import fx_leaf_call, rois_from_boxes
 from .roi_align import _check_roi_inputs
 
 
-def roi_pool(input: Tensor, boxes, output_size, spatial_scale: float = 1.0) -> Tensor:
+@torch.fx.wrap
+def roi_pool(
+    input: Tensor,
+    boxes: Tensor | list[Tensor],
+    output_size: BroadcastingList2[int],
+    spatial_scale: float = 1.0,
+) -> Tensor:
     """Region of Interest Pool (Fast R-CNN): max over each quantized bin.
 
     input: Tensor[N, C, H, W]; boxes: Tensor[K, 5] (batch index, x1, y1, x2, y2) or a list of
-    Tensor[L, 4], one per image. Returns Tensor[K, C, output_size[0], output_size[1]].
+    Tensor[L, 4], one per image. output_size: int or (height, width).
+    Returns Tensor[K, C, output_size[0], output_size[1]].
     """
+    if not torch.jit.is_scripting():
+        leaf = fx_leaf_call(roi_pool, (input, boxes, output_size, spatial_scale))
+        if leaf is not None:
+            return leaf
     rois = rois_from_boxes(boxes)
-    pooled_height, pooled_width = pair(output_size, "output_size")
-    output, _ = torch.ops.opforge.roi_pool(input, rois, spatial_scale, pooled_height, pooled_width)
+    output_size = _pair(output_size)
+    output, _ = torch.ops.opforge.roi_pool(input, rois, spatial_scale, output_size[0], output_size[1])
     return output
 
 
 class RoIPool(nn.Module):
-    """nn.Module form of roi_pool."""
+    """See :func:`roi_pool`."""
 
-    def __init__(self, output_size, spatial_scale: float):
+    def __init__(self, output_size: BroadcastingList2[int], spatial_scale: float):
         super().__init__()
         self.output_size = output_size
         self.spatial_scale = spatial_scale
 
-    def forward(self, input: Tensor, rois) -> Tensor:
+    def forward(self, input: Tensor, rois: Tensor | list[Tensor]) -> Tensor:
         return roi_pool(input, rois, self.output_size, self.spatial_scale)
 
     def __repr__(self) -> str:
