@@ -6,15 +6,15 @@ What is built is chosen explicitly, never guessed from the build host:
   FORCE_CUDA=1          compile csrc/cuda/*.cu (fails if CUDA cannot be compiled)
   FORCE_MPS=1           compile csrc/mps/*.mm + csrc/metal/*.metal (macOS only)
   TORCH_CUDA_ARCH_LIST  e.g. "8.0;9.0" (read by torch.utils.cpp_extension)
-  OPFORGE_LOCAL_VERSION local version label, e.g. cpu -> 0.1.0+cpu
   OPFORGE_OMIT_KERNELS  fault injection: "roi_align:cpu,nms:cuda" leaves those kernel files out
   MAX_JOBS              parallel compile jobs (read by torch.utils.cpp_extension)
 
-The build writes opforge_ops/_build_info.json next to the compiled library.
+`opforge build` sets these and stamps the wheel afterwards (local version +<variant>, the torch
+pin, the build record in the .dist-info that opforge_ops.build_info() reads): this file writes
+none of that itself.
 """
 
 import importlib.util
-import json
 import os
 import platform
 import sys
@@ -110,7 +110,6 @@ class BuildConfig:
             )
         self.cuda = env_flag("FORCE_CUDA")
         self.mps = env_flag("FORCE_MPS")
-        self.local_version = os.environ.get("OPFORGE_LOCAL_VERSION", "").strip()
         self.metallib = False
         self.omitted = parse_omitted_kernels(os.environ.get("OPFORGE_OMIT_KERNELS", ""))
         if self.cuda and self.mps:
@@ -136,10 +135,6 @@ class BuildConfig:
                 f"got FORCE_CUDA={int(self.cuda)} FORCE_MPS={int(self.mps)}: the variant names what the wheel holds"
             )
 
-    @property
-    def version(self):
-        return f"{BASE_VERSION}+{self.local_version}" if self.local_version else BASE_VERSION
-
     def sources(self):
         omitted = self.omitted
         sources = [CSRC / "module.cpp", *sorted((CSRC / "ops").glob("*.cpp"))]
@@ -153,14 +148,6 @@ class BuildConfig:
         if self.mps and not self.mps_sources:
             raise BuildConfigError("FORCE_MPS=1 but csrc/mps holds no .mm kernels to compile")
         return [str(p.relative_to(ROOT)) for p in sources + self.cuda_sources + self.mps_sources]
-
-    def backends(self):
-        backends = ["cpu"]
-        if self.cuda_sources:
-            backends.append("cuda")
-        if self.mps_sources:
-            backends.append("mps")
-        return backends
 
     def extension(self):
         sources = self.sources()
@@ -195,46 +182,14 @@ class BuildConfig:
             extra_link_args=extra_link_args,
         )
 
-    def build_info(self):
-        return {
-            "schema": 1,
-            "package": "opforge_ops",
-            "version": self.version,
-            "variant": self.variant,
-            "torch_version": torch.__version__,
-            "torch_git_version": torch.version.git_version,
-            "python": f"{sys.version_info.major}.{sys.version_info.minor}",
-            "cuda_version": torch.version.cuda if self.cuda else None,
-            "cuda_arch_list": os.environ.get("TORCH_CUDA_ARCH_LIST") if self.cuda else None,
-            "mps": bool(self.mps_sources),
-            "metallib": self.metallib,
-            "backends": self.backends(),
-            "omitted_kernels": [f"{op}:{backend}" for op, backend in self.omitted],
-            "library": "_C",
-        }
-
 
 CONFIG = BuildConfig()
 EXTENSION = CONFIG.extension()
 
 
-class BuildExtension(cpp_extension.BuildExtension):
-    """Builds the library, then records what was built beside it."""
-
-    def run(self):
-        super().run()
-        library = Path(self.get_ext_fullpath(EXTENSION.name))
-        if not library.exists():
-            raise BuildConfigError(f"the compiled library {library} was not produced")
-        info_path = library.parent / "_build_info.json"
-        info_path.write_text(json.dumps(CONFIG.build_info(), indent=2) + "\n")
-
-
 setup(
-    version=CONFIG.version,
+    version=BASE_VERSION,
     packages=["opforge_ops", "opforge_ops.ops"],
-    package_data={"opforge_ops": ["_build_info.json"]},
-    install_requires=[f"torch=={torch.__version__.split('+')[0]}"],
     ext_modules=[EXTENSION],
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
 )

@@ -2,21 +2,31 @@
 
 import ctypes
 import importlib.machinery
+import importlib.metadata
 import json
 from pathlib import Path
 
 import torch
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-BUILD_INFO_PATH = PACKAGE_DIR / "_build_info.json"
+DISTRIBUTION = "opforge-ops"
+# the build record `opforge build` stamps into the wheel's .dist-info
+BUILD_RECORD = "opforge-build.json"
 
 
 def read_build_info():
-    """The build info written by setup.py, or None if the package was never built."""
+    """The build record of the installed distribution, or None (not installed from a stamped
+    wheel, or another copy of the distribution is the installed one)."""
     try:
-        return json.loads(BUILD_INFO_PATH.read_text())
-    except FileNotFoundError:
+        dist = importlib.metadata.distribution(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
         return None
+    # this package must be the distribution's files, not a source tree shadowing them
+    located = Path(dist.locate_file("opforge_ops/__init__.py")).resolve()
+    if located.parent != PACKAGE_DIR:
+        return None
+    text = dist.read_text(BUILD_RECORD)
+    return json.loads(text) if text else None
 
 
 def library_path(name="_C"):
@@ -29,7 +39,7 @@ def library_path(name="_C"):
 
 
 def _versions_line(info):
-    built = "unknown (no _build_info.json)"
+    built = f"unknown (no {BUILD_RECORD} in the installed {DISTRIBUTION} metadata)"
     if info is not None:
         built = f"{info.get('torch_version')} (git {info.get('torch_git_version')})"
     return f"built against torch {built}; running torch {torch.__version__} (git {torch.version.git_version})"
@@ -38,7 +48,7 @@ def _versions_line(info):
 def load_library():
     """dlopen opforge_ops/_C*.so so its TORCH_LIBRARY blocks register torch.ops.opforge.*."""
     info = read_build_info()
-    name = (info or {}).get("library", "_C")
+    name = "_C"
     path = library_path(name)
     if path is None:
         raise ImportError(

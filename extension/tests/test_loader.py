@@ -2,6 +2,7 @@
 
 import ctypes
 import importlib.machinery
+import importlib.metadata
 import json
 import shutil
 import subprocess
@@ -19,12 +20,15 @@ PACKAGE = Path(opforge_ops.__file__).resolve().parent
 
 def test_build_info_describes_this_build():
     info = opforge_ops.build_info()
-    assert info["schema"] == 1 and info["package"] == "opforge_ops"
+    assert info["schema"] == 1 and info["distribution"] == "opforge-ops"
+    assert info["version"] == importlib.metadata.version("opforge-ops")
+    assert info["version"].endswith("+" + info["variant"])
     assert info["torch_version"] == torch.__version__
     assert info["torch_git_version"] == torch.version.git_version
     assert info["python"] == f"{sys.version_info.major}.{sys.version_info.minor}"
-    library = _loader.library_path(info["library"])
+    library = _loader.library_path()
     assert library is not None and library.parent == PACKAGE
+    assert any(entry["path"].endswith(library.name) for entry in info["libraries"])
     assert library in {Path(p).resolve() for p in torch.ops.loaded_libraries}
     assert "cpu" in info["backends"]
     assert ("cuda" in info["backends"]) == torch._C._dispatch_has_kernel_for_dispatch_key(
@@ -49,10 +53,18 @@ def test_build_info_is_a_copy():
 
 
 def _copy_package(tmp_path):
+    """The package and its .dist-info (where the build record is), side by side in tmp_path."""
     target = tmp_path / "opforge_ops"
     shutil.copytree(PACKAGE, target, ignore=shutil.ignore_patterns("__pycache__"))
+    dist = importlib.metadata.distribution("opforge-ops")
+    info_dir = Path(dist.locate_file(f"opforge_ops-{dist.version}.dist-info"))
+    shutil.copytree(info_dir, tmp_path / info_dir.name)
     library = next(target.glob("_C*"))
     return target, library
+
+
+def _record_path(package):
+    return next(package.parent.glob("*.dist-info")) / _loader.BUILD_RECORD
 
 
 def _import_in_subprocess(tmp_path):
@@ -101,9 +113,9 @@ def test_missing_dependency_is_reported_with_the_dlopen_text(tmp_path):
 def test_corrupt_library_names_both_torch_versions(tmp_path):
     package, library = _copy_package(tmp_path)
     library.write_bytes(b"this is not a shared library")
-    info = json.loads((package / "_build_info.json").read_text())
+    info = json.loads(_record_path(package).read_text())
     info["torch_version"] = "0.0.1+elsewhere"
-    (package / "_build_info.json").write_text(json.dumps(info))
+    _record_path(package).write_text(json.dumps(info))
     result = _import_in_subprocess(tmp_path)
     _assert_loud_import_error(result, _dlopen_error(library), "0.0.1+elsewhere")
 

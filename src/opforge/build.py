@@ -9,6 +9,7 @@ interpreter (the bisect uses that against a nightly's environment).
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import re
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from opforge.errors import OpforgeError, UsageError
 from opforge.matrix import Matrix, Variant, load_matrix
+from opforge.stamp import BuildFacts, stamp_wheel
 from opforge.torchsource import pip_index_args, resolve_index
 
 # Libraries torch's wheel provides: never vendored into our wheel (auditwheel / delocate).
@@ -31,6 +33,8 @@ TORCH_LIBRARIES = ("libtorch*.so*", "libc10*.so*", "libtorch_python.so", "libshm
                    "libcudnn*.so*", "libnccl*.so*", "libcupti*.so*")
 DELOCATE_EXCLUDES = ("libtorch", "libc10", "libshm", "libomp")
 BUILD_TOOLS = ("setuptools>=69", "wheel", "ninja")
+# pyproject.toml without [build-system]: PEP 517's legacy default
+LEGACY_BUILD_REQUIRES = ("setuptools>=40.8.0", "wheel")
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,10 @@ class BuildPlan:
         return self.work_dir / "raw"
 
     @property
+    def stamped_dir(self) -> Path:
+        return self.work_dir / "stamped"
+
+    @property
     def repaired_dir(self) -> Path:
         return self.work_dir / "repaired"
 
@@ -77,9 +85,11 @@ class BuildPlan:
         lines.append("  commands:")
         for args in (self.install, self.tools):
             lines.append("    python -m pip install " + " ".join(shlex.quote(a) for a in args))
-        for step in (self.build, self.repair):
-            if step is not None:
-                lines.append(f"    {step.render()}")
+        lines.append(f"    {self.build.render()}")
+        lines.append(f"    opforge stamp: local version +{self.variant.local_version}, "
+                     "torch pin, build record (.dist-info/opforge-build.json), RECORD")
+        if self.repair is not None:
+            lines.append(f"    {self.repair.render()}   (platform wheels only)")
         lines.append(f"    move the wheel into {self.out_dir}/ (replacing older wheels)")
         lines.append(f"    opforge inspect <wheel> --expect-variant {self.variant.name}")
         return "\n".join(lines)
@@ -175,9 +185,10 @@ def plan_build(matrix: Matrix, variant_name: str, *, out_dir: Path | None = None
 
     build_env = {
         "OPFORGE_VARIANT": variant.name,
-        "OPFORGE_LOCAL_VERSION": variant.local_version,
         # setuptools reads this config: per-variant build dir, so ninja reuses the objects.
         "DIST_EXTRA_CONFIG": str(work_dir / "setup.cfg"),
+        # scikit-build-core's build directory, kept per variant for the same reason
+        "SKBUILD_BUILD_DIR": str(work_dir / "cmake"),
         "MAX_JOBS": str(max_jobs or env_in.get("MAX_JOBS") or os.cpu_count() or 1),
     }
     if omit_kernels:
@@ -205,12 +216,33 @@ def plan_build(matrix: Matrix, variant_name: str, *, out_dir: Path | None = None
     repair = _repair_step(target, work_dir)
     return BuildPlan(variant=variant, host=target, extension_dir=extension_dir,
                      out_dir=out_dir, work_dir=work_dir, install=install,
-                     tools=(*BUILD_TOOLS, *_repair_tools(target)), build=build,
+                     tools=(*build_requires(extension_dir), *_repair_tools(target)), build=build,
                      repair=repair, env=build_env)
 
 
+def build_requires(extension_dir: Path) -> tuple[str, ...]:
+    """The project's [build-system] requires (torch left out: the variant's is installed)."""
+    pyproject = extension_dir / "pyproject.toml"
+    requires: list[str] = list(BUILD_TOOLS)
+    if pyproject.is_file():
+        try:
+            import tomllib
+        except ModuleNotFoundError:  # Python 3.10
+            import tomli as tomllib  # type: ignore[no-redef]
+        try:
+            data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise UsageError(f"{pyproject}: cannot read [build-system]: {exc}") from None
+        declared = data.get("build-system", {}).get("requires", list(LEGACY_BUILD_REQUIRES))
+        if not isinstance(declared, list) or not all(isinstance(r, str) for r in declared):
+            raise UsageError(f"{pyproject}: [build-system] requires must be a list of strings")
+        requires += [r for r in declared if re.split(r"[\s<>=!~;\[(]", r.strip(), maxsplit=1)[0].lower()
+                     != "torch"]
+    return tuple(dict.fromkeys(requires))
+
+
 def _repair_step(host: str, work_dir: Path) -> Step | None:
-    raw = str(work_dir / "raw" / "*.whl")
+    raw = str(work_dir / "stamped" / "*.whl")
     if host.startswith("linux-"):
         excludes = [a for lib in TORCH_LIBRARIES for a in ("--exclude", lib)]
         return Step("repair the platform tag (manylinux), torch's libraries excluded",
@@ -234,7 +266,7 @@ def _repair_tools(target: str) -> tuple[str, ...]:
 
 def prepare(plan: BuildPlan) -> None:
     """Fresh raw/repaired dirs (the compiled objects under work_dir stay for reuse)."""
-    for d in (plan.raw_dir, plan.repaired_dir):
+    for d in (plan.raw_dir, plan.stamped_dir, plan.repaired_dir):
         shutil.rmtree(d, ignore_errors=True)
         d.mkdir(parents=True)
     (plan.work_dir / "setup.cfg").write_text(
@@ -256,8 +288,9 @@ def expand(step: Step, python: str) -> list[str]:
 
 
 def finish(plan: BuildPlan) -> Path:
-    """Move the built (repaired) wheel into out_dir atomically, replacing older wheels."""
-    source_dir = plan.repaired_dir if plan.repair is not None else plan.raw_dir
+    """Move the built (stamped, repaired) wheel into out_dir atomically, replacing older wheels."""
+    repaired = sorted(plan.repaired_dir.glob("*.whl"))
+    source_dir = plan.repaired_dir if repaired else plan.stamped_dir
     wheels = sorted(source_dir.glob("*.whl"))
     if len(wheels) != 1:
         raise OpforgeError(f"the build produced {len(wheels)} wheels in {source_dir}, expected one")
@@ -290,10 +323,57 @@ def execute(plan: BuildPlan, python: str, *, install: bool = True, log=print) ->
     path_env = {"PATH": f"{Path(python).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     _run(expand(plan.build, python), {**plan.build.env, **path_env}, log,
          plan.build.description, logfile=plan.work_dir / "build.log")
-    if plan.repair is not None:
+    stamped = stamp(plan, python, log=log)
+    if needs_repair(plan, stamped):
         _run(expand(plan.repair, python), {**plan.repair.env, **path_env}, log,
              plan.repair.description)
     return finish(plan)
+
+
+_TORCH_FACTS = ("import json, sys, torch; print(json.dumps({'torch_version': torch.__version__, "
+                "'torch_git_version': torch.version.git_version, "
+                "'torch_cuda_version': torch.version.cuda, "
+                "'python': '%d.%d' % sys.version_info[:2]}))")
+
+
+def build_facts(plan: BuildPlan, python: str) -> BuildFacts:
+    """What the build ran with: the build environment's torch, the variant, the source commit."""
+    result = subprocess.run([python, "-c", _TORCH_FACTS], capture_output=True, text=True,
+                            env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    if result.returncode != 0:
+        tail = " | ".join(result.stderr.strip().splitlines()[-2:])
+        raise OpforgeError(f"cannot ask {python} which torch the build used: {tail}")
+    torch = json.loads(result.stdout.strip().splitlines()[-1])
+    commit = subprocess.run(["git", "-C", str(plan.extension_dir), "rev-parse", "HEAD"],
+                            capture_output=True, text=True)
+    variant = plan.variant
+    omitted = plan.env.get("OPFORGE_OMIT_KERNELS", "")
+    return BuildFacts(
+        variant=variant.name, torch_version=torch["torch_version"],
+        torch_git_version=torch["torch_git_version"],
+        torch_cuda_version=torch["torch_cuda_version"], python=torch["python"],
+        cuda_version=variant.cuda, cuda_arch_list=variant.arch_list if variant.cuda else None,
+        mps=variant.mps, macos_deployment_target=variant.macos_deployment_target,
+        source_commit=commit.stdout.strip() if commit.returncode == 0 else None,
+        extra={"omitted_kernels": [k.strip() for k in omitted.split(",") if k.strip()]})
+
+
+def stamp(plan: BuildPlan, python: str, log=print) -> Path:
+    """Stamp the project's raw wheel (the wheel contract, see opforge.stamp) into stamped_dir."""
+    raw = sorted(plan.raw_dir.glob("*.whl"))
+    if len(raw) != 1:
+        raise OpforgeError(f"the build produced {len(raw)} wheels in {plan.raw_dir}, expected one")
+    facts = build_facts(plan, python)
+    result = stamp_wheel(raw[0], plan.stamped_dir, facts, cuda_expected=bool(plan.variant.cuda),
+                         mps_expected=plan.variant.mps, build_env=plan.env)
+    log(f"opforge build: stamped {result.wheel.name} (backends: "
+        f"{', '.join(result.record['backends']) or 'none compiled'}, {facts.requirement})")
+    return result.wheel
+
+
+def needs_repair(plan: BuildPlan, wheel: Path) -> bool:
+    """auditwheel / delocate only for a wheel with compiled code and a platform tag."""
+    return plan.repair is not None and not wheel.name.endswith("-any.whl")
 
 
 def _run(argv: list[str], env: dict[str, str], log, what: str, logfile: Path | None = None):

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 from packaging.version import InvalidVersion, Version
 
+from opforge.dispatch_keys import DISPATCH_KEYS, device_of
 from opforge.errors import UsageError
 from opforge.files import compose_yaml, read_text
 
@@ -24,9 +25,7 @@ DEFAULT_MATRIX = "matrix.yaml"
 CHANNELS = ("stable", "test", "nightly")
 # Python versions PyTorch publishes wheels for in the releases this matrix format targets.
 KNOWN_PYTHONS = ("3.10", "3.11", "3.12", "3.13", "3.13t", "3.14", "3.14t")
-DISPATCH_KEYS = ("CPU", "CUDA", "MPS", "Meta", "Autograd", "AutocastCPU", "AutocastCUDA",
-                 "AutocastMPS")
-BACKEND_KEYS = ("CPU", "CUDA", "MPS")
+BACKEND_KEYS = ("CPU", "CUDA", "MPS", "XPU", "HIP", "PrivateUse1")
 # SM architectures each nvcc accepts (compute capability "X.Y"); PTX-only or family suffixes
 # ("a", "f") are checked separately. CUDA 13 dropped Maxwell, Pascal and Volta (< 7.5).
 NVCC_ARCHS = {
@@ -55,13 +54,54 @@ class MatrixError(UsageError):
 
 
 @dataclass(frozen=True)
+class Op:
+    """One op of the namespace and how its expected keys differ from its variant's defaults.
+
+    ``keys`` replaces the defaults, ``add`` / ``remove`` edit them; a backward-only op
+    (``backward: true``) defaults to the variant's backend keys and Meta. In a variant that
+    does not build a device, that device's keys (CUDA, AutocastCUDA, ...) are dropped.
+    """
+
+    name: str
+    backward: bool = False
+    keys: tuple[str, ...] | None = None
+    add: tuple[str, ...] = ()
+    remove: tuple[str, ...] = ()
+
+    def expected_keys(self, variant: Variant) -> tuple[str, ...]:
+        if self.keys is not None:
+            keys = list(self.keys)
+        elif self.backward:
+            keys = list(variant.backend_keys)
+        else:
+            keys = list(variant.expected_keys)
+        keys += [k for k in self.add if k not in keys]
+        keys = [k for k in keys if k not in self.remove]
+        return tuple(k for k in keys if device_of(k) in (None, *variant.backends))
+
+
+@dataclass(frozen=True)
 class Extension:
     path: str
     package: str
     distribution: str
     namespace: str
-    ops: tuple[str, ...]
-    internal_ops: tuple[str, ...]
+    op_specs: tuple[Op, ...]
+    recipes: str | None = None    # the recipes file, relative to the matrix file's directory
+
+    @property
+    def ops(self) -> tuple[str, ...]:
+        """The forward ops (each called by the smoke test when its recipe says how)."""
+        return tuple(op.name for op in self.op_specs if not op.backward)
+
+    @property
+    def internal_ops(self) -> tuple[str, ...]:
+        """Backward-only ops (reached through their forward op's backward)."""
+        return tuple(op.name for op in self.op_specs if op.backward)
+
+    def op_keys(self, variant: Variant) -> dict[str, tuple[str, ...]]:
+        """op name -> the keys its wheel must register in ``variant``."""
+        return {op.name: op.expected_keys(variant) for op in self.op_specs}
 
 
 @dataclass(frozen=True)
@@ -112,7 +152,7 @@ class Variant:
 
     @property
     def backend_keys(self) -> tuple[str, ...]:
-        """The keys backward (internal) ops must register: backends plus Meta."""
+        """The keys backward-only ops must register by default: backends plus Meta."""
         return tuple(k for k in self.expected_keys if k in BACKEND_KEYS or k == "Meta")
 
     @property
@@ -322,7 +362,7 @@ VERSION_ENV = "OPFORGE_TORCH_VERSION"
 
 
 def load_matrix(path: str | Path | None = None, env: dict[str, str] | None = None) -> Matrix:
-    """Read and validate a matrix file (default: ./matrix.yaml, else the repository's).
+    """Read and validate a matrix file (default: ``find_matrix()``).
 
     ``OPFORGE_TORCH_CHANNEL`` / ``OPFORGE_TORCH_VERSION`` replace the file's torch channel and
     version (and every variant's own torch_version), so one workflow-level setting moves
@@ -356,15 +396,27 @@ def with_torch(matrix: Matrix, channel: str, version: str) -> Matrix:
     return replace(matrix, torch=torch, variants=variants)
 
 
-def find_matrix() -> Path:
-    here = Path.cwd() / DEFAULT_MATRIX
-    if here.exists():
-        return here
-    repo = Path(__file__).resolve().parents[2] / DEFAULT_MATRIX
-    if repo.exists():
-        return repo
-    raise MatrixError(f"{DEFAULT_MATRIX}:0: (file): no {DEFAULT_MATRIX} in {Path.cwd()}; "
-                      "pass --file PATH")
+MATRIX_ENV = "OPFORGE_MATRIX"
+
+
+def find_matrix(start: Path | None = None, env: dict[str, str] | None = None) -> Path:
+    """The configuration: ``$OPFORGE_MATRIX``, else matrix.yaml in the working directory or
+    the nearest directory above it. Never opforge's own repository's."""
+    env = os.environ if env is None else env
+    if env.get(MATRIX_ENV):
+        path = Path(env[MATRIX_ENV])
+        if not path.is_file():
+            raise MatrixError(f"{path}:0: (file): no such file (from ${MATRIX_ENV}); "
+                              "set it to your matrix.yaml or pass --file PATH")
+        return path
+    here = (start or Path.cwd()).resolve()
+    for directory in (here, *here.parents):
+        candidate = directory / DEFAULT_MATRIX
+        if candidate.is_file():
+            return candidate
+    raise MatrixError(f"{DEFAULT_MATRIX}:0: (file): no {DEFAULT_MATRIX} in {here} or any "
+                      f"directory above it; pass --file PATH, set ${MATRIX_ENV}, or run "
+                      "`opforge init` to write one")
 
 
 def parse_matrix(text: str, path: Path) -> Matrix:
@@ -395,26 +447,80 @@ def parse_matrix(text: str, path: Path) -> Matrix:
 
 def _extension(r: _Reader, node: yaml.Node) -> Extension:
     m = r.mapping(node, "extension", {"path": True, "package": True, "distribution": False,
-                                      "namespace": True, "ops": True, "internal_ops": False})
+                                      "namespace": True, "ops": True, "internal_ops": False,
+                                      "recipes": False})
     package = r.scalar(m["package"], "extension.package")
     if not package.isidentifier():
         raise r.fail(m["package"], "extension.package", f"{package!r} is not an import name")
     namespace = r.scalar(m["namespace"], "extension.namespace")
     if not namespace.isidentifier():
         raise r.fail(m["namespace"], "extension.namespace", f"{namespace!r} is not an identifier")
-    ops = [op for op, _ in r.str_list(m["ops"], "extension.ops")]
-    internal = [op for op, _ in r.str_list(m["internal_ops"], "extension.internal_ops")] \
-        if "internal_ops" in m else []
-    for key, names, n in (("extension.ops", ops, m["ops"]),
-                          ("extension.internal_ops", internal, m.get("internal_ops"))):
-        for i, op in enumerate(names):
+    specs = _ops(r, m["ops"], "extension.ops")
+    if "internal_ops" in m:  # the older spelling of `backward: true`
+        for i, (op, item) in enumerate(r.str_list(m["internal_ops"], "extension.internal_ops")):
             if not op.isidentifier():
-                raise r.fail(n, f"{key}[{i}]", f"{op!r} is not an operator name")
+                raise r.fail(item, f"extension.internal_ops[{i}]", f"{op!r} is not an operator name")
+            if any(s.name == op for s in specs):
+                raise r.fail(item, f"extension.internal_ops[{i}]", f"{op!r} is also in ops")
+            specs.append(Op(name=op, backward=True))
     distribution = (r.scalar(m["distribution"], "extension.distribution")
                     if "distribution" in m else package.replace("_", "-"))
+    recipes = r.scalar(m["recipes"], "extension.recipes") if "recipes" in m else None
+    if recipes is not None and not recipes.endswith(".py"):
+        raise r.fail(m["recipes"], "extension.recipes",
+                     f"{recipes!r}: the recipes file is a Python file (.py)")
     return Extension(path=r.scalar(m["path"], "extension.path"), package=package,
-                     distribution=distribution, namespace=namespace, ops=tuple(ops),
-                     internal_ops=tuple(internal))
+                     distribution=distribution, namespace=namespace, op_specs=tuple(specs),
+                     recipes=recipes)
+
+
+_OP_FIELDS = {"keys": False, "add": False, "remove": False, "backward": False}
+
+
+def _ops(r: _Reader, node: yaml.Node, key: str) -> list[Op]:
+    """``[nms, roi_align, {my_op: {remove: [Autograd]}}]``: a name, or a name with its fields."""
+    if not isinstance(node, yaml.SequenceNode):
+        raise r.fail(node, key, f"expected a list, got {_kind(node)}")
+    if not node.value:
+        raise r.fail(node, key, "must not be empty")
+    ops: list[Op] = []
+    for i, item in enumerate(node.value):
+        where = f"{key}[{i}]"
+        fields: dict[str, yaml.Node] = {}
+        if isinstance(item, yaml.MappingNode):
+            if len(item.value) != 1:
+                raise r.fail(item, where, "an op with fields is one mapping: "
+                                          "`- my_op: {remove: [Autograd]}`")
+            name_node, value = item.value[0]
+            name = r.scalar(name_node, where)
+            where = f"{key}.{name}"
+            fields = r.mapping(value, where, _OP_FIELDS)
+        else:
+            name_node = item
+            name = r.scalar(item, where)
+        if not name.isidentifier():
+            raise r.fail(name_node, where, f"{name!r} is not an operator name")
+        if any(op.name == name for op in ops):
+            raise r.fail(name_node, where, f"{name!r} is listed twice")
+        lists = {f: tuple(_keys(r, fields[f], f"{where}.{f}")) for f in ("keys", "add", "remove")
+                 if f in fields}
+        backward = r.scalar(fields["backward"], f"{where}.backward", bool) \
+            if "backward" in fields else False
+        ops.append(Op(name=name, backward=backward, **lists))
+    return ops
+
+
+def _keys(r: _Reader, node: yaml.Node, key: str) -> list[str]:
+    keys = []
+    for j, (k, knode) in enumerate(r.str_list(node, key)):
+        if k not in DISPATCH_KEYS:
+            close = sorted(d for d in DISPATCH_KEYS if d.lower() == k.lower()
+                           or d.lower().startswith(k.lower()[:4]))[:6]
+            hint = f" (did you mean {', '.join(close)}?)" if close else \
+                " (a c10::DispatchKey name, e.g. CPU, CUDA, Meta, Autograd, AutocastCUDA)"
+            raise r.fail(knode, f"{key}[{j}]", f"unknown dispatch key {k!r}{hint}")
+        keys.append(k)
+    return keys
 
 
 def _torch(r: _Reader, node: yaml.Node) -> TorchChannel:
@@ -490,12 +596,7 @@ def _variants(r: _Reader, node: yaml.Node, platforms: dict[str, Platform]) -> li
                 raise r.fail(pnode, f"{key}.platforms[{j}]",
                              f"unknown platform {plat!r} (declared: {', '.join(platforms)})")
             plats.append((plat, pnode))
-        keys = []
-        for j, (k, knode) in enumerate(r.str_list(m["expected_keys"], f"{key}.expected_keys")):
-            if k not in DISPATCH_KEYS:
-                raise r.fail(knode, f"{key}.expected_keys[{j}]",
-                             f"unknown dispatch key {k!r} (known: {', '.join(DISPATCH_KEYS)})")
-            keys.append(k)
+        keys = _keys(r, m["expected_keys"], f"{key}.expected_keys")
         opt = {k: r.scalar(m[k], f"{key}.{k}") for k in
                ("cuda", "arch_list", "container", "torch_version", "index_variant",
                 "macos_deployment_target", "runner") if k in m}
@@ -516,30 +617,23 @@ def _variants(r: _Reader, node: yaml.Node, platforms: dict[str, Platform]) -> li
             if "arch_list" not in opt:
                 raise r.fail(vnode, f"{key}.arch_list", f"CUDA variant {name!r} needs arch_list")
             _check_arch_list(r, m["arch_list"], f"{key}.arch_list", opt["arch_list"], cuda)
-            for needed in ("CUDA", "AutocastCUDA"):
-                if needed not in keys:
-                    raise r.fail(m["expected_keys"], f"{key}.expected_keys",
-                                 f"CUDA variant {name!r} must expect {needed}")
         else:
             for k in ("arch_list", "container"):
                 if k in opt:
                     raise r.fail(m[k], f"{key}.{k}", f"{k} needs cuda: set (variant {name!r} is not CUDA)")
-            if "CUDA" in keys or "AutocastCUDA" in keys:
+            cuda_keys = [k for k in keys if device_of(k) == "cuda"]
+            if cuda_keys:
                 raise r.fail(m["expected_keys"], f"{key}.expected_keys",
-                             f"variant {name!r} expects CUDA kernels but sets no cuda version")
+                             f"variant {name!r} expects {cuda_keys[0]} kernels but sets no "
+                             "cuda version")
         if mps:
             for plat, pnode in plats:
                 if not plat.startswith("macos-"):
                     raise r.fail(pnode, f"{key}.platforms",
                                  f"MPS variant {name!r} cannot target {plat} (MPS needs macOS)")
-            if "MPS" not in keys:
-                raise r.fail(m["expected_keys"], f"{key}.expected_keys",
-                             f"MPS variant {name!r} must expect MPS")
-        elif "MPS" in keys or "AutocastMPS" in keys:
+        elif any(device_of(k) == "mps" for k in keys):
             raise r.fail(m["expected_keys"], f"{key}.expected_keys",
                          f"variant {name!r} expects MPS kernels but does not set mps: true")
-        if "CPU" not in keys:
-            raise r.fail(m["expected_keys"], f"{key}.expected_keys", "every variant ships CPU kernels: add CPU")
         if "macos_deployment_target" in opt:
             if not re.match(r"^\d+(\.\d+)?$", opt["macos_deployment_target"]):
                 raise r.fail(m["macos_deployment_target"], f"{key}.macos_deployment_target",

@@ -1,4 +1,4 @@
-"""Read a built wheel without installing it: tags, torch pin, build info, libraries, CUDA archs.
+"""Read a built wheel without installing it: tags, torch pin, build record, libraries, CUDA archs.
 
 ``inspect_wheel`` returns a typed report; ``check_against_variant`` lists the ways a wheel
 contradicts its matrix entry (``opforge inspect --expect-variant cu130`` exits 1 on any).
@@ -6,7 +6,6 @@ contradicts its matrix entry (``opforge inspect --expect-variant cu130`` exits 1
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import struct
@@ -23,6 +22,7 @@ from packaging.version import Version
 
 from opforge.errors import OpforgeError, UsageError
 from opforge.matrix import Variant
+from opforge.stamp import RECORD_NAME, library_backends, read_record
 
 _FATBIN_MAGIC = 0xBA55ED50
 _LIB_SUFFIXES = (".so", ".dylib", ".pyd")
@@ -35,6 +35,7 @@ class Library:
     needed: list[str] = field(default_factory=list)
     cuda_archs: list[str] = field(default_factory=list)   # "sm_90", "compute_120" (PTX)
     embedded_metal: bool = False   # Metal shader source compiled into the binary as a string
+    backends: list[str] = field(default_factory=list)   # found in the code: cpu, cuda, hip, mps
 
 
 @dataclass
@@ -90,13 +91,7 @@ def inspect_wheel(path: str | Path) -> WheelReport:
                 continue
             if req.name.lower() == "torch" and not req.marker:
                 torch_req = str(req)
-        build_info = None
-        info_names = [n for n in names if n.endswith("/_build_info.json")]
-        if info_names:
-            try:
-                build_info = json.loads(archive.read(info_names[0]))
-            except (ValueError, KeyError):
-                build_info = {"error": f"{info_names[0]} is not valid JSON"}
+        build_info = read_record(archive)
         libraries = []
         for member in names:
             if not member.endswith(_LIB_SUFFIXES) and ".so." not in member:
@@ -106,7 +101,8 @@ def inspect_wheel(path: str | Path) -> WheelReport:
             lib_path.write_bytes(data)
             libraries.append(Library(path=member, size=len(data), needed=_needed(lib_path),
                                      cuda_archs=fatbin_archs(data),
-                                     embedded_metal=b"kernel void" in data))
+                                     embedded_metal=b"kernel void" in data,
+                                     backends=library_backends(data)))
         metal = [n for n in names if n.endswith(".metal")]
         metallibs = [n for n in names if n.endswith(".metallib")]
     return WheelReport(wheel=path.name, name=str(name), version=str(version),
@@ -185,7 +181,8 @@ def check_against_variant(report: WheelReport, variant: Variant) -> list[str]:
                         f"{report.torch_requirement or 'none'})")
     info = report.build_info
     if not info or "error" in info:
-        problems.append("no readable build info (_build_info.json) in the wheel")
+        problems.append(f"no readable build record (.dist-info/{RECORD_NAME}): the wheel was "
+                        "not stamped by opforge build")
         info = {}
     else:
         if info.get("variant") != variant.name:
@@ -197,16 +194,18 @@ def check_against_variant(report: WheelReport, variant: Variant) -> list[str]:
             if Version(pinned).public != Version(built).public:
                 problems.append(f"torch pin {report.torch_requirement} differs from the torch "
                                 f"it was built against ({built})")
-        backends = set(info.get("backends") or [])
-        for backend in variant.backends:
-            if backend not in backends:
-                problems.append(f"build info lists backends {sorted(backends)}: "
-                                f"{backend} kernels were not compiled")
+        if info.get("version") and info["version"] != report.version:
+            problems.append(f"build record says version {info['version']}, the wheel is "
+                            f"{report.version}")
         if info.get("omitted_kernels"):
             problems.append(f"kernels left out at build time: {info['omitted_kernels']}")
     compiled = report.libraries
-    if not compiled:
-        problems.append("no compiled library in the wheel")
+    # backends come from the code itself; a pure-Python wheel (custom_op kernels) has none
+    found = {b for lib in compiled for b in lib.backends}
+    for backend in variant.backends:
+        if backend != "cpu" and backend not in found:
+            problems.append(f"no {backend} device code in any compiled library "
+                            f"({', '.join(lib.path for lib in compiled) or 'none'})")
     tags = " ".join(report.tags)
     if variant.cuda:
         sass, ptx = _expected_archs(variant.arch_list or "")
@@ -232,7 +231,7 @@ def check_against_variant(report: WheelReport, variant: Variant) -> list[str]:
             problems.append("no Metal shaders (sources, metallib or embedded source) in the wheel")
         if "macosx" not in tags or "arm64" not in tags:
             problems.append(f"MPS wheel has platform tags {tags}, expected macosx_*_arm64")
-    if all(p.startswith("linux-") for p in variant.platforms) and "linux" not in tags:
+    if compiled and all(p.startswith("linux-") for p in variant.platforms) and "linux" not in tags:
         problems.append(f"platform tags {tags} are not Linux")
     if "linux_x86_64" in tags or "linux_aarch64" in tags:
         problems.append(f"platform tag {tags} is not manylinux: the wheel was not repaired "

@@ -30,7 +30,8 @@ def test_cpu_plan_is_explicit_and_never_forces_accelerators(tmp_path):
     plan = build.plan_build(MATRIX, "cpu", out_dir=tmp_path / "dist", work_dir=tmp_path / "w",
                             host="linux-x86_64", env={})
     env = plan.build.env
-    assert env["OPFORGE_VARIANT"] == "cpu" and env["OPFORGE_LOCAL_VERSION"] == "cpu"
+    # the variant is passed; the local version is opforge's to stamp, not the project's to write
+    assert env["OPFORGE_VARIANT"] == "cpu" and "OPFORGE_LOCAL_VERSION" not in env
     assert env["FORCE_CUDA"] == "0" and "FORCE_MPS" not in env
     assert "torch==2.13.0" in plan.install
     assert plan.install[plan.install.index("--index-url") + 1] == \
@@ -166,18 +167,31 @@ def test_nox_build_mps_fails_clearly_and_dry_run_prints_the_plan(tmp_path):
     assert "delocate" in output
 
 
-def test_smoke_session_defaults_to_the_variants_newest_wheel(tmp_path):
-    from opforge import sessions
+def test_smoke_variant_takes_the_newest_wheel_of_dist_variant(tmp_path, monkeypatch):
+    from opforge.smoke.cli import resolve
 
-    fake_root = tmp_path
-    (fake_root / "matrix.yaml").write_text((ROOT / "matrix.yaml").read_text())
-    matrix = load_matrix(fake_root / "matrix.yaml")
-    with pytest.raises(Exception, match="run `nox -s build_cu130` first"):
-        sessions.smoke_args(matrix, ["--variant", "cu130"], "cpu")
-    wheel_dir = fake_root / "dist" / "cu130"
+    (tmp_path / "matrix.yaml").write_text((ROOT / "matrix.yaml").read_text())
+    (tmp_path / "extension").mkdir()
+    (tmp_path / "extension" / "recipes.py").write_text("RECIPES = {}\n")
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")  # found from the working directory upwards
+    monkeypatch.delenv("OPFORGE_MATRIX", raising=False)
+    parser = build_parser_for_smoke()
+    with pytest.raises(Exception, match="run `opforge build --variant cu130`"):
+        resolve(parser.parse_args(["smoke", "--variant", "cu130"]))
+    wheel_dir = tmp_path / "dist" / "cu130"
     wheel_dir.mkdir(parents=True)
     wheel = wheel_dir / "opforge_ops-0.1.0+cu130-cp311-cp311-manylinux_2_34_x86_64.whl"
     wheel.write_text("")
-    assert sessions.smoke_args(matrix, ["--variant", "cu130"], "cpu") == \
-        ["--wheel", str(wheel), "--variant", "cu130"]
-    assert sessions.smoke_args(matrix, ["--wheel", "x.whl"], "cpu") == ["--wheel", "x.whl"]
+    target, request, variant = resolve(parser.parse_args(["smoke", "--variant", "cu130"]))
+    assert target.wheel == wheel and variant == "cu130"
+    # the variant's torch goes in first, from the variant's index
+    assert target.variant_torch == "torch==2.14.1"
+    assert request.op_keys["_roi_align_backward"] == ("CPU", "CUDA", "Meta")
+    assert request.recipes == tmp_path / "extension" / "recipes.py"
+
+
+def build_parser_for_smoke():
+    from opforge.cli import build_parser
+
+    return build_parser()

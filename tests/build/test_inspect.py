@@ -46,7 +46,8 @@ def make_wheel(tmp_path: Path, *, local="cpu", tag="manylinux_2_28_x86_64", pin=
         zf.writestr(f"opforge_ops-{version}.dist-info/WHEEL", f"Wheel-Version: 1.0\nTag: cp311-cp311-{tag}\n")
         zf.writestr("opforge_ops/__init__.py", "")
         if info is not False:
-            zf.writestr("opforge_ops/_build_info.json", json.dumps({**base_info, **(info or {})}))
+            zf.writestr(f"opforge_ops-{version}.dist-info/opforge-build.json",
+                        json.dumps({**base_info, **(info or {})}))
         if library is not None:
             zf.writestr("opforge_ops/_C.cpython-311-x86_64-linux-gnu.so", library)
         for member, data in (extra or {}).items():
@@ -85,8 +86,8 @@ def test_cuda_wheel_with_exactly_the_requested_archs(tmp_path):
     (dict(pin=None), "no exact torch pin"),
     (dict(pin="torch>=2.0"), "no exact torch pin"),
     (dict(pin="torch==2.14.1"), "differs from the torch it was built against"),
-    (dict(info=False), "no readable build info"),
-    (dict(library=None), "no compiled library"),
+    (dict(info=False), "no readable build record (.dist-info/opforge-build.json)"),
+    (dict(info={"version": "0.1.0+cu130"}), "build record says version 0.1.0+cu130"),
     (dict(tag="linux_x86_64"), "not repaired with auditwheel"),
     (dict(info={"omitted_kernels": ["roi_align:cpu"]}), "kernels left out"),
     (dict(library=b"\x7fELF" + fatbin([(2, 90)])), "is not CUDA but the wheel embeds sm_90"),
@@ -103,8 +104,12 @@ def test_cuda_wheel_missing_an_arch_and_kernels(tmp_path):
                        library=b"\x7fELF" + fatbin([(2, 90)]),
                        info={"variant": "cu130", "torch_version": "2.14.1", "backends": ["cpu"]})
     problems = check_against_variant(inspect_wheel(wheel), variant)
-    assert any("cuda kernels were not compiled" in p for p in problems), problems
     assert any("CUDA architectures missing: sm_75, sm_80" in p for p in problems), problems
+    (tmp_path / "nd").mkdir()
+    no_device = make_wheel(tmp_path / "nd", local="cu130", pin="torch==2.14.1",
+                           info={"variant": "cu130", "torch_version": "2.14.1"})
+    problems = check_against_variant(inspect_wheel(no_device), variant)
+    assert any("no cuda device code in any compiled library" in p for p in problems), problems
 
 
 def test_mps_wheel_needs_metal_and_macos_tags(tmp_path):
@@ -119,7 +124,13 @@ def test_mps_wheel_needs_metal_and_macos_tags(tmp_path):
     problems = check_against_variant(inspect_wheel(bad), variant)
     assert any("no Metal shaders" in p for p in problems)
     assert any("expected macosx_*_arm64" in p for p in problems)
-    assert any("mps kernels were not compiled" in p for p in problems)
+    assert any("no mps device code" in p for p in problems)
+
+
+def test_pure_python_wheel_is_consistent_without_a_library(tmp_path):
+    """torch.library.custom_op packages: no compiled code, no platform tag, still a variant."""
+    wheel = make_wheel(tmp_path, tag="any", library=None)
+    assert check_against_variant(inspect_wheel(wheel), MATRIX.variant("cpu")) == []
 
 
 def test_cli_exit_codes_and_json(tmp_path, capsys):

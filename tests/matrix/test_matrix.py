@@ -32,6 +32,39 @@ def test_default_matrix_has_the_shipped_variants():
     assert matrix.extension.ops == ("nms", "roi_align", "roi_pool", "deform_conv2d")
 
 
+def test_per_op_keys_override_extend_and_drop_device_keys(tmp_path):
+    text = DEFAULT.replace(
+        "  ops: [nms, roi_align, roi_pool, deform_conv2d]",
+        "  ops:\n    - nms: {remove: [Autograd, AutocastCPU, AutocastCUDA]}\n"
+        "    - cpu_only: {keys: [CPU, Meta]}\n"
+        "    - on_cuda_too: {keys: [CPU, CUDA, AutocastCUDA]}\n"
+        "    - extra: {add: [PrivateUse1, AutogradCPU]}\n"
+        "    - _grad_only: {backward: true}\n    - roi_align")
+    path = tmp_path / "matrix.yaml"
+    path.write_text(text)
+    matrix = load_matrix(path)
+    ext = matrix.extension
+    cpu, cu = ext.op_keys(matrix.variant("cpu")), ext.op_keys(matrix.variant("cu130"))
+    assert cpu["nms"] == ("CPU", "Meta") and cu["nms"] == ("CPU", "CUDA", "Meta")
+    assert cpu["cpu_only"] == cu["cpu_only"] == ("CPU", "Meta")
+    # a device the variant does not build drops that device's keys, even when listed
+    assert cpu["on_cuda_too"] == ("CPU",) and cu["on_cuda_too"] == ("CPU", "CUDA", "AutocastCUDA")
+    assert cpu["extra"] == ("CPU", "Meta", "Autograd", "AutocastCPU", "PrivateUse1", "AutogradCPU")
+    assert cu["_grad_only"] == ("CPU", "CUDA", "Meta")
+    # internal_ops (the older spelling) still marks backward-only ops
+    assert "_roi_align_backward" in ext.internal_ops and "_grad_only" in ext.internal_ops
+    assert ext.ops == ("nms", "cpu_only", "on_cuda_too", "extra", "roi_align")
+
+
+def test_any_torch_dispatch_key_is_accepted_and_nothing_is_forced(tmp_path):
+    text = DEFAULT.replace("    expected_keys: [CPU, CUDA, Meta, Autograd, AutocastCPU, AutocastCUDA]",
+                           "    expected_keys: [CUDA, XPU, PrivateUse1, CompositeExplicitAutograd]")
+    path = tmp_path / "matrix.yaml"
+    path.write_text(text)
+    assert load_matrix(path).variant("cu126").expected_keys == (
+        "CUDA", "XPU", "PrivateUse1", "CompositeExplicitAutograd")
+
+
 def test_objects_are_frozen():
     matrix = load_matrix(ROOT / "matrix.yaml")
     with pytest.raises(AttributeError):
@@ -127,12 +160,28 @@ MALFORMED = [
     ("duplicate-yaml-key", _with("  package: opforge_ops       # import name\n",
                                  "  package: opforge_ops\n  package: other\n"),
      "extension.package", "duplicate key", "  package: other"),
-    ("cuda-without-keys", _with("    cuda: \"12.6\"\n    arch_list: \"5.0;6.0;7.0;7.5;8.0;8.6;9.0\"\n"
-                                "    container: pytorch/manylinux2_28-builder:cuda12.6\n"
-                                "    expected_keys: [CPU, CUDA, Meta, Autograd, AutocastCPU, AutocastCUDA]",
-                                "    cuda: \"12.6\"\n    arch_list: \"8.0\"\n"
-                                "    expected_keys: [CPU, Meta]"),
-     "variants[1].expected_keys", "must expect CUDA", "    expected_keys: [CPU, Meta]"),
+    ("cuda-keys-without-cuda", _with("    expected_keys: [CPU, Meta, Autograd, AutocastCPU]",
+                                     "    expected_keys: [CPU, Meta, AutogradCUDA]"),
+     "variants[0].expected_keys", "expects AutogradCUDA kernels but sets no cuda version",
+     "    expected_keys: [CPU, Meta, AutogradCUDA]"),
+    ("op-unknown-key", _with("  ops: [nms, roi_align, roi_pool, deform_conv2d]",
+                             "  ops:\n    - nms: {remove: [Autogard]}\n    - roi_align"),
+     "extension.ops.nms.remove[0]", "unknown dispatch key 'Autogard'", "{remove: [Autogard]}"),
+    ("op-unknown-field", _with("  ops: [nms, roi_align, roi_pool, deform_conv2d]",
+                               "  ops:\n    - roi_align\n    - nms: {without: [Autograd]}"),
+     "extension.ops.nms.without", "unknown key (allowed: add, backward, keys, remove)",
+     "{without: [Autograd]}"),
+    ("op-two-names", _with("  ops: [nms, roi_align, roi_pool, deform_conv2d]",
+                           "  ops:\n    - {nms: {backward: true}, roi_align: {}}"),
+     "extension.ops[0]", "an op with fields is one mapping", "{nms: {backward: true}"),
+    ("op-twice", _with("  ops: [nms, roi_align, roi_pool, deform_conv2d]",
+                       "  ops: [nms, roi_align, {nms: {add: [XPU]}}]"),
+     "extension.ops.nms", "'nms' is listed twice", "  ops: [nms, roi_align, {nms"),
+    ("op-backward-not-bool", _with("  ops: [nms, roi_align, roi_pool, deform_conv2d]",
+                                   "  ops: [nms, {_b: {backward: yes please}}]"),
+     "extension.ops._b.backward", "expected true or false", "  ops: [nms, {_b:"),
+    ("recipes-not-python", _with("  recipes: extension/recipes.py", "  recipes: recipes.yaml"),
+     "extension.recipes", "is a Python file", "  recipes: recipes.yaml"),
     ("unknown-cuda", _with('cuda: "12.8"', 'cuda: "12.7"'),
      "variants[2].cuda", "unknown CUDA version '12.7'", 'cuda: "12.7"'),
     ("bad-variant-name", _with("  - name: cu128\n", "  - name: CU-128\n"),

@@ -8,7 +8,8 @@ from opforge.cli import main
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["smoke"], "give one of --wheel PATH, --requirement REQ, --python PATH"),
+    (["smoke"], "give --variant V (its wheel from dist/V), --wheel PATH, --requirement REQ or "
+                "--python PATH"),
     (["smoke", "--wheel", "nope.whl"], "--wheel nope.whl: no such file"),
     (["smoke", "--wheel", "setup.py"], "not a .whl file"),
     (["smoke", "--python", "/usr/bin/python3", "--expect-keys", "cpu-x"], "is not a dispatch key"),

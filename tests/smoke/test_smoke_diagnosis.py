@@ -74,6 +74,10 @@ def test_build_facts_fall_back_to_the_wheel_pin(tmp_path, monkeypatch):
         version = "1.0"
         requires = ["numpy", "torch==2.13.0", "scipy; extra == 'x'"]
 
+        @staticmethod
+        def read_text(name):
+            return None  # not stamped by opforge: no build record
+
     monkeypatch.setattr(md, "packages_distributions", lambda: {"pinned_pkg": ["pinned-pkg"]})
     monkeypatch.setattr(md, "distribution", lambda name: Dist)
     facts = read_build_facts("pinned_pkg", str(tmp_path))

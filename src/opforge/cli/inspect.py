@@ -21,7 +21,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     i.add_argument("--json", action="store_true", help="print JSON")
     i.add_argument("--expect-variant", metavar="NAME",
                    help="exit 1 if the wheel contradicts this matrix variant")
-    i.add_argument("--file", metavar="PATH", help="matrix file for --expect-variant")
+    i.add_argument("--file", metavar="PATH", help="matrix file for --expect-variant (default: "
+                                                  "$OPFORGE_MATRIX, else found upwards)")
     i.set_defaults(func=run_inspect)
 
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from opforge.errors import UsageError
+from opforge.matrix import BACKEND_KEYS
 
 _KEY = re.compile(r"^[A-Z][A-Za-z]*$")
 
@@ -50,7 +51,12 @@ def register(subparsers) -> None:
     p.add_argument("--env-dir", type=Path, help="create the fresh environment here")
     p.add_argument("--device-checks", choices=("auto", "skip"), default="auto",
                    help="auto: run ops on every device that is present; skip: CPU only")
-    p.add_argument("--matrix", type=Path, metavar="FILE", help="matrix file (default: matrix.yaml)")
+    p.add_argument("--recipes", type=Path, metavar="FILE",
+                   help="recipes file saying how to call each op (default: the matrix's "
+                        "extension.recipes, for the matrix's package)")
+    p.add_argument("--file", "--matrix", dest="file", type=Path, metavar="FILE",
+                   help="matrix file (default: $OPFORGE_MATRIX, else matrix.yaml found from "
+                        "the working directory upwards)")
     p.set_defaults(func=run)
 
 
@@ -78,69 +84,115 @@ def resolve(args: argparse.Namespace):
     from opforge.smoke.runner import ProbeRequest, Target
     from opforge.torchsource import resolve_index
 
-    if not (args.wheel or args.requirement or args.python):
-        raise UsageError("give one of --wheel PATH, --requirement REQ, --python PATH")
+    if not (args.wheel or args.requirement or args.python or args.variant):
+        raise UsageError("give --variant V (its wheel from dist/V), --wheel PATH, "
+                         "--requirement REQ or --python PATH")
     if args.wheel is not None and args.wheel.suffix != ".whl":
         raise UsageError(f"--wheel {args.wheel}: not a .whl file")
     if args.wheel is not None and not args.wheel.is_file():
         raise UsageError(f"--wheel {args.wheel}: no such file")
     if args.python is not None and (args.torch_spec or args.keep_env):
         raise UsageError("--torch and --keep-env apply to a fresh environment, not --python")
+    if args.recipes is not None and not args.recipes.is_file():
+        raise UsageError(f"--recipes {args.recipes}: no such file")
     needs_matrix = args.variant is not None or args.package is None or args.namespace is None
-    matrix = _load_matrix(args.matrix, required=needs_matrix)
+    matrix = _load_matrix(args.file, required=needs_matrix)
     ext = matrix.extension if matrix else None
     package = args.package or ext.package
     namespace = args.namespace or ext.namespace
     for what, value in (("--package", package), ("--namespace", namespace)):
         if not value.replace(".", "_").isidentifier():
             raise UsageError(f"{what} {value!r} is not an identifier")
+    own = ext is not None and package == ext.package
 
+    wheel = args.wheel
+    if not (wheel or args.requirement or args.python):
+        from opforge.sessions import latest_wheel
+
+        wheel = latest_wheel(matrix, matrix.variant(args.variant).name)
     variant = None
     variant_name = args.variant
-    if variant_name is None and matrix and package == ext.package:
-        local = _wheel_local_version(args.wheel)
+    if variant_name is None and own:
+        local = _wheel_local_version(wheel)
         if local and local in {v.name for v in matrix.variants}:
             variant_name = local
     if variant_name is not None:
         variant = matrix.variant(variant_name)
-    keys = args.expect_keys if args.expect_keys is not None else \
-        (variant.expected_keys if variant else ())
-    for key in keys:
+    for key in args.expect_keys or ():
         if not _KEY.match(key):
             raise UsageError(f"--expect-keys: {key!r} is not a dispatch key name "
                              "(e.g. CPU, CUDA, MPS, Meta, Autograd, AutocastCPU)")
-    own = ext is not None and package == ext.package
-    ops = args.ops if args.ops is not None else (ext.ops if own else ())
-    internal = args.internal_ops if args.internal_ops is not None else \
-        (ext.internal_ops if own else ())
-    for op in (*ops, *internal):
+    for op in (*(args.ops or ()), *(args.internal_ops or ())):
         if not op.isidentifier():
             raise UsageError(f"{op!r} is not an operator name")
+
+    def promises(v) -> dict:
+        """op -> keys, backward ops and default keys, for variant ``v`` (None: no variant)."""
+        default = tuple(args.expect_keys) if args.expect_keys is not None else \
+            (v.expected_keys if v else ())
+        forward = args.ops if args.ops is not None else (ext.ops if own else ())
+        backward = args.internal_ops if args.internal_ops is not None else \
+            (ext.internal_ops if own else ())
+        specs = {op.name: op for op in ext.op_specs} if own else {}
+        op_keys = {}
+        for op in (*forward, *backward):
+            if args.expect_keys is None and v is not None and op in specs:
+                op_keys[op] = specs[op].expected_keys(v)
+            elif op in backward:
+                op_keys[op] = tuple(k for k in default if k in BACKEND_KEYS or k == "Meta")
+            else:
+                op_keys[op] = default
+        return {"op_keys": op_keys, "backward_ops": tuple(backward), "default_keys": default}
+
+    chosen = promises(variant)
     device_checks = args.device_checks
     if variant is not None and not variant.device_checks and device_checks == "auto":
         device_checks = "skip"
-
     channel_index = matrix.torch_index(variant) if (matrix and variant) else None
     index = resolve_index(channel_index, args.torch_index)
-    # our own package with no variant named: the probe takes the one its build info records
-    variant_keys = {v.name: v.expected_keys for v in matrix.variants} \
-        if own and not keys and args.expect_keys is None else {}
-    target = Target(wheel=args.wheel, requirement=args.requirement, python=args.python,
-                    torch_spec=args.torch_spec, torch_index=index, env_dir=args.env_dir)
-    request = ProbeRequest(package=package, namespace=namespace, ops=tuple(ops),
-                           internal_ops=tuple(internal), expect_keys=tuple(keys),
-                           device_checks=device_checks, variant_keys=variant_keys)
+    # our own package with no variant named: the probe takes the one its build record names
+    variants = {}
+    if own and variant is None and args.expect_keys is None:
+        for v in matrix.variants:
+            p = promises(v)
+            variants[v.name] = {"op_keys": {k: list(x) for k, x in p["op_keys"].items()},
+                                "backward_ops": list(p["backward_ops"]),
+                                "default_keys": list(p["default_keys"])}
+        chosen = {"op_keys": {}, "backward_ops": (), "default_keys": ()}
+    recipes = args.recipes
+    if recipes is None and own and ext.recipes:
+        recipes = matrix.path.parent / ext.recipes
+        if not recipes.is_file():
+            raise UsageError(f"{matrix.path.name}: extension.recipes {ext.recipes!r}: no such "
+                             f"file in {matrix.path.parent}")
+    variant_torch = matrix.torch_spec(variant) \
+        if (variant is not None and wheel is not None and not args.torch_spec) else None
+    target = Target(wheel=wheel, requirement=args.requirement, python=args.python,
+                    torch_spec=args.torch_spec, torch_index=index, env_dir=args.env_dir,
+                    variant_torch=variant_torch)
+    request = ProbeRequest(package=package, namespace=namespace, op_keys=chosen["op_keys"],
+                           backward_ops=tuple(chosen["backward_ops"]),
+                           default_keys=tuple(chosen["default_keys"]),
+                           device_checks=device_checks, variants=variants, recipes=recipes)
     return target, request, variant_name
 
 
 def run(args: argparse.Namespace) -> int:
     from opforge.smoke import report
-    from opforge.smoke.runner import add_check, cleanup, prepare_environment, run_probe
+    from opforge.smoke.runner import (
+        add_check,
+        cleanup,
+        prepare_environment,
+        run_probe,
+        torch_mismatch,
+    )
 
     target, request, variant = resolve(args)
-    if request.expect_keys:
-        expecting = f", expecting {','.join(request.expect_keys)}"
-    elif request.variant_keys:
+    if request.default_keys:
+        expecting = f", expecting {','.join(request.default_keys)}"
+        if any(keys != request.default_keys for keys in request.op_keys.values()):
+            expecting += " (some ops their own keys)"
+    elif request.variants:
         expecting = ", expected keys from the variant the installed build info names"
     else:
         expecting = ", no expected keys (census is informational; pass --variant or --expect-keys)"
@@ -153,10 +205,13 @@ def run(args: argparse.Namespace) -> int:
         cleanup(env, keep=args.keep_env)
     if variant:
         doc["variant"] = variant
-    if request.variant_keys and not doc.get("variant"):
-        # neither the arguments nor the build info named a variant: nothing was promised
+    mismatch = torch_mismatch(target.variant_torch, env.torch_installed)
+    if mismatch:
+        add_check(doc, "torch-variant", "fail", mismatch, category="environment")
+    if request.variants and not doc.get("variant"):
+        # neither the arguments nor the build record named a variant: nothing was promised
         add_check(doc, "variant", "warn", f"{request.package} names no variant of "
-                  f"{', '.join(request.variant_keys)} in its build info, so no kernel was "
+                  f"{', '.join(request.variants)} in its build record, so no kernel was "
                   "required: pass --variant", category="environment")
     report.render_terminal(doc)
     if args.keep_env and env.env_dir:

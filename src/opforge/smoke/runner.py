@@ -1,7 +1,8 @@
 """Run the smoke probe where users run: a fresh environment, a user's install, a new interpreter.
 
-``prepare_environment`` makes the environment (or takes ``--python``), ``run_probe`` runs
-probe.py there from a scratch directory outside the source tree and returns its JSON document;
+``prepare_environment`` makes the environment (or takes ``--python``), ``run_probe`` ships the
+probe package there as one zip archive, runs it from a scratch directory outside the source
+tree and returns its JSON document;
 ``opforge.smoke.report`` turns that document into a table, JUnit XML, a step summary and an
 exit code.
 """
@@ -15,12 +16,18 @@ import signal
 import subprocess
 import tempfile
 import time
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.version import Version
+
 from opforge.errors import OpforgeError, UsageError
 
-PROBE = Path(__file__).with_name("probe.py")
+PROBE_PACKAGE = Path(__file__).with_name("probe")
+# the name the probe package has inside its archive (not one a user's package would have)
+PROBE_NAME = "_opforge_probe"
 # The probe imports torch and compiles a few ops; anything slower than this is hung.
 PROBE_TIMEOUT_S = 900
 # Variables that would let the checkout or a user's site leak into a fresh environment.
@@ -29,25 +36,49 @@ _LEAKY_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONSAFEPATH", "VI
 
 @dataclass(frozen=True)
 class ProbeRequest:
-    """What the probe checks: which package and namespace, which ops and keys it must have."""
+    """What the probe checks: which package and namespace, which ops with which keys.
+
+    ``op_keys`` maps each declared op to the keys it must have; ``default_keys`` applies to the
+    ops found when none is declared. ``variants`` (variant -> the same three fields) lets the
+    probe take the promises of the variant the installed build record names.
+    """
 
     package: str
     namespace: str
-    ops: tuple[str, ...] = ()
-    internal_ops: tuple[str, ...] = ()
-    expect_keys: tuple[str, ...] = ()
+    op_keys: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    backward_ops: tuple[str, ...] = ()
+    default_keys: tuple[str, ...] = ()
     device_checks: str = "auto"
-    # variant -> keys, used by the probe when expect_keys is empty and the build info names one
-    variant_keys: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    variants: dict[str, dict] = field(default_factory=dict)
+    recipes: Path | None = None
 
-    def argv(self, out: Path) -> list[str]:
-        argv = ["--package", self.package, "--namespace", self.namespace,
-                "--ops", ",".join(self.ops), "--internal-ops", ",".join(self.internal_ops),
-                "--expect-keys", ",".join(self.expect_keys),
-                "--device-checks", self.device_checks, "--out", str(out)]
-        if self.variant_keys and not self.expect_keys:
-            argv += ["--variant-keys", json.dumps({k: list(v) for k, v in self.variant_keys.items()})]
-        return argv
+    @property
+    def promises(self) -> bool:
+        return bool(self.op_keys or self.default_keys)
+
+    def spec(self) -> dict:
+        spec: dict = {"op_keys": {op: list(keys) for op, keys in self.op_keys.items()},
+                      "backward_ops": list(self.backward_ops),
+                      "default_keys": list(self.default_keys),
+                      "recipes": str(self.recipes.resolve()) if self.recipes else None}
+        if self.variants and not self.promises:
+            spec["variants"] = self.variants
+        return spec
+
+    def argv(self, out: Path, spec_path: Path) -> list[str]:
+        return ["--package", self.package, "--namespace", self.namespace,
+                "--spec", str(spec_path), "--device-checks", self.device_checks,
+                "--out", str(out)]
+
+
+def probe_archive(target: Path) -> Path:
+    """The probe package as one runnable zip archive (``python probe.pyz ARGS``)."""
+    with zipfile.ZipFile(target, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("__main__.py", f"import sys\nfrom {PROBE_NAME}.main import main\n"
+                                        "sys.exit(main())\n")
+        for source in sorted(PROBE_PACKAGE.glob("*.py")):
+            archive.write(source, f"{PROBE_NAME}/{source.name}")
+    return target
 
 
 @dataclass(frozen=True)
@@ -59,13 +90,15 @@ class Target:
     python: Path | None = None
     torch_spec: str | None = None      # install this torch beside the wheel (--no-deps wheel)
     torch_index: str | None = None     # resolved index (None: pip's default)
+    variant_torch: str | None = None   # the variant's torch, installed before the wheel
     env_dir: Path | None = None        # where to create the env; default: a temporary dir
 
     def describe(self) -> str:
         if self.python:
             return f"existing interpreter {self.python}"
         what = self.wheel.name if self.wheel else self.requirement
-        extra = f" beside {self.torch_spec}" if self.torch_spec else ""
+        extra = f" beside {self.torch_spec or self.variant_torch}" \
+            if self.torch_spec or self.variant_torch else ""
         return f"fresh environment with {what}{extra}"
 
 
@@ -76,6 +109,7 @@ class Environment:
     env_dir: Path | None = None
     timings: dict[str, float] = field(default_factory=dict)
     installs: list[str] = field(default_factory=list)
+    torch_installed: str | None = None
 
 
 def _pip_args(index: str | None) -> list[str]:
@@ -123,10 +157,42 @@ def _install(target: Target, env_dir: Path) -> Environment:
         env.installs.append(f"pip install --no-deps {subject}")
         pip(env.python, "install", "-q", "--no-deps", subject)
     else:
+        if target.variant_torch:
+            # the variant's torch first, from the variant's index: the resolver cannot then
+            # substitute another build (a CUDA torch for the cpu variant, a newer release)
+            env.installs.append(f"pip install {target.variant_torch} {' '.join(index)}".strip())
+            pip(env.python, "install", "-q", target.variant_torch, *index)
         env.installs.append(f"pip install {subject} {' '.join(index)}".strip())
         pip(env.python, "install", "-q", subject, *index)
     env.timings["install_s"] = round(time.monotonic() - t0, 2)
+    env.torch_installed = installed_version(env.python, "torch")
     return env
+
+
+def installed_version(python: Path, distribution: str) -> str | None:
+    """The version of ``distribution`` in ``python``'s environment (None: not installed)."""
+    code = ("import importlib.metadata as m, sys\n"
+            "try: print(m.version(sys.argv[1]))\n"
+            "except m.PackageNotFoundError: pass")
+    result = subprocess.run([str(python), "-c", code, distribution], capture_output=True,
+                            text=True, env=_clean_env(True))
+    return result.stdout.strip() or None
+
+
+def torch_mismatch(spec: str | None, installed: str | None) -> str | None:
+    """Why the installed torch is not the one ``spec`` (the variant's) names, or None."""
+    if not spec or not installed:
+        return None
+    try:
+        req = Requirement(spec)
+        version = Version(installed)
+    except (InvalidRequirement, ValueError):
+        return None
+    if req.specifier and not req.specifier.contains(Version(version.public), prereleases=True):
+        return (f"the environment has torch {installed}, but the variant's torch is {spec}: "
+                "the wheel was resolved beside another torch (its torch pin differs from the "
+                "matrix, or the index served another build)")
+    return None
 
 
 def _clean_env(fresh: bool) -> dict[str, str]:
@@ -146,13 +212,14 @@ def _source_roots() -> list[Path]:
 
 
 def run_probe(env: Environment, request: ProbeRequest, timeout_s: float = PROBE_TIMEOUT_S) -> dict:
-    """Run probe.py with a new interpreter in a scratch directory; return its document."""
+    """Run the probe with a new interpreter in a scratch directory; return its document."""
     scratch = Path(tempfile.mkdtemp(prefix="opforge-smoke-run-"))
     try:
-        probe = scratch / "opforge_smoke_probe.py"
-        shutil.copyfile(PROBE, probe)
+        probe = probe_archive(scratch / "opforge_smoke_probe.pyz")
         out = scratch / "result.json"
-        cmd = [str(env.python), str(probe), *request.argv(out)]
+        spec_path = scratch / "spec.json"
+        spec_path.write_text(json.dumps(request.spec(), indent=1), encoding="utf-8")
+        cmd = [str(env.python), str(probe), *request.argv(out, spec_path)]
         t0 = time.monotonic()
         try:
             proc = subprocess.run(cmd, cwd=scratch, env=_clean_env(env.fresh),

@@ -1,0 +1,68 @@
+"""The probe's report: checks (pass / fail / warn / skip) and the summary."""
+
+from __future__ import annotations
+
+import time
+
+SCHEMA = 1
+# Columns the census always shows, expected or not, so a reader sees what a wheel holds.
+OBSERVED_KEYS = ("CPU", "CUDA", "MPS", "Meta", "Autograd", "AutocastCPU", "AutocastCUDA",
+                 "AutocastMPS")
+BACKEND_KEYS = ("CPU", "CUDA", "MPS", "XPU", "HIP", "PrivateUse1", "Meta")
+DEVICES = ("cpu", "cuda", "mps")
+DEVICE_KEY = {"cpu": "CPU", "cuda": "CUDA", "mps": "MPS"}
+AUTOCAST_KEY = {"cpu": "AutocastCPU", "cuda": "AutocastCUDA", "mps": "AutocastMPS"}
+
+
+def err_text(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip()
+    return text if len(text) < 1500 else text[:1500] + " ..."
+
+
+def first_line(exc: BaseException) -> str:
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    text = lines[0] if lines else ""
+    # the dispatcher's "Could not run" error goes on for a paragraph after its first sentence
+    text = text.split(" This could be because the operator", 1)[0]
+    return f"{type(exc).__name__}: {text}".strip()
+
+
+def base_version(version: str | None) -> str | None:
+    return version.split("+", 1)[0] if version else None
+
+
+class Report:
+    def __init__(self, args):
+        self.started = time.monotonic()
+        spec = getattr(args, "spec", None) or {}
+        op_keys = spec.get("op_keys") or {}
+        self.doc: dict = {
+            "schema": SCHEMA,
+            "package": args.package,
+            "namespace": args.namespace,
+            "expected_keys": list(spec.get("default_keys") or []),
+            "op_keys": {op: list(keys) for op, keys in op_keys.items()},
+            "expected_ops": [op for op in op_keys if op not in (spec.get("backward_ops") or [])],
+            "expected_internal_ops": list(spec.get("backward_ops") or []),
+            "recipes": spec.get("recipes"),
+            "environment": {},
+            "build": {},
+            "import": {},
+            "devices": {},
+            "census": {"keys": [], "ops": []},
+            "checks": [],
+        }
+
+    def check(self, check_id: str, category: str, status: str, message: str, **fields) -> dict:
+        entry = {"id": check_id, "category": category, "status": status, "message": message}
+        entry.update({k: v for k, v in fields.items() if v is not None})
+        self.doc["checks"].append(entry)
+        return entry
+
+    def finish(self) -> dict:
+        counts = {s: 0 for s in ("pass", "fail", "warn", "skip")}
+        for c in self.doc["checks"]:
+            counts[c["status"]] += 1
+        self.doc["summary"] = dict(counts, status="fail" if counts["fail"] else "pass",
+                                   duration_s=round(time.monotonic() - self.started, 3))
+        return self.doc

@@ -1,0 +1,209 @@
+"""Import the package and, when that fails (or hides a failure), say why: dlopen diagnosis."""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+import warnings
+
+from .common import Report, base_version, err_text, first_line
+from .facts import RECORD_NAME, package_dir, read_build_facts
+
+# Libraries only a CUDA build of torch ships or loads: missing one means a CUDA build of the
+# extension was installed beside a torch that has no CUDA.
+CUDA_LIBS = ("libcudart", "libc10_cuda", "libtorch_cuda", "libcublas", "libcudnn", "libnvrtc",
+             "libcusparse", "libcufft", "libcurand", "libcusolver", "libnccl", "libnvToolsExt",
+             "libnvJitLink", "libcupti")
+TORCH_LIBS = ("libc10", "libtorch", "libtorch_cpu", "libtorch_python", "libshm")
+LIB_SUFFIXES = (".so", ".pyd", ".dylib")
+
+
+def compiled_libraries(pkg_dir: str, recorded: list[str]) -> list[str]:
+    found = []
+    for root, _dirs, files in os.walk(pkg_dir):
+        for name in files:
+            if name.endswith(LIB_SUFFIXES) or ".so." in name:
+                found.append(os.path.join(root, name))
+
+    # the libraries the build record lists first: their error is the one that explains the import
+    def rank(path: str) -> tuple[int, str]:
+        return (0 if os.path.basename(path) in recorded else 1, path)
+    return sorted(found, key=rank)
+
+
+def demangle(symbol: str) -> str:
+    tool = shutil.which("c++filt")
+    if not tool:
+        return symbol
+    try:
+        out = subprocess.run([tool, symbol.lstrip("_") if sys.platform == "darwin" else symbol],
+                             capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() or symbol
+    except (OSError, subprocess.SubprocessError):
+        return symbol
+
+
+def classify_load_error(lib: str, error: str, build: dict, torch_mod) -> dict:
+    """Turn a dlopen error into a diagnosis: kind, message, what to do."""
+    name = os.path.basename(lib)
+    built = build.get("built_against_torch")
+    running = torch_mod.__version__
+    versions = (f"built against torch {built} ({build.get('source')}), running torch {running}"
+                if built else f"running torch {running}; the build's torch is unknown "
+                              f"(no {RECORD_NAME} build record and no torch==X pin)")
+    m = re.search(r"undefined symbol: (\S+)", error) or re.search(r"Symbol not found: (\S+)", error)
+    if m:
+        symbol = m.group(1).rstrip(",")
+        pretty = demangle(symbol)
+        drift = built is not None and base_version(built) != base_version(running)
+        if drift:
+            todo = (f"install the torch it was built against (pip install torch=={base_version(built)}) "
+                    f"or rebuild {name} against torch {running}")
+            message = (f"ABI drift: {name} needs symbol {pretty}, which torch {running} does not "
+                       f"export; {versions}. Fix: {todo}.")
+        else:
+            message = (f"{name} needs symbol {pretty}, which no loaded library provides; {versions}. "
+                       "The library was linked against a different torch or a library not "
+                       "loaded here: rebuild it in this environment.")
+        return {"kind": "abi_drift" if drift else "undefined_symbol", "library": lib,
+                "symbol": symbol, "demangled": pretty, "message": message, "error": error}
+    m = (re.search(r"([^\s:]+): cannot open shared object file", error)
+         or re.search(r"Library not loaded: (\S+)", error))
+    if m:
+        missing = os.path.basename(m.group(1))
+        torch_cuda = getattr(torch_mod.version, "cuda", None)
+        if missing.startswith(CUDA_LIBS) and not torch_cuda:
+            message = (f"{name} links {missing}, a CUDA library, but torch {running} is a CPU build: "
+                       "a CUDA build of the extension was installed beside a CPU torch. Fix: "
+                       "install the extension's CPU wheel, or a CUDA build of torch "
+                       f"(built against: {built or 'unknown'}).")
+            kind = "cuda_extension_cpu_torch"
+        elif missing.startswith(CUDA_LIBS):
+            message = (f"{name} links {missing}, which this CUDA {torch_cuda} torch does not "
+                       "provide: the extension was built for another CUDA version "
+                       f"(build info cuda_version: {(build.get('build_info') or {}).get('cuda_version')}). "
+                       "Fix: install the extension variant that matches this torch's CUDA.")
+            kind = "cuda_mismatch"
+        elif missing.startswith(TORCH_LIBS):
+            message = (f"{name} links {missing}, torch's own library, and cannot find it: "
+                       f"torch {running} is not the build it was linked against ({versions}), "
+                       "or torch was not imported first.")
+            kind = "missing_library"
+        else:
+            message = (f"{name} links {missing}, which is neither installed on this system nor "
+                       "bundled in the wheel. Fix: install the package that provides "
+                       f"{missing}, or repair the wheel (auditwheel repair / delocate) so it "
+                       "ships inside.")
+            kind = "missing_library"
+        return {"kind": kind, "library": lib, "missing": missing, "message": message,
+                "error": error}
+    return {"kind": "load_error", "library": lib, "error": error,
+            "message": f"{name} failed to load: {error}"}
+
+
+def probe_import(report: Report, args, torch_mod) -> bool:
+    package = args.package
+    info = report.doc["import"]
+    pkg_dir = package_dir(package)
+    build = read_build_facts(package, pkg_dir)
+    report.doc["build"] = build
+    info["package_dir"] = pkg_dir
+    t0 = time.monotonic()
+    exc_info = None
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            module = importlib.import_module(package)
+        info["warnings"] = sorted({str(w.message).splitlines()[0] for w in caught})[:10]
+        info["ok"] = True
+        info["file"] = getattr(module, "__file__", None)
+        info["version"] = getattr(module, "__version__", None)
+    except BaseException as exc:  # noqa: BLE001 - SystemExit from a package is a failed import too
+        exc_info = exc
+        info["ok"] = False
+        info["error"] = err_text(exc)
+        info["traceback"] = traceback.format_exception(type(exc), exc, exc.__traceback__)[-8:]
+    info["seconds"] = round(time.monotonic() - t0, 3)
+
+    recorded = [os.path.basename(lib.get("path", ""))
+                for lib in (build.get("build_info") or {}).get("libraries") or []]
+    libs = compiled_libraries(pkg_dir, recorded) if pkg_dir else []
+    info["libraries"] = []
+    diagnoses = []
+    for lib in libs:
+        try:
+            ctypes.CDLL(lib)
+            info["libraries"].append({"path": lib, "loaded": True})
+        except OSError as exc:
+            diag = classify_load_error(lib, str(exc), build, torch_mod)
+            info["libraries"].append({"path": lib, "loaded": False, "error": str(exc),
+                                      "kind": diag["kind"]})
+            diagnoses.append(diag)
+
+    if pkg_dir is None:
+        diagnosis = {"kind": "not_installed",
+                     "message": f"no package {package!r} is importable by {sys.executable}: "
+                                "install it in this environment (or check --package)."}
+    elif diagnoses:
+        diagnosis = diagnoses[0]
+        if info["ok"]:
+            diagnosis = dict(diagnosis, kind=diagnosis["kind"], message=(
+                f"import {package} succeeded but hid a load failure: " + diagnosis["message"]))
+    elif not info["ok"]:
+        frames = traceback.extract_tb(exc_info.__traceback__) if exc_info else []
+        # the package's own line that failed, not torch's __getattr__ it called
+        root = os.path.join(os.path.realpath(pkg_dir), "")
+        own = [f for f in frames if os.path.realpath(f.filename).startswith(root)]
+        frame = (own or frames)[-1:]
+        where = f" at {frame[0].filename}:{frame[0].lineno}" if frame else ""
+        kind = "no_library" if not libs and isinstance(exc_info, (ImportError, OSError)) \
+            else "python_error"
+        if kind == "no_library":
+            message = (f"{package} has no compiled library (no .so/.pyd/.dylib under {pkg_dir}) and "
+                       f"its import fails with {first_line(exc_info)}{where}: the wheel was built "
+                       "without its extension or the file was removed. Fix: rebuild the wheel.")
+        else:
+            loaded = f"every compiled library ({len(libs)}) loads" if libs else \
+                "there is no compiled library to blame"
+            message = f"{loaded}, so the failure is in Python: {first_line(exc_info)}{where}"
+        diagnosis = {"kind": kind, "message": message}
+    else:
+        loads = {0: "no compiled library", 1: "its compiled library loads"}.get(
+            len(libs), f"its {len(libs)} compiled libraries load")
+        diagnosis = {"kind": "ok", "message": f"import {package} succeeded ({loads})"}
+        if not libs:
+            diagnosis["no_library"] = True
+    info["diagnosis"] = diagnosis
+    ok = info["ok"] and not diagnoses
+    report.check("import", "import", "pass" if ok else "fail", diagnosis["message"],
+                 kind=diagnosis["kind"])
+
+    built, running = build.get("built_against_torch"), torch_mod.__version__
+    env = report.doc["environment"]
+    env["built_against_torch"] = built
+    env["torch_matches_build"] = None if built is None else base_version(built) == base_version(running)
+    if built is None:
+        req = build.get("torch_requirement")
+        report.check("torch-match", "environment", "skip",
+                     f"the torch {package} was built against is unknown: no {RECORD_NAME} and "
+                     + (f"its torch requirement {req} is not an exact pin" if req
+                        else "no torch requirement"), reason="unknown")
+    elif env["torch_matches_build"]:
+        report.check("torch-match", "environment", "pass",
+                     f"running torch {running}, built against {built} ({build['source']})")
+    else:
+        outcome = "and it loads" if ok else "and it does not load (see import)"
+        report.check("torch-match", "environment", "warn",
+                     f"{package} was built against torch {built} ({build['source']}) but torch "
+                     f"{running} is running, {outcome}: C++ ABI across torch releases is not "
+                     "guaranteed; use the wheel with the torch it pins.")
+    return info["ok"]
+
+

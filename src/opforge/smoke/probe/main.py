@@ -1,0 +1,124 @@
+"""The probe's entry point: arguments, the order of the seams, the one JSON document."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+
+from . import recipes as recipes_file
+from .census import run_census
+from .common import SCHEMA, Report, first_line
+from .devices import probe_devices
+from .load import probe_import
+from .runs import OpRunner
+
+
+def environment(t) -> dict:
+    return {
+        "python": platform.python_version(),
+        "executable": sys.executable,
+        "prefix": sys.prefix,
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cwd": os.getcwd(),
+        "torch_version": t.__version__,
+        "torch_git_version": getattr(t.version, "git_version", None),
+        "torch_cuda_version": t.version.cuda,
+        "torch_file": t.__file__,
+        "cuda_available": bool(t.cuda.is_available()),
+        "mps_available": bool(getattr(t.backends, "mps", None) and t.backends.mps.is_available()),
+    }
+
+
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description="opforge smoke probe")
+    p.add_argument("--package", required=True)
+    p.add_argument("--namespace", required=True)
+    # JSON: op_keys {op: [keys]}, backward_ops, default_keys, recipes (a path), and
+    # variants {variant: {op_keys, backward_ops, default_keys}} when the build record chooses
+    p.add_argument("--spec", type=_read_spec, default={})
+    p.add_argument("--device-checks", choices=("auto", "skip"), default="auto")
+    p.add_argument("--out", required=True)
+    return p.parse_args(argv)
+
+
+def _read_spec(path: str) -> dict:
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def choose_variant(report: Report, args) -> None:
+    """An installed wheel says which variant it is; its promises then come from the matrix."""
+    spec = args.spec
+    variants = spec.get("variants") or {}
+    if spec.get("op_keys") or spec.get("default_keys") or not variants:
+        return
+    variant = ((report.doc["build"] or {}).get("build_info") or {}).get("variant")
+    if variant in variants:
+        args.spec = {**spec, **variants[variant]}
+        fresh = Report(args).doc
+        for key in ("expected_keys", "op_keys", "expected_ops", "expected_internal_ops"):
+            report.doc[key] = fresh[key]
+        report.doc["variant"] = variant
+        report.doc["variant_source"] = f"{report.doc['build'].get('distribution')} build record"
+
+
+def load_recipes(report: Report, path: str | None) -> dict | None:
+    if not path:
+        return None
+    try:
+        return recipes_file.load(path)
+    except recipes_file.RecipeError as exc:
+        report.check("recipes", "run", "fail", f"recipes file: {exc}", recipe_error=True)
+        return None
+
+
+def probe(args) -> dict:
+    report = Report(args)
+    try:
+        t0 = time.monotonic()
+        import torch
+        report.doc["environment"] = environment(torch)
+        report.doc["environment"]["torch_import_seconds"] = round(time.monotonic() - t0, 3)
+    except BaseException as exc:  # noqa: BLE001
+        report.doc["environment"] = {"python": platform.python_version(),
+                                     "executable": sys.executable}
+        report.check("import-torch", "import", "fail",
+                     f"import torch fails in {sys.executable}: {first_line(exc)}")
+        return report.finish()
+    import_ok = probe_import(report, args, torch)
+    choose_variant(report, args)
+    rows = run_census(report, args.spec, args.namespace, torch)
+    devices = probe_devices(report, args, torch)
+    path = args.spec.get("recipes")
+    recipes = load_recipes(report, path) if import_ok else None
+    OpRunner(report, torch, args.namespace, rows, devices, recipes, path).run_all(import_ok)
+    return report.finish()
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    # stray prints from the package under test must not corrupt anything; keep them for the report
+    captured = io.StringIO()
+    with contextlib.redirect_stdout(captured):
+        try:
+            doc = probe(args)
+        except BaseException as exc:  # noqa: BLE001 - the probe must always write its document
+            doc = {"schema": SCHEMA, "package": args.package, "namespace": args.namespace,
+                   "probe_error": "".join(traceback.format_exception(type(exc), exc,
+                                                                     exc.__traceback__)),
+                   "checks": [], "summary": {"status": "fail", "pass": 0, "fail": 1,
+                                              "warn": 0, "skip": 0}}
+    doc["stdout"] = captured.getvalue()[-4000:]
+    with open(args.out, "w", encoding="utf-8") as fh:
+        json.dump(doc, fh, indent=1, default=str)
+    return 0 if doc["summary"]["status"] == "pass" else 1

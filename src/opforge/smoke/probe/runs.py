@@ -1,0 +1,417 @@
+"""Call each op the way its recipe says: on every present device, backward, fake, compile,
+autocast. The probe knows no op: everything op-specific comes from the recipes file."""
+
+from __future__ import annotations
+
+import warnings
+
+from .common import AUTOCAST_KEY, DEVICE_KEY, DEVICES, Report, first_line
+from .recipes import RecipeError, validate, where
+
+
+def _to(t, value, device, dtype=None):
+    if isinstance(value, t.Tensor):
+        value = value.to(device)
+        if dtype is not None and value.is_floating_point():
+            value = value.to(dtype)
+    return value
+
+
+def _outputs(out) -> list:
+    if out is None:
+        return []
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def compare(t, want, got, atol=1e-4, rtol=1e-3) -> str | None:
+    """What differs between two lists of results (shapes, dtypes, values), or None."""
+    if len(want) != len(got):
+        return f"{len(got)} outputs, the CPU gave {len(want)}"
+    for i, (w, g) in enumerate(zip(want, got)):
+        if not isinstance(w, t.Tensor) or not isinstance(g, t.Tensor):
+            if w != g:
+                return f"output {i} is {g!r}, the CPU gave {w!r}"
+            continue
+        g = g.detach().cpu()
+        w = w.detach().cpu()
+        if w.shape != g.shape:
+            return f"output {i} shape {tuple(g.shape)} != CPU {tuple(w.shape)}"
+        if w.dtype != g.dtype:
+            return f"output {i} dtype {g.dtype} != CPU {w.dtype}"
+        if w.is_floating_point():
+            if not t.allclose(w, g.to(w.dtype), atol=atol, rtol=rtol, equal_nan=True):
+                return f"output {i} differs from CPU by {float((w - g).abs().max()):.3g}"
+        elif not t.equal(w, g):
+            return f"output {i} {g.tolist()} != CPU {w.tolist()}"
+    return None
+
+
+class _ExplainingReport:
+    """Adds to a failing run the census gap that explains it (no CPU kernel, no Meta kernel)."""
+
+    def __init__(self, report: Report, rows: dict[str, dict]):
+        self.report, self.rows, self.doc = report, rows, report.doc
+
+    def explanation(self, category: str, op: str, device: str | None) -> str | None:
+        dev_key = DEVICE_KEY.get(device or "cpu")
+        keys = {"run": [dev_key], "fake": ["Meta"], "compile": ["Meta", "CPU"],
+                "backward": ["Autograd", dev_key],
+                "autocast": [AUTOCAST_KEY.get(device or ""), dev_key]}.get(category, [])
+        cells = self.rows.get(op, {}).get("keys", {})
+        gaps = [k for k in keys if cells.get(k or "", {}).get("status") in ("missing", "absent")]
+        return f"census: {op} has no {' and no '.join(gaps)} kernel" if gaps else None
+
+    def check(self, check_id, category, status, message, **fields):
+        if status == "fail" and fields.get("op") and not fields.get("recipe_error"):
+            why = self.explanation(category, fields["op"], fields.get("device"))
+            if why:
+                message, fields["explained_by"] = f"{message} [{why}]", why
+        return self.report.check(check_id, category, status, message, **fields)
+
+
+class OpRunner:
+    def __init__(self, report: Report, t, namespace: str, rows: dict[str, dict],
+                 devices: list[str], recipes: dict | None, recipes_path: str | None):
+        self.report = _ExplainingReport(report, rows)
+        self.t, self.ns, self.rows, self.devices = t, namespace, rows, devices
+        self.recipes, self.path = recipes, recipes_path
+
+    # ----------------------------------------------------------------- recipe plumbing
+
+    def _recipe_call(self, op: str, what: str, fn, *args):
+        """Call a recipe's own function; its exception becomes a RecipeError naming file:line."""
+        try:
+            return fn(*args)
+        except Exception as exc:  # noqa: BLE001 - the recipe's bug, reported as such
+            raise RecipeError(f"recipe {op!r} {what} raised {first_line(exc)} at "
+                              f"{where(exc, self.path or '')}") from None
+
+    def inputs(self, op: str, recipe: dict, dtype) -> list:
+        args = self._recipe_call(op, "inputs", recipe["inputs"], dtype)
+        if not isinstance(args, (list, tuple)):
+            raise RecipeError(f"recipe {op!r} inputs returned {type(args).__name__}, expected "
+                              f"a list of arguments ({self.path})")
+        return list(args)
+
+    def results(self, recipe: dict, args: list, out) -> list:
+        values = [args[i] for i in recipe["mutates"]] if recipe.get("mutates") else _outputs(out)
+        if recipe.get("outputs") is not None:
+            values = [values[i] for i in recipe["outputs"] if i < len(values)]
+        return values
+
+    def dtypes(self, recipe: dict) -> list:
+        out = []
+        for d in recipe.get("dtypes") or [self.t.float32]:
+            dtype = getattr(self.t, d, None) if isinstance(d, str) else d
+            if not isinstance(dtype, self.t.dtype):
+                raise RecipeError(f"recipe dtypes: {d!r} is not a torch dtype ({self.path})")
+            out.append(dtype)
+        return out
+
+    def skipped(self, op: str, recipe: dict, check: str, check_id: str, category: str,
+                **fields) -> bool:
+        reason = (recipe.get("skip") or {}).get(check)
+        if reason:
+            self.report.check(check_id, category, "skip", f"recipe: {reason}", op=op,
+                              reason="recipe", **fields)
+        return bool(reason)
+
+    # ----------------------------------------------------------------- driver
+
+    def run_all(self, import_ok: bool):
+        t = self.t
+        for op, row in self.rows.items():
+            if not row["found"] or not row["declared"] or row["internal"]:
+                continue  # a backward-only op is reached through its forward op's backward
+            if not import_ok:
+                self.report.check(f"run:{op}", "run", "skip", "import failed", op=op,
+                                  reason="import-failed")
+                continue
+            recipe = (self.recipes or {}).get(op)
+            if recipe is None:
+                where_ = f"add one to {self.path}" if self.path else \
+                    "name a recipes file in matrix.yaml (extension.recipes)"
+                self.report.check(f"run:{op}", "run", "warn", f"census only: no recipe says "
+                                  f"how to call {op} ({where_})", op=op, reason="no-recipe")
+                continue
+            problem = validate(op, recipe, self.path or "recipes")
+            if problem:
+                self.report.check(f"run:{op}", "run", "fail", problem, op=op, recipe_error=True)
+                continue
+            try:
+                packet = getattr(getattr(t.ops, self.ns), op)
+                fn = getattr(packet, recipe.get("overload") or "default")
+            except (AttributeError, RuntimeError) as exc:
+                self.report.check(f"run:{op}", "run", "fail", f"no overload "
+                                  f"{recipe.get('overload') or 'default'!r} to call: "
+                                  f"{first_line(exc)}", op=op, recipe_error=True)
+                continue
+            try:
+                dtypes = self.dtypes(recipe)
+                for i, dtype in enumerate(dtypes):
+                    tag = "" if len(dtypes) == 1 else f":{str(dtype).replace('torch.', '')}"
+                    cpu_out = self.device_runs(op, fn, recipe, dtype, tag)
+                    if i == 0:
+                        self.fake_run(op, fn, recipe, dtype, cpu_out)
+                        self.compile_run(op, fn, recipe, dtype, cpu_out)
+                        if recipe.get("autocast"):
+                            self.autocast_runs(op, fn, recipe)
+            except RecipeError as exc:
+                self.report.check(f"recipe:{op}", "run", "fail", str(exc), op=op,
+                                  recipe_error=True)
+            except Exception as exc:  # noqa: BLE001 - one op's surprise must not end the probe
+                self.report.check(f"run:{op}", "run", "fail", f"probing {op} raised "
+                                  f"{first_line(exc)}", op=op)
+        for op in sorted(set(self.recipes or {}) - set(self.rows)):
+            self.report.check(f"recipe:{op}", "run", "warn", f"{self.path} has a recipe for "
+                              f"{op}, which is not an op of torch.ops.{self.ns}", op=op)
+
+    def absent(self, device: str) -> tuple[str, str]:
+        entry = self.report.doc["devices"][device]
+        if entry.get("present"):
+            return "present, device checks disabled (--device-checks skip)", "disabled"
+        return f"skipped-no-device: {entry.get('detail')}", "no-device"
+
+    def runnable(self, op: str, key: str) -> bool:
+        """Run when the kernel is registered, or promised (then the user sees the real error)."""
+        return self.rows[op]["keys"].get(key, {}).get("status") in ("ok", "present", "missing")
+
+    # ----------------------------------------------------------------- checks
+
+    def known_answer(self, op: str, recipe: dict, fn, args: list, out) -> str | None:
+        t = self.t
+        if "check" in recipe:
+            try:
+                verdict = recipe["check"](fn, args, out)
+            except AssertionError as exc:
+                return f"{op} on cpu: {exc or 'the recipe check failed'}"
+            except Exception as exc:  # noqa: BLE001
+                raise RecipeError(f"recipe {op!r} check raised {first_line(exc)} at "
+                                  f"{where(exc, self.path or '')}") from None
+            return None if verdict in (None, True) else f"{op} on cpu: {verdict}"
+        if "expected" in recipe:
+            want = recipe["expected"]
+            got = self.results(recipe, args, out)
+            got = got[0] if len(got) == 1 else got
+            if isinstance(want, t.Tensor) and isinstance(got, t.Tensor):
+                same = want.shape == got.shape and (
+                    t.allclose(got.double(), want.double(), atol=recipe.get("atol", 1e-4),
+                               rtol=recipe.get("rtol", 1e-3))
+                    if got.is_floating_point() else t.equal(got, want.to(got.dtype)))
+            else:
+                as_list = got.tolist() if isinstance(got, t.Tensor) else got
+                same = as_list == (want.tolist() if isinstance(want, t.Tensor) else want)
+            if not same:
+                shown = got.tolist() if isinstance(got, t.Tensor) else got
+                return f"{op} on cpu gave {shown}, the recipe expects " \
+                       f"{want.tolist() if isinstance(want, t.Tensor) else want}"
+        return None
+
+    def device_runs(self, op, fn, recipe, dtype, tag):
+        t = self.t
+        cpu_out = cpu_grads = None
+        for device in DEVICES:
+            check_id = f"run:{op}:{device}{tag}"
+            wants_grad = bool(recipe.get("grad")) and "backward" not in (recipe.get("skip") or {})
+            if device not in self.devices:
+                message, reason = self.absent(device)
+                self.report.check(check_id, "run", "skip", message, op=op, device=device,
+                                  reason=reason)
+                if wants_grad:
+                    self.report.check(f"{check_id}:backward", "backward", "skip", message,
+                                      op=op, device=device, reason=reason)
+                continue
+            key = DEVICE_KEY[device]
+            if not self.runnable(op, key):
+                self.report.check(check_id, "run", "skip", f"no {key} kernel registered and "
+                                  "none expected", op=op, device=device, reason="no-kernel")
+                continue
+            if self.skipped(op, recipe, "run", check_id, "run", device=device):
+                continue
+            cpu_args = self.inputs(op, recipe, dtype)
+            args = [_to(t, a, device) for a in cpu_args]
+            try:
+                out = fn(*args)
+                got = [o.cpu() if isinstance(o, t.Tensor) else o
+                       for o in self.results(recipe, args, out)]
+                if device != "cpu":
+                    problem = compare(t, cpu_out, got, recipe.get("atol", 1e-4),
+                                      recipe.get("rtol", 1e-3)) if cpu_out is not None else \
+                        "CPU run failed, nothing to compare with"
+                    ok_message = f"{op} on {device} matches CPU"
+                else:
+                    cpu_out = got
+                    problem = self.known_answer(op, recipe, fn, args, out)
+                    known = "check" in recipe or "expected" in recipe
+                    ok_message = f"{op} on cpu gives the known answer" if known else \
+                        f"{op} on cpu runs, finite output"
+                    if problem is None and any(isinstance(o, t.Tensor) and o.is_floating_point()
+                                               and not bool(t.isfinite(o).all()) for o in got):
+                        problem = f"{op} on cpu returned non-finite values"
+                self.report.check(check_id, "run", "fail" if problem else "pass",
+                                  problem or ok_message, op=op, device=device)
+            except RecipeError:
+                raise
+            except Exception as exc:  # noqa: BLE001
+                self.report.check(check_id, "run", "fail", f"{op} on {device}: {first_line(exc)}",
+                                  op=op, device=device)
+                continue
+            if wants_grad:
+                grads = self.backward(op, fn, recipe, dtype, device, cpu_grads, check_id)
+                if device == "cpu":
+                    cpu_grads = grads
+        return cpu_out
+
+    def backward(self, op, fn, recipe, dtype, device, cpu_grads, run_id):
+        t = self.t
+        check_id = f"{run_id}:backward"
+        if not self.runnable(op, "Autograd"):
+            self.report.check(check_id, "backward", "skip", "no Autograd kernel registered and "
+                              "none expected", op=op, device=device, reason="no-kernel")
+            return None
+        args = [_to(t, a, device) for a in self.inputs(op, recipe, dtype)]
+        leaves = []
+        for i in recipe["grad"]:
+            if i >= len(args) or not isinstance(args[i], t.Tensor) or \
+                    not args[i].is_floating_point():
+                raise RecipeError(f"recipe {op!r} grad names argument {i}, which is not a "
+                                  f"floating-point tensor ({self.path})")
+            args[i] = args[i].detach().requires_grad_(True)
+            leaves.append(args[i])
+        try:
+            with warnings.catch_warnings():
+                # torch's autograd-fallback warning means backward silently skips the op
+                warnings.filterwarnings("error", message=".*autograd kernel was not registered")
+                outs = [o for o in self.results(recipe, args, fn(*args))
+                        if isinstance(o, t.Tensor) and o.is_floating_point() and o.requires_grad]
+                if not outs:
+                    raise RuntimeError("no output requires grad: the op did not record a "
+                                       "backward for its inputs")
+                g = t.Generator().manual_seed(2)
+                loss = sum((o * t.rand(o.shape, generator=g).to(device=device, dtype=o.dtype)).sum()
+                           for o in outs)
+                grads = t.autograd.grad(loss, leaves, allow_unused=True)
+            grads = [None if x is None else x.cpu() for x in grads]
+            if any(x is None for x in grads):
+                problem = "backward left some inputs without a gradient"
+            elif device == "cpu":
+                problem = next((f"gradient {i} is not finite" for i, x in enumerate(grads)
+                                if not bool(t.isfinite(x).all())), None)
+            elif cpu_grads is None:
+                problem = "CPU backward failed, nothing to compare with"
+            else:
+                problem = compare(t, cpu_grads, grads, recipe.get("grad_atol", 1e-3),
+                                  recipe.get("grad_rtol", 1e-3))
+            self.report.check(check_id, "backward", "fail" if problem else "pass",
+                              problem or f"{op} backward on {device} "
+                              + ("runs" if device == "cpu" else "matches CPU"),
+                              op=op, device=device)
+            return grads
+        except Exception as exc:  # noqa: BLE001
+            self.report.check(check_id, "backward", "fail", f"{op} backward on {device}: "
+                              f"{first_line(exc)}", op=op, device=device)
+            return None
+
+    def fake_run(self, op, fn, recipe, dtype, cpu_out):
+        t = self.t
+        if self.skipped(op, recipe, "fake", f"fake:{op}", "fake"):
+            return
+        cpu_args = self.inputs(op, recipe, dtype)
+        try:
+            from torch._subclasses.fake_tensor import FakeTensorMode
+            from torch.fx.experimental.symbolic_shapes import ShapeEnv
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                with FakeTensorMode(shape_env=ShapeEnv()) as mode:
+                    args = [mode.from_tensor(a) if isinstance(a, t.Tensor) else a
+                            for a in cpu_args]
+                    out = [o for o in self.results(recipe, args, fn(*args))
+                           if isinstance(o, t.Tensor)]
+            problem = None
+            if cpu_out is not None:
+                real = [o for o in cpu_out if isinstance(o, t.Tensor)]
+                for i, (f, r) in enumerate(zip(out, real)):
+                    static = [d if isinstance(d, int) else None for d in f.shape]
+                    if f.dtype != r.dtype or len(static) != r.dim() or any(
+                            s is not None and s != d for s, d in zip(static, r.shape)):
+                        problem = (f"fake output {i} is {f.dtype}{list(f.shape)}, the real one "
+                                   f"{r.dtype}{list(r.shape)}")
+            self.report.check(f"fake:{op}", "fake", "fail" if problem else "pass",
+                              problem or f"{op} runs under FakeTensorMode", op=op)
+        except Exception as exc:  # noqa: BLE001
+            self.report.check(f"fake:{op}", "fake", "fail", f"{op} under FakeTensorMode: "
+                              f"{first_line(exc)}", op=op)
+
+    def compile_run(self, op, fn, recipe, dtype, cpu_out):
+        t = self.t
+        if "cpu" not in self.devices or \
+                self.skipped(op, recipe, "compile", f"compile:{op}", "compile"):
+            return
+        cpu_args = self.inputs(op, recipe, dtype)
+        try:
+            t._dynamo.reset()
+            const = {i: a for i, a in enumerate(cpu_args) if not isinstance(a, t.Tensor)}
+            tensors = [a for a in cpu_args if isinstance(a, t.Tensor)]
+            mutates = recipe.get("mutates")
+
+            def call(*ts):
+                it = iter(ts)
+                args = [const[i] if i in const else next(it) for i in range(len(cpu_args))]
+                out = fn(*args)
+                return tuple(args[i] for i in mutates) if mutates else out
+
+            compiled = t.compile(call, fullgraph=True, backend="aot_eager")
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                out = compiled(*tensors)
+            got = _outputs(out)
+            if recipe.get("outputs") is not None:
+                got = [got[i] for i in recipe["outputs"] if i < len(got)]
+            problem = compare(t, cpu_out, got, recipe.get("atol", 1e-4),
+                              recipe.get("rtol", 1e-3)) if cpu_out is not None else None
+            self.report.check(f"compile:{op}", "compile", "fail" if problem else "pass",
+                              problem or f"{op} compiles with fullgraph=True, backend=aot_eager "
+                                         "and matches eager", op=op)
+        except Exception as exc:  # noqa: BLE001
+            self.report.check(f"compile:{op}", "compile", "fail",
+                              f"torch.compile(fullgraph=True, backend='aot_eager') of {op}: "
+                              f"{first_line(exc)}", op=op)
+
+    def autocast_runs(self, op, fn, recipe):
+        t = self.t
+        for device in DEVICES:
+            check_id = f"autocast:{op}:{device}"
+            key = AUTOCAST_KEY[device]
+            if device not in self.devices:
+                message, reason = self.absent(device)
+                self.report.check(check_id, "autocast", "skip", message, op=op, device=device,
+                                  reason=reason)
+                continue
+            if not self.runnable(op, key):
+                self.report.check(check_id, "autocast", "skip", f"no {key} kernel registered and "
+                                  "none expected", op=op, device=device, reason="no-kernel")
+                continue
+            if self.skipped(op, recipe, "autocast", check_id, "autocast", device=device):
+                continue
+            low = t.bfloat16 if device == "cpu" else t.float16
+            ref_args = [_to(t, a, device) for a in self.inputs(op, recipe, t.float32)]
+            args = [_to(t, a, device) for a in self.inputs(op, recipe, t.float32)]
+            for i in recipe["autocast"]:
+                args[i] = args[i].to(low)
+            try:
+                with t.autocast(device, dtype=low):
+                    out = self.results(recipe, args, fn(*args))
+                ref = self.results(recipe, ref_args, fn(*ref_args))
+                tol = recipe.get("autocast_atol", 2e-2)
+                problem = compare(t, [r.float() if isinstance(r, t.Tensor) and
+                                      r.is_floating_point() else r for r in ref],
+                                  [o.float() if isinstance(o, t.Tensor) and
+                                   o.is_floating_point() else o for o in out], tol, tol)
+                self.report.check(check_id, "autocast", "fail" if problem else "pass",
+                                  f"{op} under torch.autocast('{device}', {low}): {problem}"
+                                  if problem else f"{op} under torch.autocast('{device}', {low}) "
+                                  "with reduced-precision inputs matches float32", op=op,
+                                  device=device)
+            except Exception as exc:  # noqa: BLE001
+                self.report.check(check_id, "autocast", "fail", f"{op} under torch.autocast("
+                                  f"'{device}', {low}): {first_line(exc)}", op=op, device=device)

@@ -1,0 +1,277 @@
+"""The wheel contract: after the project's own PEP 517 build, opforge stamps the wheel.
+
+Whatever built the wheel (setuptools, scikit-build-core, meson-python), ``stamp_wheel``
+rewrites it so that it says what it is:
+
+- the local version names the variant (``1.2.0`` -> ``1.2.0+cu130``), in METADATA, in the
+  ``.dist-info`` / ``.data`` directory names and in the file name;
+- ``Requires-Dist`` pins the torch it was built against (``torch==2.14.1``), replacing any
+  torch requirement the project wrote;
+- a build record, ``<name>-<version>.dist-info/opforge-build.json``, says how it was built
+  (variant, torch version and commit, CUDA version and arch list, MPS, the compiled libraries
+  and the backends found in them); any installed copy reads it with
+  ``importlib.metadata.distribution(name).read_text("opforge-build.json")``, without importing
+  the package;
+- RECORD lists every file with its new hash, so pip and auditwheel accept the result.
+
+Backends are found in the compiled code itself (CUDA fat binaries and registration symbols,
+Metal), never from the project's file names: a CUDA variant whose libraries hold no device
+code is refused with a message naming what the build should read.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import io
+import json
+import re
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+from packaging.version import Version
+
+from opforge.errors import OpforgeError
+
+RECORD_NAME = "opforge-build.json"
+RECORD_SCHEMA = 1
+LIBRARY_SUFFIXES = (".so", ".dylib", ".pyd")
+_FATBIN_MAGIC = b"\x50\xed\x55\xba"
+# Strings a compiled library holds when it carries device code for a backend.
+_CUDA_MARKERS = (b"__cudaRegisterFatBinary", b"__fatbinwrap", b".nv_fatbin")
+_HIP_MARKERS = (b"__hipRegisterFatBinary", b"__hip_fatbin")
+_METAL_MARKERS = (b"/Metal.framework/", b"MTLCreateSystemDefaultDevice",
+                  b"newLibraryWithSource", b"newLibraryWithData", b"kernel void ")
+
+
+@dataclass(frozen=True)
+class BuildFacts:
+    """What the build ran with, as the build environment reports it."""
+
+    variant: str
+    torch_version: str
+    torch_git_version: str | None = None
+    torch_cuda_version: str | None = None
+    python: str | None = None
+    cuda_version: str | None = None          # the variant's toolkit (nvcc), None for non-CUDA
+    cuda_arch_list: str | None = None
+    mps: bool = False
+    macos_deployment_target: str | None = None
+    source_commit: str | None = None
+    torch_requirement: str | None = None     # default: torch==<public torch version>
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def requirement(self) -> str:
+        return self.torch_requirement or f"torch=={Version(self.torch_version).public}"
+
+
+def library_backends(data: bytes) -> list[str]:
+    """The backends a compiled library's bytes hold code for: cpu, plus cuda / hip / mps."""
+    found = ["cpu"]
+    if _FATBIN_MAGIC in data or any(m in data for m in _CUDA_MARKERS):
+        found.append("cuda")
+    if any(m in data for m in _HIP_MARKERS):
+        found.append("hip")
+    if any(m in data for m in _METAL_MARKERS):
+        found.append("mps")
+    return found
+
+
+def _is_library(member: str) -> bool:
+    base = member.rsplit("/", 1)[-1]
+    return base.endswith(LIBRARY_SUFFIXES) or ".so." in base
+
+
+def _hash(data: bytes) -> str:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+    return "sha256=" + digest.decode("ascii")
+
+
+def _rewrite_metadata(text: str, version: str, torch_req: str) -> str:
+    """METADATA with ``Version`` replaced and every unconditional torch requirement pinned."""
+    head, sep, body = text.partition("\n\n")
+    lines: list[str] = []
+    for line in head.splitlines():
+        if line[:1] in (" ", "\t") and lines:  # a folded header continues the previous one
+            lines[-1] += "\n" + line
+        else:
+            lines.append(line)
+    out, pinned = [], False
+    for line in lines:
+        name, _, value = line.partition(":")
+        key = name.strip().lower()
+        if key == "version":
+            out.append(f"Version: {version}")
+            continue
+        if key == "requires-dist":
+            try:
+                req = Requirement(value.strip())
+            except InvalidRequirement:
+                req = None
+            if req is not None and req.name.lower() == "torch" and \
+                    (req.marker is None or "extra" not in str(req.marker)):
+                if not pinned:
+                    marker = f"; {req.marker}" if req.marker else ""
+                    out.append(f"Requires-Dist: {torch_req}{marker}")
+                    pinned = True
+                continue
+        out.append(line)
+    if not pinned:
+        out.append(f"Requires-Dist: {torch_req}")
+    return "\n".join(out) + "\n" + (sep[1:] + body if sep else "")
+
+
+@dataclass(frozen=True)
+class StampResult:
+    wheel: Path
+    record: dict
+
+
+def stamp_wheel(wheel: Path, out_dir: Path, facts: BuildFacts, *, cuda_expected: bool = False,
+                mps_expected: bool = False, build_env: dict[str, str] | None = None
+                ) -> StampResult:
+    """Write the stamped copy of ``wheel`` into ``out_dir``; return its path and build record."""
+    try:
+        name, version, build_tag, _tags = parse_wheel_filename(wheel.name)
+    except InvalidWheelFilename as exc:
+        raise OpforgeError(f"{wheel.name}: the build produced no valid wheel name ({exc})") from None
+    new_version = f"{version.public}+{facts.variant}"
+    with zipfile.ZipFile(wheel) as archive:
+        infos = archive.infolist()
+        names = [i.filename for i in infos]
+        dist_infos = sorted({n.split("/", 1)[0] for n in names
+                             if n.split("/", 1)[0].endswith(".dist-info")})
+        if len(dist_infos) != 1:
+            raise OpforgeError(f"{wheel.name}: expected one .dist-info directory, found "
+                               f"{len(dist_infos)}")
+        old_info = dist_infos[0]
+        prefix = old_info[: -len(".dist-info")].rsplit("-", 1)[0]
+        new_info = f"{prefix}-{new_version}.dist-info"
+        old_data, new_data = f"{old_info[:-len('.dist-info')]}.data", f"{prefix}-{new_version}.data"
+        contents: dict[str, bytes] = {}
+        modes: dict[str, int] = {}
+        libraries = []
+        for info in infos:
+            member = info.filename
+            if member.endswith("/"):
+                continue
+            top, _, rest = member.partition("/")
+            if top == old_info:
+                if rest in ("RECORD", "RECORD.jws", "RECORD.p7s", RECORD_NAME):
+                    continue
+                member = f"{new_info}/{rest}"
+            elif top == old_data:
+                member = f"{new_data}/{rest}"
+            data = archive.read(info)
+            contents[member] = data
+            modes[member] = info.external_attr
+            if _is_library(member):
+                libraries.append({"path": member, "size": len(data),
+                                  "backends": library_backends(data)})
+    metadata_name = f"{new_info}/METADATA"
+    if metadata_name not in contents:
+        raise OpforgeError(f"{wheel.name}: {old_info}/METADATA is missing: not a valid wheel")
+    contents[metadata_name] = _rewrite_metadata(
+        contents[metadata_name].decode("utf-8"), new_version, facts.requirement).encode("utf-8")
+    backends = sorted({b for lib in libraries for b in lib["backends"]},
+                      key=("cpu", "cuda", "hip", "mps").index)
+    _refuse_missing_device_code(wheel, libraries, backends, cuda_expected, mps_expected,
+                                build_env or {})
+    record = {
+        "schema": RECORD_SCHEMA,
+        "stamped_by": _stamped_by(),
+        "distribution": str(name),
+        "version": new_version,
+        "variant": facts.variant,
+        "torch_version": facts.torch_version,
+        "torch_git_version": facts.torch_git_version,
+        "torch_cuda_version": facts.torch_cuda_version,
+        "torch_requirement": facts.requirement,
+        "python": facts.python,
+        "cuda_version": facts.cuda_version,
+        "cuda_arch_list": facts.cuda_arch_list,
+        "mps": facts.mps,
+        "macos_deployment_target": facts.macos_deployment_target,
+        "source_commit": facts.source_commit,
+        "libraries": libraries,
+        "backends": backends,
+        **facts.extra,
+    }
+    contents[f"{new_info}/{RECORD_NAME}"] = (json.dumps(record, indent=1) + "\n").encode()
+    tags = wheel.name[:-len(".whl")].split("-")[-3:]
+    escaped = wheel.name.split("-", 1)[0]
+    parts = [escaped, new_version.replace("-", "_")]
+    if build_tag:
+        parts.append(f"{build_tag[0]}{build_tag[1]}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / ("-".join(parts + tags) + ".whl")
+    _write_wheel(target, contents, modes, f"{new_info}/RECORD")
+    return StampResult(wheel=target, record=record)
+
+
+def _refuse_missing_device_code(wheel: Path, libraries: list[dict], backends: list[str],
+                                cuda_expected: bool, mps_expected: bool,
+                                build_env: dict[str, str]) -> None:
+    passed = ", ".join(f"{k}={v}" for k, v in sorted(build_env.items())
+                       if k in ("FORCE_CUDA", "FORCE_MPS", "TORCH_CUDA_ARCH_LIST", "CUDA_HOME",
+                                "MACOSX_DEPLOYMENT_TARGET"))
+    libs = ", ".join(lib["path"] for lib in libraries) or "no compiled library at all"
+    if cuda_expected and "cuda" not in backends:
+        raise OpforgeError(
+            f"{wheel.name}: this CUDA variant's build produced no device code (libraries: "
+            f"{libs}; no CUDA fat binary in any of them). The build guessed CPU-only, probably "
+            "from the build host (no GPU here). opforge passed " + passed + ": the build "
+            "should compile its CUDA sources (CUDAExtension / CMake's CUDA language) when "
+            "FORCE_CUDA=1, for the architectures in TORCH_CUDA_ARCH_LIST, instead of asking "
+            "torch.cuda.is_available().")
+    if mps_expected and "mps" not in backends:
+        raise OpforgeError(
+            f"{wheel.name}: this MPS variant's build produced no Metal code (libraries: {libs}). "
+            f"opforge passed {passed}: the build should compile its .mm/.metal sources and link "
+            "the Metal framework when FORCE_MPS=1, instead of guessing from the build host.")
+
+
+def _stamped_by() -> str:
+    from opforge import __version__
+
+    return f"opforge {__version__}"
+
+
+def _write_wheel(target: Path, contents: dict[str, bytes], modes: dict[str, int],
+                 record_name: str) -> None:
+    """Write the files (dist-info last, RECORD last of all) with a fresh RECORD."""
+    order = sorted(contents, key=lambda n: (".dist-info/" in n, n))
+    rows = [(n, _hash(contents[n]), str(len(contents[n]))) for n in order]
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerows(rows)
+    writer.writerow((record_name, "", ""))
+    partial = target.with_name(f".{target.name}.partial")
+    with zipfile.ZipFile(partial, "w", compression=zipfile.ZIP_DEFLATED) as out:
+        for n in order:
+            out.writestr(_zinfo(n, modes.get(n)), contents[n])
+        out.writestr(_zinfo(record_name, None), buffer.getvalue().encode())
+    partial.replace(target)
+
+
+def _zinfo(name: str, mode: int | None) -> zipfile.ZipInfo:
+    info = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
+    info.compress_type = zipfile.ZIP_DEFLATED
+    info.external_attr = mode if mode else 0o644 << 16  # keep the build's modes (scripts: +x)
+    return info
+
+
+def read_record(archive: zipfile.ZipFile) -> dict | None:
+    """The build record of a wheel (None when the wheel was not stamped)."""
+    for member in archive.namelist():
+        if re.match(r"^[^/]+\.dist-info/" + re.escape(RECORD_NAME) + "$", member):
+            try:
+                return json.loads(archive.read(member))
+            except ValueError:
+                return {"error": f"{member} is not valid JSON"}
+    return None
