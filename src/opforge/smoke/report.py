@@ -144,7 +144,7 @@ def render_terminal(doc: dict, console: Console | None = None) -> None:
                                 for col in cols])
         console.print(table)
     if census_only:
-        console.print(f"  census only (no call recipe for its schema): {', '.join(census_only)}")
+        console.print(f"  census only (no recipe says how to call it): {', '.join(census_only)}")
 
     problems = [c for c in doc.get("checks", []) if c["status"] in ("fail", "warn")]
     for c in problems:

@@ -1,0 +1,46 @@
+"""``opforge init [PATH]``: write matrix.yaml, a recipes stub and a noxfile for an extension."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "init", help="write an extension's opforge configuration from its sources",
+        description="Read an op extension's sources (TORCH_LIBRARY blocks, torch.library "
+                    "registrations, its build configuration) and write matrix.yaml, a recipes "
+                    "stub and noxfile.py. Writes all files or none; never overwrites without "
+                    "--force; edits none of the extension's own files. Exit 2 on bad input.")
+    p.add_argument("path", nargs="?", default=".", type=Path,
+                   help="the extension's directory (default: the working directory)")
+    p.add_argument("--force", action="store_true", help="replace files that exist")
+    p.add_argument("--dry-run", action="store_true", help="print the files, write nothing")
+    p.add_argument("--torch", default=None, metavar="VERSION",
+                   help="the torch release the wheels are built against (default: 2.13.0)")
+    p.add_argument("--python", default=f"{sys.version_info[0]}.{sys.version_info[1]}",
+                   metavar="X.Y", help="the Python the matrix builds for (default: this one)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from opforge import init
+
+    scan, files = init.plan_files(args.path, torch_version=args.torch or init.DEFAULT_TORCH,
+                                  python=args.python)
+    written = [] if args.dry_run else init.write_files(files, force=args.force)
+    namespace = init.choose_namespace(scan)
+    ops = scan.namespaces[namespace]
+    print(f"opforge init: {scan.distribution} (package {scan.package}, build backend "
+          f"{scan.build_backend or 'setuptools (setup.py)'}), torch.ops.{namespace}: "
+          f"{len(ops)} op(s): {', '.join(ops)}", file=sys.stderr)
+    for note in scan.notes:
+        print(f"opforge init: note: {note}", file=sys.stderr)
+    if args.dry_run:
+        for path, text in files.items():
+            print(f"--- {path} ---\n{text}")
+    for path in written:
+        print(f"wrote {path}")
+    return 0
