@@ -33,6 +33,7 @@ ALIAS_KEYS = {"CompositeExplicitAutograd": ("CPU", "CUDA", "MPS"),
               "AutogradCPU": ("Autograd",), "AutogradCUDA": ("Autograd",),
               "AutogradMPS": ("Autograd",), "Autograd": ("Autograd",)}
 
+_NOT_PACKAGES = {"tests", "test", "benchmarks", "examples", "docs", "scripts", "tools"}
 _LIBRARY = re.compile(r"\b(?:STABLE_)?TORCH_LIBRARY(?:_FRAGMENT)?\s*\(\s*(\w+)\s*,\s*(\w+)\s*\)")
 _LIBRARY_IMPL = re.compile(
     r"\b(?:STABLE_)?TORCH_LIBRARY_IMPL\s*\(\s*(\w+)\s*,\s*(\w+)\s*,\s*(\w+)\s*\)")
@@ -235,6 +236,7 @@ def _device_types(node) -> list[str]:
 def scan_build_config(scan: Scan) -> None:
     root = scan.root
     pyproject = root / "pyproject.toml"
+    data: dict = {}
     if pyproject.is_file():
         try:
             import tomllib
@@ -255,10 +257,14 @@ def scan_build_config(scan: Scan) -> None:
                 name == "setup.py" else re.search(r"^name\s*=\s*([A-Za-z0-9._-]+)\s*$", text, re.M)
             if m:
                 scan.distribution = m.group(1)
-    packages = [p.parent for p in root.glob("*/__init__.py")] + \
-        [p.parent for p in root.glob("src/*/__init__.py")]
-    packages = [p for p in packages if p.name not in ("tests", "test", "benchmarks", "examples",
-                                                       "docs", "scripts")]
+    declared = data.get("tool", {}).get("scikit-build", {}).get("wheel", {}).get("packages") \
+        if pyproject.is_file() else None
+    packages = [root / d for d in declared or [] if (root / d / "__init__.py").is_file()]
+    if not packages:  # top-level packages: __init__.py in a directory whose parent has none
+        packages = [p.parent for depth in ("*", "*/*", "*/*/*")
+                    for p in sorted(root.glob(f"{depth}/__init__.py"))
+                    if not (p.parent.parent / "__init__.py").is_file()
+                    and not set(p.relative_to(root).parts[:-1]) & (SKIP_DIRS | _NOT_PACKAGES)]
     wanted = (scan.distribution or "").replace("-", "_").lower()
     chosen = [p for p in packages if p.name.lower() == wanted] or packages
     if chosen:

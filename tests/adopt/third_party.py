@@ -162,6 +162,7 @@ def write_abi3ops(root: Path) -> tuple[Path, str]:
             #include <ATen/core/Tensor.h>
             #include <ATen/ops/exp.h>
             #include <ATen/ops/log1p.h>
+            #include <ATen/ops/mul.h>
             #include <ATen/ops/sigmoid.h>
             #include <torch/library.h>
 
