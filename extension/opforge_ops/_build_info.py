@@ -1,17 +1,40 @@
-"""What this copy of opforge_ops was built with (the build record opforge stamped)."""
+"""What this copy of opforge_ops was built with: the build record `opforge build` stamped into
+the wheel's metadata, or, for an in-place development build, what the running library shows."""
 
 import copy
+import sys
 
-from ._loader import BUILD_RECORD, DISTRIBUTION, read_build_info
+import torch
 
-_INFO = read_build_info()
+from ._loader import BUILD_RECORD, library_path, read_build_info
+
+
+def _in_place_description():
+    """No stamped record (``setup.py build_ext --inplace``): describe the library as loaded."""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    backends = [b for b, key in (("cpu", "CPU"), ("cuda", "CUDA"), ("mps", "MPS"))
+                if has("opforge::nms", key)]
+    library = library_path()
+    return {
+        "schema": 1,
+        "variant": "in-place",
+        "source": f"in-place build: no {BUILD_RECORD} (only `opforge build` wheels carry one)",
+        "torch_version": torch.__version__,
+        "torch_git_version": torch.version.git_version,
+        "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+        "cuda_version": torch.version.cuda if "cuda" in backends else None,
+        "cuda_arch_list": None,
+        "mps": "mps" in backends,
+        "backends": backends,
+        "libraries": [{"path": f"opforge_ops/{library.name}"}] if library else [],
+        "omitted_kernels": [],
+    }
+
+
+_INFO = read_build_info() or _in_place_description()
 
 
 def build_info():
-    """The build info as a dict: torch version and commit, CUDA, MPS, compiled backends, ..."""
-    if _INFO is None:
-        raise RuntimeError(
-            f"opforge_ops: no {BUILD_RECORD} in the {DISTRIBUTION} metadata; this copy was not "
-            "installed from a wheel `opforge build` made"
-        )
+    """The build record as a dict: variant, torch version and commit, CUDA version and arch
+    list, MPS, the compiled libraries and the backends found in them, omitted kernels."""
     return copy.deepcopy(_INFO)

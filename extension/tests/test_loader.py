@@ -20,6 +20,8 @@ PACKAGE = Path(opforge_ops.__file__).resolve().parent
 
 def test_build_info_describes_this_build():
     info = opforge_ops.build_info()
+    if info["variant"] == "in-place":
+        pytest.skip("in-place build: the build record comes with the wheel `opforge build` makes")
     assert info["schema"] == 1 and info["distribution"] == "opforge-ops"
     assert info["version"] == importlib.metadata.version("opforge-ops")
     assert info["version"].endswith("+" + info["variant"])

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from opforge.errors import OpforgeError, UsageError
+from opforge.files import read_text
 from opforge.matrix import Matrix, Variant, load_matrix
 from opforge.stamp import BuildFacts, stamp_wheel
 from opforge.torchsource import pip_index_args, resolve_index
@@ -230,9 +231,9 @@ def build_requires(extension_dir: Path) -> tuple[str, ...]:
         except ModuleNotFoundError:  # Python 3.10
             import tomli as tomllib  # type: ignore[no-redef]
         try:
-            data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-            raise UsageError(f"{pyproject}: cannot read [build-system]: {exc}") from None
+            data = tomllib.loads(read_text(pyproject))
+        except tomllib.TOMLDecodeError as exc:
+            raise UsageError(f"{pyproject}: not valid TOML: {exc}") from None
         declared = data.get("build-system", {}).get("requires", list(LEGACY_BUILD_REQUIRES))
         if not isinstance(declared, list) or not all(isinstance(r, str) for r in declared):
             raise UsageError(f"{pyproject}: [build-system] requires must be a list of strings")
@@ -344,7 +345,10 @@ def backend_requires(plan: BuildPlan, python: str) -> list[str]:
             import tomllib
         except ModuleNotFoundError:  # Python 3.10
             import tomli as tomllib  # type: ignore[no-redef]
-        data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+        try:
+            data = tomllib.loads(read_text(pyproject))
+        except tomllib.TOMLDecodeError as exc:
+            raise UsageError(f"{pyproject}: not valid TOML: {exc}") from None
         backend = data.get("build-system", {}).get("build-backend", backend)
     module, _, attr = backend.partition(":")
     if module.startswith("setuptools"):

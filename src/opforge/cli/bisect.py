@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 import shutil
 import subprocess
@@ -56,6 +57,10 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--index", metavar="URL|DIR",
                    help="the variant's nightly index: https URL (PEP 503/691), file:// URL or "
                         "directory (default https://download.pytorch.org/whl/nightly/<variant>)")
+    p.add_argument("--file", metavar="PATH",
+                   help="matrix file of the extension built and smoke-tested without -- CMD "
+                        "(default: $OPFORGE_MATRIX, else matrix.yaml from the working "
+                        "directory up)")
     p.add_argument("--wheel", metavar="PATH", help="install this prebuilt wheel beside each "
                                                    "nightly instead of building the extension")
     p.add_argument("--match", metavar="REGEX", help="count a failure as bad only when its output "
@@ -178,9 +183,10 @@ def _check_variant(variant: str) -> None:
     try:
         path = find_matrix()
     except MatrixError:
-        raise UsageError(f"no matrix.yaml in {Path.cwd()}: without -- CMD, bisect builds and "
-                         "smoke-tests the extension of this checkout; run it in the repository, "
-                         "or give the test command after --") from None
+        raise UsageError(f"no matrix.yaml in {Path.cwd()} or above it: without -- CMD, bisect "
+                         "builds and smoke-tests the extension of this checkout; run it in the "
+                         "repository, pass --file PATH, or give the test command after --"
+                         ) from None
     load_matrix(path).variant(variant)
 
 
@@ -251,6 +257,12 @@ def run(args: argparse.Namespace) -> int:
     from opforge.bisect.session import Session
 
     # everything is checked before the state, the log or an environment is touched
+    if args.file:
+        from opforge.matrix import MATRIX_ENV, load_matrix
+
+        load_matrix(args.file)  # one line, exit 2, when it is missing or malformed
+        # the build, the smoke run and their subprocesses all find the configuration here
+        os.environ[MATRIX_ENV] = str(Path(args.file).expanduser().resolve())
     if args.resume and args.restart:
         raise UsageError("--resume continues the saved bisect, --restart replaces it: pick one")
     root = cache_dir()
