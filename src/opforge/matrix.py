@@ -173,6 +173,7 @@ class Job:
     python: str
     torch_spec: str
     torch_index: str
+    distribution: str = "extension"
 
     @property
     def name(self) -> str:
@@ -191,7 +192,7 @@ class Job:
         v = self.variant
         return {
             "name": self.name,
-            "build_name": f"opforge-ops-{v.name}-{self.platform.name}-py{self.python}",
+            "build_name": f"{self.distribution}-{v.name}-{self.platform.name}-py{self.python}",
             "variant": v.name,
             "platform": self.platform.name,
             "os": self.platform.os,
@@ -263,7 +264,7 @@ class Matrix:
                     if pull_request and py != self.pr_python:
                         continue
                     jobs.append(Job(v, self.platforms[plat], py, self.torch_spec(v),
-                                    self.torch_index(v)))
+                                    self.torch_index(v), self.extension.distribution))
         return jobs
 
     def github_matrix(self, **filters: Any) -> dict[str, list[dict[str, Any]]]:

@@ -163,3 +163,22 @@ def test_python_library_objects_and_custom_ops(tmp_path):
     assert ops["twice"].keys == {"CPU"} and ops["twice"].schema == "twice(Tensor x) -> Tensor"
     assert ops["only_cuda"].keys == {"CUDA", "Meta", "Autograd"}
     assert ops["inplace"].mutating and "CPU" in ops["inplace"].keys
+
+
+def test_the_written_noxfile_registers_the_matrix_sessions(tmp_path):
+    """The three-line noxfile: build_<variant> for each variant, smoke, matrix, bisect."""
+    import os
+    import subprocess
+    import sys
+
+    import opforge
+
+    root = _project(tmp_path / "ext", CXX)
+    assert main(["init", str(root)]) == 0
+    src = str(Path(opforge.__file__).resolve().parent.parent)
+    listed = subprocess.run([sys.executable, "-m", "nox", "-l", "--script-mode", "none"],
+                            cwd=root, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "PYTHONPATH": src})
+    assert listed.returncode == 0, listed.stderr
+    names = {line.split()[1] for line in listed.stdout.splitlines() if line.startswith("* ")}
+    assert names == {"build_cpu", "build_cu130", "smoke", "matrix", "bisect"}
