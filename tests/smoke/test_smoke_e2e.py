@@ -379,3 +379,59 @@ def test_interpreter_without_torch_says_so(tmp_path, capsys):
     assert rc == 1
     check = one(doc, "import-torch")
     assert check["message"].startswith(f"import torch fails in {python}: ModuleNotFoundError")
+
+
+RECIPES_WITH_MISTAKES = '''\
+import torch
+
+
+def twice_inputs(dtype):
+    return [torch.arange(4, dtype=dtype)]
+
+
+def broken_inputs(dtype):
+    return [torch.ones(2, dtype=dtype) / 0 + undefined_name]  # line 9: the recipe's own bug
+
+
+def wrong_answer(call, args, out):
+    return "not what the maintainer expected"
+
+
+RECIPES = {
+    "twice": {"inputs": twice_inputs, "expected": [0.0, 2.0, 4.0, 6.0], "grad": [0]},
+    "thrice": {"inputs": broken_inputs},
+    "halve": {"inputs": twice_inputs, "check": wrong_answer},
+    "gone": {"inputs": twice_inputs},
+}
+'''
+
+
+def test_recipes_file_drives_the_runs_and_its_mistakes_name_file_and_line(torch_2_13, tmp_path,
+                                                                          capsys):
+    """The probe knows no op: the recipes say how to call each one; a raising recipe is that
+    recipe's failure with its file:line, an op without one is census only."""
+    init = (b"import torch\n"
+            b"_lib = torch.library.Library('recipeops', 'DEF')\n"
+            b"for _name, _f in (('twice', 2), ('thrice', 3), ('halve', 0.5), ('quad', 4)):\n"
+            b"    _lib.define(_name + '(Tensor x) -> Tensor')\n"
+            b"    _lib.impl(_name, (lambda f: lambda x: x * f)(_f), 'CompositeImplicitAutograd')\n")
+    wheel = write_wheel(tmp_path / "recipeops-1.0-py3-none-any.whl",
+                        {"recipeops/__init__.py": init}, dist="recipeops", version="1.0")
+    recipes = tmp_path / "my_recipes.py"
+    recipes.write_text(RECIPES_WITH_MISTAKES)
+    python = linked_env(tmp_path / "env", torch_2_13, wheel)
+    rc, doc, out = smoke(capsys, "--python", str(python), "--package", "recipeops",
+                         "--namespace", "recipeops", "--expect-keys", "CPU",
+                         "--recipes", str(recipes), json_path=tmp_path / "r.json")
+    assert rc == 1
+    assert one(doc, "run:twice:cpu")["status"] == "pass"
+    assert one(doc, "run:twice:cpu:backward")["status"] == "pass"
+    broken = one(doc, "recipe:thrice")
+    assert broken["status"] == "fail" and f"{recipes}:9" in broken["message"]
+    assert "recipe 'thrice' inputs raised NameError" in broken["message"]
+    halve = one(doc, "run:halve:cpu")
+    assert halve["status"] == "fail" and "not what the maintainer expected" in halve["message"]
+    assert one(doc, "run:quad")["reason"] == "no-recipe"
+    assert "recipe for gone, which is not an op" in one(doc, "recipe:gone")["message"]
+    # the probe itself carried on: every op has its census
+    assert {r["op"] for r in doc["census"]["ops"]} == {"twice", "thrice", "halve", "quad"}

@@ -164,7 +164,7 @@ class OpRunner:
                                   f"{first_line(exc)}", op=op)
         for op in sorted(set(self.recipes or {}) - set(self.rows)):
             self.report.check(f"recipe:{op}", "run", "warn", f"{self.path} has a recipe for "
-                              f"{op}, which is not an op of torch.ops.{self.ns}", op=op)
+                              f"{op}, which is not an op of torch.ops.{self.ns}")
 
     def absent(self, device: str) -> tuple[str, str]:
         entry = self.report.doc["devices"][device]
