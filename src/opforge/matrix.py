@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 from packaging.version import InvalidVersion, Version
 
+from opforge import fields as field_checks
 from opforge.dispatch_keys import DISPATCH_KEYS, device_of
 from opforge.errors import UsageError
 from opforge.files import compose_yaml, read_text
@@ -42,8 +43,9 @@ NVCC_ARCHS = {
 }
 _ARCH_SUFFIXES = {"9.0": ("a",), "10.0": ("a", "f"), "10.3": ("a", "f"), "11.0": ("a", "f"),
                   "12.0": ("a", "f"), "12.1": ("a", "f"), "10.1": ("a", "f")}
-_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
-_ARCH = re.compile(r"^(\d+\.\d+)([af]?)(\+PTX)?$")
+# \Z, not $: "$" also matches before a final newline ("cpu\n" would pass)
+_NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
+_ARCH = re.compile(r"(\d+\.\d+)([af]?)(\+PTX)?\Z")
 
 
 class MatrixError(UsageError):
@@ -319,6 +321,10 @@ class _Reader:
                                 f"required key missing from {where}")
         return out
 
+    def check(self, node: yaml.Node | None, key: str, problem: str | None) -> None:
+        if problem is not None:
+            raise self.fail(node, key, problem)
+
     def scalar(self, node: yaml.Node, key: str, kind: type = str) -> Any:
         if not isinstance(node, yaml.ScalarNode):
             raise self.fail(node, key, f"expected a {kind.__name__}, got {_kind(node)}")
@@ -329,6 +335,7 @@ class _Reader:
                                            "(quote it, e.g. \"3.10\")")
             if not value.strip():
                 raise self.fail(node, key, "must not be empty")
+            self.check(node, key, field_checks.text(value))
             return value
         if kind is bool and not isinstance(value, bool):
             raise self.fail(node, key, f"expected true or false, got {value!r}")
@@ -451,26 +458,31 @@ def _extension(r: _Reader, node: yaml.Node) -> Extension:
                                       "namespace": True, "ops": True, "internal_ops": False,
                                       "recipes": False})
     package = r.scalar(m["package"], "extension.package")
-    if not package.isidentifier():
-        raise r.fail(m["package"], "extension.package", f"{package!r} is not an import name")
+    r.check(m["package"], "extension.package", field_checks.identifier(package, "an import name"))
     namespace = r.scalar(m["namespace"], "extension.namespace")
-    if not namespace.isidentifier():
-        raise r.fail(m["namespace"], "extension.namespace", f"{namespace!r} is not an identifier")
+    r.check(m["namespace"], "extension.namespace",
+            field_checks.identifier(namespace, "a torch.ops namespace"))
     specs = _ops(r, m["ops"], "extension.ops")
     if "internal_ops" in m:  # the older spelling of `backward: true`
         for i, (op, item) in enumerate(r.str_list(m["internal_ops"], "extension.internal_ops")):
-            if not op.isidentifier():
-                raise r.fail(item, f"extension.internal_ops[{i}]", f"{op!r} is not an operator name")
+            r.check(item, f"extension.internal_ops[{i}]",
+                    field_checks.identifier(op, "an operator name"))
             if any(s.name == op for s in specs):
                 raise r.fail(item, f"extension.internal_ops[{i}]", f"{op!r} is also in ops")
             specs.append(Op(name=op, backward=True))
     distribution = (r.scalar(m["distribution"], "extension.distribution")
                     if "distribution" in m else package.replace("_", "-"))
+    r.check(m.get("distribution"), "extension.distribution",
+            field_checks.distribution(distribution))
+    path = r.scalar(m["path"], "extension.path")
+    r.check(m["path"], "extension.path", field_checks.repository_path(path))
     recipes = r.scalar(m["recipes"], "extension.recipes") if "recipes" in m else None
+    if recipes is not None:
+        r.check(m["recipes"], "extension.recipes", field_checks.repository_path(recipes))
     if recipes is not None and not recipes.endswith(".py"):
         raise r.fail(m["recipes"], "extension.recipes",
                      f"{recipes!r}: the recipes file is a Python file (.py)")
-    return Extension(path=r.scalar(m["path"], "extension.path"), package=package,
+    return Extension(path=path, package=package,
                      distribution=distribution, namespace=namespace, op_specs=tuple(specs),
                      recipes=recipes)
 
@@ -499,8 +511,7 @@ def _ops(r: _Reader, node: yaml.Node, key: str) -> list[Op]:
         else:
             name_node = item
             name = r.scalar(item, where)
-        if not name.isidentifier():
-            raise r.fail(name_node, where, f"{name!r} is not an operator name")
+        r.check(name_node, where, field_checks.identifier(name, "an operator name"))
         if any(op.name == name for op in ops):
             raise r.fail(name_node, where, f"{name!r} is listed twice")
         lists = {f: tuple(_keys(r, fields[f], f"{where}.{f}")) for f in ("keys", "add", "remove")
@@ -533,6 +544,7 @@ def _torch(r: _Reader, node: yaml.Node) -> TorchChannel:
     _check_torch_version(r, m["version"], "torch.version", version, channel)
     index = r.scalar(m["index"], "torch.index") if "index" in m \
         else "https://download.pytorch.org/whl"
+    r.check(m.get("index"), "torch.index", field_checks.index_url(index))
     return TorchChannel(channel=channel, version=version, index=index)
 
 
@@ -561,11 +573,13 @@ def _platforms(r: _Reader, node: yaml.Node) -> dict[str, Platform]:
     platforms = {}
     for name, value in m.items():
         key = f"platforms.{name}"
-        if not re.match(r"^(linux|macos|windows)-[a-z0-9_]+$", name):
+        if not re.match(r"(linux|macos|windows)-[a-z0-9_]+\Z", name):
             raise r.fail(names[name], key, "platform names are <os>-<arch>, os one of "
                                            "linux, macos, windows (e.g. linux-x86_64)")
         pm = r.mapping(value, key, {"runner": True})
-        platforms[name] = Platform(name=name, runner=r.scalar(pm["runner"], f"{key}.runner"))
+        runner = r.scalar(pm["runner"], f"{key}.runner")
+        r.check(pm["runner"], f"{key}.runner", field_checks.runner_label(runner))
+        platforms[name] = Platform(name=name, runner=runner)
     return platforms
 
 
@@ -601,6 +615,11 @@ def _variants(r: _Reader, node: yaml.Node, platforms: dict[str, Platform]) -> li
         opt = {k: r.scalar(m[k], f"{key}.{k}") for k in
                ("cuda", "arch_list", "container", "torch_version", "index_variant",
                 "macos_deployment_target", "runner") if k in m}
+        for k, check in (("runner", field_checks.runner_label),
+                         ("container", field_checks.image_reference),
+                         ("index_variant", field_checks.index_variant)):
+            if k in opt:
+                r.check(m[k], f"{key}.{k}", check(opt[k]))
         mps = r.scalar(m["mps"], f"{key}.mps", bool) if "mps" in m else False
         device_checks = (r.scalar(m["device_checks"], f"{key}.device_checks", bool)
                          if "device_checks" in m else True)
@@ -636,7 +655,7 @@ def _variants(r: _Reader, node: yaml.Node, platforms: dict[str, Platform]) -> li
             raise r.fail(m["expected_keys"], f"{key}.expected_keys",
                          f"variant {name!r} expects MPS kernels but does not set mps: true")
         if "macos_deployment_target" in opt:
-            if not re.match(r"^\d+(\.\d+)?$", opt["macos_deployment_target"]):
+            if not re.match(r"\d+(\.\d+)?\Z", opt["macos_deployment_target"]):
                 raise r.fail(m["macos_deployment_target"], f"{key}.macos_deployment_target",
                              f"{opt['macos_deployment_target']!r} is not a macOS version like 12.3")
             if not all(p.startswith("macos-") for p, _ in plats):

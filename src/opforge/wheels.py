@@ -112,7 +112,7 @@ def inspect_wheel(path: str | Path) -> WheelReport:
 
 
 def _read_metadata(archive: zipfile.ZipFile, names: list[str]):
-    meta_names = [n for n in names if re.match(r"^[^/]+\.dist-info/METADATA$", n)]
+    meta_names = [n for n in names if re.match(r"[^/]+\.dist-info/METADATA\Z", n)]
     if not meta_names:
         raise OpforgeError(f"{archive.filename}: no .dist-info/METADATA: not a valid wheel")
     return Parser().parsestr(archive.read(meta_names[0]).decode("utf-8", "replace"))

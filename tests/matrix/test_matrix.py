@@ -190,6 +190,40 @@ MALFORMED = [
      "(yaml)", "", None),
     ("empty-file", "", "(top)", "empty", None),
     ("top-is-list", "- a\n- b\n", "(top)", "expected a mapping", None),
+    # free-text fields checked against what they become
+    ("variant-name-final-newline", _with("  - name: cpu\n", '  - name: "cpu\\n"\n'),
+     "variants[0].name", "control character", '"cpu\\n"'),
+    ("runner-label-with-space", _with("    runner: ubuntu-24.04\n", "    runner: ubuntu 24.04\n"),
+     "platforms.linux-x86_64.runner", "not a runner label", "runner: ubuntu 24.04"),
+    ("runner-expression", _with("    runner: macos-14\n", "    runner: ${{ secrets.X }}\n"),
+     "platforms.macos-arm64.runner", "not a runner label", "secrets.X"),
+    ("container-not-an-image", _with("container: pytorch/manylinux2_28-builder:cuda12.8",
+                                     "container: \"pytorch/Manylinux builder\""),
+     "variants[2].container", "not a container image reference", "Manylinux builder"),
+    ("index-variant-path", _with("    index_variant: cpu ", "    index_variant: ../cpu "),
+     "variants[4].index_variant", "not an index folder name", "index_variant: ../cpu"),
+    ("torch-index-scheme", _with("  index: https://download.pytorch.org/whl ",
+                                 "  index: javascript:alert(1) "),
+     "torch.index", "not an https://", "javascript:"),
+    ("torch-index-query", _with("  index: https://download.pytorch.org/whl ",
+                                "  index: https://example.com/whl?x=1 "),
+     "torch.index", "no query", "example.com"),
+    ("extension-path-escapes", _with("  path: extension ", "  path: ../elsewhere "),
+     "extension.path", "leaves the repository", "../elsewhere"),
+    ("extension-path-absolute", _with("  path: extension ", "  path: /etc "),
+     "extension.path", "relative path", "path: /etc"),
+    ("namespace-not-ascii", _with("  namespace: opforge ", "  namespace: opförge "),
+     "extension.namespace", "not a torch.ops namespace", "opförge"),
+    ("op-name-with-semicolon", _with("ops: [nms, roi_align", "ops: [\"nms;rm\", roi_align"),
+     "extension.ops[0]", "not an operator name", "nms;rm"),
+    ("distribution-bad", _with("  distribution: opforge-ops ", "  distribution: opforge ops "),
+     "extension.distribution", "not a distribution name", "opforge ops"),
+    ("yaml-python-tag", _with("  package: opforge_ops ", "  package: !!python/name:os.system "),
+     "(yaml)", "tags are not allowed", "python/name"),
+    ("yaml-int-tag", _with('pr_python: "3.11"', "pr_python: !!int abc"),
+     "(yaml)", "tags are not allowed", "!!int abc"),
+    ("version-with-space", _with('version: "2.13.0"', 'version: " 2.13.0"'),
+     "torch.version", "leading or trailing spaces", 'version: " 2.13.0"'),
     ("arch-list-on-cpu", _with("    expected_keys: [CPU, Meta, Autograd, AutocastCPU]",
                                "    arch_list: \"9.0\"\n    expected_keys: [CPU, Meta, Autograd, AutocastCPU]"),
      "variants[0].arch_list", "needs cuda: set", 'arch_list: "9.0"'),
@@ -299,3 +333,38 @@ def test_filters_matching_no_job_are_a_usage_error():
     result = _cli("--github", "--variant", "mps", "--platform", "linux-x86_64")
     assert result.returncode == 2
     assert "no job in matrix.yaml matches --variant mps --platform linux-x86_64" in result.stderr
+
+
+def test_check_honours_filters(capsys):
+    path = str(ROOT / "matrix.yaml")
+    assert main(["matrix", "--file", path, "--check", "--variant", "cu130"]) == 0
+    assert "4 jobs match the filters" in capsys.readouterr().out
+    assert main(["matrix", "--file", path, "--check", "--variant", "cu999"]) == 2
+    assert "unknown variant 'cu999'" in capsys.readouterr().err
+    assert main(["matrix", "--file", path, "--check", "--variant", "mps",
+                 "--platform", "linux-x86_64"]) == 2
+    assert "no job in matrix.yaml matches" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["directory", "under-a-file"])
+def test_github_output_is_checked_before_anything_is_printed(tmp_path, capsys, monkeypatch,
+                                                             kind):
+    target = tmp_path
+    if kind == "under-a-file":
+        (tmp_path / "f").write_text("mine")
+        target = tmp_path / "f" / "out"
+    monkeypatch.setenv("GITHUB_OUTPUT", str(target))
+    assert main(["matrix", "--file", str(ROOT / "matrix.yaml"), "--github"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1
+    assert err.startswith(f"opforge matrix: error: $GITHUB_OUTPUT {target}: ")
+
+
+def test_github_output_is_appended(tmp_path, capsys, monkeypatch):
+    output = tmp_path / "out"
+    output.write_text("before=1\n")
+    monkeypatch.setenv("GITHUB_OUTPUT", str(output))
+    assert main(["matrix", "--file", str(ROOT / "matrix.yaml"), "--github",
+                 "--variant", "cpu", "--python", "3.11"]) == 0
+    lines = output.read_text().splitlines()
+    assert lines[0] == "before=1" and lines[1].startswith('matrix={"include":')

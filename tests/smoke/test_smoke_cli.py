@@ -16,7 +16,7 @@ from opforge.cli import main
     (["smoke", "--python", "/usr/bin/python3", "--ops", "nms;rm"], "is not an operator name"),
     (["smoke", "--python", "/usr/bin/python3", "--variant", "cu999"], "unknown variant 'cu999'"),
     (["smoke", "--python", "/usr/bin/python3", "--torch", "torch==2.14.1"],
-     "--torch and --keep-env apply to a fresh environment"),
+     "--torch, --keep-env and --env-dir apply to a fresh environment"),
     (["smoke", "--wheel", "a.whl", "--python", "b"], "not allowed with argument"),
 ])
 def test_bad_arguments_exit_2_with_one_line(argv, message, capsys):
@@ -58,3 +58,49 @@ def test_wheel_pip_refuses_is_one_line_and_leaves_no_environment(tmp_path, capsy
     assert err[-1].startswith("opforge smoke: error: pip install failed: ")
     assert "is not a supported wheel on this platform" in err[-1]
     assert not list(tmp_path.glob("opforge-smoke-env-*"))
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_env_dir_is_left_as_it_was_when_pip_fails(tmp_path, capsys, existing):
+    from smoke_wheelkit import write_wheel
+
+    wheel = write_wheel(tmp_path / "oldpkg-1.0-cp27-cp27mu-linux_x86_64.whl",
+                        {"oldpkg/__init__.py": b""}, dist="oldpkg", version="1.0")
+    env_dir = tmp_path / "env"
+    if existing:
+        env_dir.mkdir()
+    argv = ["smoke", "--wheel", str(wheel), "--env-dir", str(env_dir), "--package", "oldpkg",
+            "--namespace", "oldpkg"]
+    assert main(argv) == 1
+    assert "pip install failed" in capsys.readouterr().err
+    assert env_dir.exists() == existing and (not existing or not any(env_dir.iterdir()))
+    assert main(argv) == 1  # the same command runs again: nothing half-made is in the way
+    assert "pip install failed" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option", ["--json", "--junit"])
+def test_report_destination_checked_before_anything_is_installed(tmp_path, capsys, option):
+    blocker = tmp_path / "file"
+    blocker.write_text("mine")
+    wheel = tmp_path / "pkg-1.0-py3-none-any.whl"
+    wheel.write_bytes(b"")
+    for target, words in ((blocker / "out.xml", "is not a directory"),
+                          (tmp_path, "is a directory")):
+        assert main(["smoke", "--wheel", str(wheel), option, str(target), "--package", "pkg",
+                     "--namespace", "pkg"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0] and err[0].startswith("opforge smoke: error: ")
+    assert blocker.read_text() == "mine"
+
+
+@pytest.mark.parametrize("kind", ["directory", "missing", "not-executable"])
+def test_python_that_is_not_an_interpreter_is_a_usage_error(tmp_path, capsys, kind):
+    path = tmp_path / "python"
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "not-executable":
+        path.write_text("#!/bin/sh\n")
+        path.chmod(0o644)
+    assert main(["smoke", "--python", str(path), "--package", "p", "--namespace", "n"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"opforge smoke: error: --python {path}: ")

@@ -10,7 +10,8 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from opforge.errors import UsageError
+from opforge.errors import OpforgeError, UsageError
+from opforge.files import check_writable
 from opforge.matrix import Matrix, load_matrix
 
 
@@ -33,27 +34,35 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    output = os.environ.get("GITHUB_OUTPUT") if args.github else None
+    if output:
+        check_writable(output, what="$GITHUB_OUTPUT", append=True)
     matrix = load_matrix(args.file)
-    if args.check:
-        print(f"{matrix.path}: ok ({len(matrix.variants)} variants, {len(matrix.jobs())} jobs)")
-        return 0
     filters = dict(variant=args.variant, platform=args.platform, python=args.python,
                    pull_request=args.pull_request)
-    if not matrix.jobs(**filters):
+    jobs = matrix.jobs(**filters)
+    if not jobs:
         # an empty strategy.matrix fails the next GitHub job with a far vaguer message
         given = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in filters.items()
                          if v not in (None, False, True)) + (" --pull-request"
                                                              if args.pull_request else "")
         raise UsageError(f"no job in {matrix.path.name} matches {given.strip()}")
+    if args.check:
+        filtered = any(v not in (None, False) for v in filters.values())
+        print(f"{matrix.path}: ok ({len(matrix.variants)} variants, {len(jobs)} jobs"
+              + (" match the filters)" if filtered else ")"))
+        return 0
     if args.github:
         payload = json.dumps(matrix.github_matrix(**filters), separators=(",", ":"))
         print(payload)
-        output = os.environ.get("GITHUB_OUTPUT")
         if output:
-            with open(output, "a", encoding="utf-8") as fh:
-                fh.write(f"matrix={payload}\n")
+            try:
+                with open(output, "a", encoding="utf-8") as fh:
+                    fh.write(f"matrix={payload}\n")
+            except OSError as exc:
+                raise OpforgeError(f"$GITHUB_OUTPUT {output}: cannot write: "
+                                   f"{exc.strerror or exc}") from None
         return 0
-    jobs = matrix.jobs(**filters)
     if args.json:
         print(json.dumps([job.as_dict() for job in jobs], indent=2))
         return 0

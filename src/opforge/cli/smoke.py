@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import stat
 import sys
 from pathlib import Path
 
 from opforge.errors import UsageError
+from opforge.files import check_writable, open_problem
 from opforge.matrix import BACKEND_KEYS
 
-_KEY = re.compile(r"^[A-Z][A-Za-z]*$")
+_KEY = re.compile(r"[A-Z][A-Za-z]*\Z")
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -79,6 +82,38 @@ def _wheel_local_version(wheel: Path | None) -> str | None:
     return parts[1].split("+", 1)[1] if len(parts) > 2 and "+" in parts[1] else None
 
 
+def _regular_file(path: Path, option: str) -> None:
+    try:
+        info = os.stat(path)
+    except (OSError, ValueError) as exc:
+        problem = open_problem(exc) if isinstance(exc, OSError) else "not a valid path"
+        raise UsageError(f"{option} {path}: {problem}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise UsageError(f"{option} {path}: not a regular file")
+
+
+def _interpreter(path: Path) -> None:
+    try:
+        info = os.stat(path)
+    except (OSError, ValueError):
+        raise UsageError(f"--python {path}: no such interpreter") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise UsageError(f"--python {path}: not an interpreter (not a regular file)")
+    if not os.access(path, os.X_OK):
+        raise UsageError(f"--python {path}: not executable")
+
+
+def _empty_or_new_dir(path: Path) -> None:
+    if path.is_symlink() or path.exists():
+        if not path.is_dir():
+            raise UsageError(f"--env-dir {path}: exists and is not a directory")
+        if any(path.iterdir()):
+            raise UsageError(f"--env-dir {path} exists and is not empty: remove it or choose "
+                             "another directory")
+        return
+    check_writable(path, what="--env-dir")
+
+
 def resolve(args: argparse.Namespace):
     """Arguments + matrix -> (Target, ProbeRequest, variant name or None)."""
     from opforge.smoke.runner import ProbeRequest, Target
@@ -89,13 +124,25 @@ def resolve(args: argparse.Namespace):
                          "--requirement REQ or --python PATH")
     if args.wheel is not None and args.wheel.suffix != ".whl":
         raise UsageError(f"--wheel {args.wheel}: not a .whl file")
-    if args.wheel is not None and not args.wheel.is_file():
-        raise UsageError(f"--wheel {args.wheel}: no such file")
-    if args.python is not None and (args.torch_spec or args.keep_env):
-        raise UsageError("--torch and --keep-env apply to a fresh environment, not --python")
-    if args.recipes is not None and not args.recipes.is_file():
-        raise UsageError(f"--recipes {args.recipes}: no such file")
-    needs_matrix = args.variant is not None or args.package is None or args.namespace is None
+    if args.wheel is not None:
+        _regular_file(args.wheel, "--wheel")
+    if args.python is not None:
+        _interpreter(args.python)
+    if args.python is not None and (args.torch_spec or args.keep_env or args.env_dir):
+        raise UsageError("--torch, --keep-env and --env-dir apply to a fresh environment, "
+                         "not --python")
+    if args.recipes is not None:
+        _regular_file(args.recipes, "--recipes")
+    if args.env_dir is not None:
+        _empty_or_new_dir(args.env_dir)
+    for option, target in (("--json", args.json), ("--junit", args.junit)):
+        if target is not None:
+            check_writable(target, what=option)
+    if os.environ.get("GITHUB_STEP_SUMMARY"):
+        check_writable(os.environ["GITHUB_STEP_SUMMARY"], what="$GITHUB_STEP_SUMMARY",
+                       append=True)
+    needs_matrix = (args.variant is not None or args.package is None or args.namespace is None
+                    or args.file is not None)
     matrix = _load_matrix(args.file, required=needs_matrix)
     ext = matrix.extension if matrix else None
     package = args.package or ext.package

@@ -130,12 +130,21 @@ def prepare_environment(target: Target) -> Environment:
     if target.env_dir is not None and target.env_dir.exists() and any(target.env_dir.iterdir()):
         raise UsageError(f"--env-dir {target.env_dir} exists and is not empty: remove it or "
                          "choose another directory")
+    made = target.env_dir is None or not target.env_dir.exists()
     env_dir = target.env_dir or Path(tempfile.mkdtemp(prefix="opforge-smoke-env-"))
     try:
         return _install(target, env_dir)
     except BaseException:
-        if target.env_dir is None:  # ours: do not leave half an environment in /tmp
+        # never leave half an environment: a folder we made goes, an empty one is emptied
+        # again (so the same command can run once the cause is fixed)
+        if made:
             shutil.rmtree(env_dir, ignore_errors=True)
+        else:
+            for child in env_dir.iterdir():
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child, ignore_errors=True)
+                else:
+                    child.unlink(missing_ok=True)
         raise
 
 

@@ -12,7 +12,7 @@ MAX_TIMEOUT = 360  # GitHub-hosted jobs are killed at 6 h anyway
 UNSAFE_TRIGGERS = ("pull_request_target", "workflow_run")
 # contexts an attacker can write (PR titles, branch names, dispatch inputs) or must not leak
 UNTRUSTED_IN_RUN = re.compile(r"\b(secrets|inputs|github\.event|github\.head_ref|vars)\b")
-_SHA = re.compile(r"^[0-9a-f]{40}$")
+_SHA = re.compile(r"[0-9a-f]{40}\Z")
 _VERSION_COMMENT = re.compile(r"#\s*v\d+\.\d+\.\d+\b")
 
 
