@@ -19,7 +19,7 @@ import json
 import os
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import yaml
 
@@ -61,9 +61,13 @@ def open_problem(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
-def read_bytes(path: str | os.PathLike, *, what: str | None = None,
-               limit: int = MAX_TEXT_BYTES) -> bytes:
-    """The whole file, if it is a regular file of at most ``limit`` bytes."""
+def open_regular(path: str | os.PathLike, *, what: str | None = None,
+                 limit: int | None = None) -> BinaryIO:
+    """An open binary file, if ``path`` is a regular file (of at most ``limit`` bytes).
+
+    The open never blocks (a FIFO is refused, not waited on) and the type is checked on the
+    open descriptor, so the file cannot be swapped between the check and the read.
+    """
     path = Path(path)
     label = _label(path, what)
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -76,23 +80,28 @@ def read_bytes(path: str | os.PathLike, *, what: str | None = None,
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise UsageError(f"{label}: {_kind(info.st_mode)}, not a regular file")
-        if info.st_size > limit:
+        if limit is not None and info.st_size > limit:
             raise UsageError(f"{label}: {info.st_size} bytes, more than the {limit}-byte limit")
-        chunks, total = [], 0
-        while True:
-            try:
-                chunk = os.read(fd, min(1 << 20, limit + 1 - total))
-            except OSError as exc:
-                raise UsageError(f"{label}: cannot read: {exc.strerror or exc}") from None
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-            if total > limit:  # it grew while we read
-                raise UsageError(f"{label}: more than the {limit}-byte limit")
-        return b"".join(chunks)
-    finally:
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
         os.close(fd)
+        raise
+
+
+def read_bytes(path: str | os.PathLike, *, what: str | None = None,
+               limit: int = MAX_TEXT_BYTES) -> bytes:
+    """The whole file, if it is a regular file of at most ``limit`` bytes."""
+    label = _label(Path(path), what)
+    with open_regular(path, what=what, limit=limit) as fh:
+        try:
+            data = fh.read(limit + 1)
+        except OSError as exc:
+            raise UsageError(f"{label}: cannot read: {exc.strerror or exc}") from None
+    if len(data) > limit:  # it grew while we read
+        raise UsageError(f"{label}: more than the {limit}-byte limit")
+    return data
 
 
 def decode_utf8(data: bytes, label: str) -> str:

@@ -6,26 +6,37 @@ contradicts its matrix entry (``opforge inspect --expect-variant cu130`` exits 1
 
 from __future__ import annotations
 
+import json
+import lzma
+import mmap
 import re
 import shutil
 import struct
 import subprocess
 import tempfile
 import zipfile
+import zlib
 from dataclasses import asdict, dataclass, field
 from email.parser import Parser
 from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 
-from opforge.errors import OpforgeError, UsageError
+from opforge.errors import UsageError
+from opforge.files import open_regular
 from opforge.matrix import Variant
-from opforge.stamp import RECORD_NAME, library_backends, read_record
+from opforge.stamp import RECORD_NAME, library_backends
 
 _FATBIN_MAGIC = 0xBA55ED50
 _LIB_SUFFIXES = (".so", ".dylib", ".pyd")
+MAX_LIBRARY_BYTES = 4 << 30   # bigger than any extension library; larger ones are not read
+MAX_SMALL_MEMBER = 16 << 20   # METADATA, the build record
+MAX_RATIO = 200               # real libraries compress 3-10x; far more is a zip bomb
+# what reading a broken member raises: corrupt data, bad CRC, encryption, unknown method
+_ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, RuntimeError,
+               EOFError, zlib.error, lzma.LZMAError, OSError, struct.error)
 
 
 @dataclass
@@ -36,6 +47,7 @@ class Library:
     cuda_archs: list[str] = field(default_factory=list)   # "sm_90", "compute_120" (PTX)
     embedded_metal: bool = False   # Metal shader source compiled into the binary as a string
     backends: list[str] = field(default_factory=list)   # found in the code: cpu, cuda, hip, mps
+    note: str = ""                 # why it was not inspected (too large), else empty
 
 
 @dataclass
@@ -69,63 +81,169 @@ def _arch_sort_key(arch: str) -> tuple[int, int]:
 
 
 def inspect_wheel(path: str | Path) -> WheelReport:
+    """Read the wheel member by member: nothing is loaded whole, every member has a bound.
+
+    A library larger than MAX_LIBRARY_BYTES (or expanding suspiciously) is listed with a
+    note instead of being read; a corrupt, encrypted or unreadable member is a UsageError.
+    """
     path = Path(path)
-    if not path.is_file():
-        raise UsageError(f"{path}: no such wheel")
     try:
         name, version, _build, tags = parse_wheel_filename(path.name)
     except InvalidWheelFilename as exc:
         raise UsageError(f"{path.name}: not a wheel file name ({exc})") from None
-    try:
-        archive = zipfile.ZipFile(path)
-    except zipfile.BadZipFile:
-        raise OpforgeError(f"{path}: not a valid wheel (bad zip archive)") from None
-    with archive, tempfile.TemporaryDirectory(prefix="opforge-inspect-") as tmp:
-        names = archive.namelist()
-        metadata = _read_metadata(archive, names)
-        torch_req = None
-        for req_text in metadata.get_all("Requires-Dist") or []:
-            try:
-                req = Requirement(req_text)
-            except InvalidRequirement:
-                continue
-            if req.name.lower() == "torch" and not req.marker:
-                torch_req = str(req)
-        build_info = read_record(archive)
-        libraries = []
-        for member in names:
-            if not member.endswith(_LIB_SUFFIXES) and ".so." not in member:
-                continue
-            data = archive.read(member)
-            lib_path = Path(tmp) / Path(member).name
-            lib_path.write_bytes(data)
-            libraries.append(Library(path=member, size=len(data), needed=_needed(lib_path),
-                                     cuda_archs=fatbin_archs(data),
-                                     embedded_metal=b"kernel void" in data,
-                                     backends=library_backends(data)))
-        metal = [n for n in names if n.endswith(".metal")]
-        metallibs = [n for n in names if n.endswith(".metallib")]
+    with open_regular(path) as fh:
+        try:
+            archive = zipfile.ZipFile(fh)
+        except (*_ZIP_ERRORS, ValueError) as exc:
+            raise UsageError(f"{path}: not a valid wheel (bad zip archive: {exc})") from None
+        with archive, tempfile.TemporaryDirectory(prefix="opforge-inspect-") as tmp:
+            members = _Members(archive, path.name)
+            metadata = Parser().parsestr(members.small(_metadata_name(archive, path.name))
+                                         .decode("utf-8", "replace"))
+            torch_req = None
+            for req_text in metadata.get_all("Requires-Dist") or []:
+                try:
+                    req = Requirement(req_text)
+                except InvalidRequirement:
+                    continue
+                if req.name.lower() == "torch" and not req.marker:
+                    torch_req = str(req)
+            build_info = None
+            info_names = [n for n in archive.namelist()
+                          if re.match(r"[^/]+\.dist-info/" + re.escape(RECORD_NAME) + r"\Z", n)]
+            if info_names:
+                build_info = _build_record(members.small(info_names[0]), info_names[0])
+            libraries = [members.library(info, Path(tmp) / f"lib{i}")
+                         for i, info in enumerate(archive.infolist())
+                         if not info.is_dir() and (info.filename.endswith(_LIB_SUFFIXES)
+                                                   or ".so." in info.filename)]
+            names = archive.namelist()
+            metal = [n for n in names if n.endswith(".metal")]
+            metallibs = [n for n in names if n.endswith(".metallib")]
     return WheelReport(wheel=path.name, name=str(name), version=str(version),
                        local_version=version.local, tags=sorted(str(t) for t in tags),
                        torch_requirement=torch_req, build_info=build_info,
                        libraries=libraries, metal_sources=metal, metallibs=metallibs)
 
 
-def _read_metadata(archive: zipfile.ZipFile, names: list[str]):
-    meta_names = [n for n in names if re.match(r"[^/]+\.dist-info/METADATA\Z", n)]
+class _Members:
+    """Bounded, streaming reads of one archive's members; corrupt ones are UsageErrors."""
+
+    def __init__(self, archive: zipfile.ZipFile, wheel: str):
+        self.archive = archive
+        self.wheel = wheel
+
+    def _chunks(self, info: zipfile.ZipInfo, limit: int):
+        total = 0
+        try:
+            with self.archive.open(info) as src:
+                while True:
+                    chunk = src.read(1 << 20)
+                    if not chunk:
+                        return
+                    total += len(chunk)
+                    if total > limit:
+                        raise UsageError(f"{self.wheel}: {info.filename}: expands past its "
+                                         f"declared size or the {limit}-byte limit")
+                    yield chunk
+        except UsageError:
+            raise
+        except _ZIP_ERRORS as exc:
+            raise UsageError(f"{self.wheel}: {info.filename}: cannot be read "
+                             f"({type(exc).__name__}: {exc})") from None
+
+    def small(self, name: str) -> bytes:
+        info = self.archive.getinfo(name)
+        if info.file_size > MAX_SMALL_MEMBER:
+            raise UsageError(f"{self.wheel}: {name}: {info.file_size} bytes, more than the "
+                             f"{MAX_SMALL_MEMBER}-byte limit")
+        return b"".join(self._chunks(info, MAX_SMALL_MEMBER))
+
+    def library(self, info: zipfile.ZipInfo, scratch: Path) -> Library:
+        """Stream the library to disk, scan it through mmap (paged, never resident whole)."""
+        problem = _too_big(info)
+        if problem:
+            return Library(path=info.filename, size=info.file_size,
+                           note=f"not inspected: {problem}")
+        with open(scratch, "wb") as out:
+            for chunk in self._chunks(info, info.file_size):
+                out.write(chunk)
+            size = out.tell()
+        with open(scratch, "rb") as f:
+            view = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+            try:
+                archs, metal = fatbin_archs(view), view.find(b"kernel void") != -1
+                backends = library_backends(_Searchable(view))
+            finally:
+                if size:
+                    view.close()
+        needed = _needed(scratch)
+        scratch.unlink()
+        return Library(path=info.filename, size=size, needed=needed, cuda_archs=archs,
+                       embedded_metal=metal, backends=backends)
+
+
+class _Searchable:
+    """``marker in view`` as a substring search (an mmap's ``in`` tests single bytes)."""
+
+    def __init__(self, view):
+        self.view = view
+
+    def __contains__(self, marker: bytes) -> bool:
+        return self.view.find(marker) != -1
+
+
+def _too_big(info: zipfile.ZipInfo) -> str | None:
+    if info.file_size > MAX_LIBRARY_BYTES:
+        return f"{info.file_size} bytes, more than the {MAX_LIBRARY_BYTES}-byte limit"
+    if info.file_size > MAX_SMALL_MEMBER and \
+            info.file_size > MAX_RATIO * max(info.compress_size, 1):
+        return (f"{info.file_size} bytes from {info.compress_size} compressed: more than "
+                f"{MAX_RATIO}x expansion (a zip bomb?)")
+    return None
+
+
+def _metadata_name(archive: zipfile.ZipFile, wheel: str) -> str:
+    meta_names = [n for n in archive.namelist() if re.match(r"[^/]+\.dist-info/METADATA\Z", n)]
     if not meta_names:
-        raise OpforgeError(f"{archive.filename}: no .dist-info/METADATA: not a valid wheel")
-    return Parser().parsestr(archive.read(meta_names[0]).decode("utf-8", "replace"))
+        raise UsageError(f"{wheel}: no .dist-info/METADATA: not a valid wheel")
+    return meta_names[0]
+
+
+# what a build record may hold, by type; anything else makes it unreadable, not a crash
+_OPT_STR = (str, type(None))
+_RECORD_TYPES = {"version": _OPT_STR, "variant": _OPT_STR, "torch_version": _OPT_STR,
+                 "torch_git_version": _OPT_STR, "backends": (list,), "cuda_version": _OPT_STR,
+                 "cuda_arch_list": _OPT_STR, "omitted_kernels": (list, str, type(None))}
+
+
+def _build_record(data: bytes, name: str) -> dict:
+    try:
+        record = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return {"error": f"{name} is not valid JSON"}
+    if not isinstance(record, dict):
+        return {"error": f"{name} is not a JSON object"}
+    for key, types in _RECORD_TYPES.items():
+        if key in record and not isinstance(record[key], types):
+            return {"error": f"{name}: {key} is {type(record[key]).__name__}"}
+    if not all(isinstance(b, str) for b in record.get("backends") or []):
+        return {"error": f"{name}: backends must be a list of strings"}
+    return record
 
 
 def _needed(lib: Path) -> list[str]:
     """Shared libraries a binary links (DT_NEEDED / LC_LOAD_DYLIB), when a tool can tell."""
-    if shutil.which("readelf"):
-        out = subprocess.run(["readelf", "-d", str(lib)], capture_output=True, text=True).stdout
-        return re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", out)
-    if shutil.which("otool"):
-        out = subprocess.run(["otool", "-L", str(lib)], capture_output=True, text=True).stdout
-        return [line.split()[0] for line in out.splitlines()[1:] if line.strip()]
+    for tool, args in (("readelf", ["-d"]), ("otool", ["-L"])):
+        if shutil.which(tool):
+            try:
+                out = subprocess.run([tool, *args, str(lib)], capture_output=True, text=True,
+                                     errors="replace", timeout=120).stdout
+            except (OSError, subprocess.TimeoutExpired):
+                return []
+            if tool == "readelf":
+                return re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", out)
+            return [line.split()[0] for line in out.splitlines()[1:] if line.strip()]
     return []
 
 
@@ -170,13 +288,30 @@ def _expected_archs(arch_list: str) -> tuple[set[str], set[str]]:
     return sass, ptx
 
 
+def exact_pin(requirement: str | None) -> Version | None:
+    """The version of a ``torch==X`` requirement; None for a range, a wildcard or nothing."""
+    if not requirement:
+        return None
+    try:
+        specs = list(Requirement(requirement).specifier)
+    except InvalidRequirement:
+        return None
+    if len(specs) != 1 or specs[0].operator not in ("==", "===") or "*" in specs[0].version:
+        return None
+    try:
+        return Version(specs[0].version)
+    except InvalidVersion:
+        return None
+
+
 def check_against_variant(report: WheelReport, variant: Variant) -> list[str]:
     """Every way the wheel contradicts its matrix entry (empty list: consistent)."""
     problems = []
     if report.local_version != variant.local_version:
         problems.append(f"local version is {report.local_version or 'missing'}, expected "
                         f"+{variant.local_version}")
-    if report.torch_requirement is None or "==" not in report.torch_requirement:
+    pinned = exact_pin(report.torch_requirement)
+    if pinned is None:
         problems.append(f"no exact torch pin in Requires-Dist (found "
                         f"{report.torch_requirement or 'none'})")
     info = report.build_info
@@ -189,9 +324,13 @@ def check_against_variant(report: WheelReport, variant: Variant) -> list[str]:
             problems.append(f"build info says variant {info.get('variant')!r}, expected "
                             f"{variant.name!r}")
         built = info.get("torch_version")
-        if built and report.torch_requirement and "==" in report.torch_requirement:
-            pinned = report.torch_requirement.split("==", 1)[1]
-            if Version(pinned).public != Version(built).public:
+        try:
+            built_version = Version(built) if built else None
+        except InvalidVersion:
+            problems.append(f"build info's torch_version {built!r} is not a version")
+            built_version = None
+        if built_version and pinned:
+            if pinned.public != built_version.public:
                 problems.append(f"torch pin {report.torch_requirement} differs from the torch "
                                 f"it was built against ({built})")
         if info.get("version") and info["version"] != report.version:
@@ -200,6 +339,7 @@ def check_against_variant(report: WheelReport, variant: Variant) -> list[str]:
         if info.get("omitted_kernels"):
             problems.append(f"kernels left out at build time: {info['omitted_kernels']}")
     compiled = report.libraries
+    problems += [f"{lib.path}: {lib.note}" for lib in compiled if lib.note]
     # backends come from the code itself; a pure-Python wheel (custom_op kernels) has none
     found = {b for lib in compiled for b in lib.backends}
     for backend in variant.backends:

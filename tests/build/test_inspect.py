@@ -144,7 +144,7 @@ def test_cli_exit_codes_and_json(tmp_path, capsys):
     assert data["expect_variant"] == "cu130" and data["problems"]
     assert main(["inspect", str(tmp_path / "missing.whl")]) == 2
     (tmp_path / "broken-1.0-py3-none-any.whl").write_bytes(b"not a zip")
-    assert main(["inspect", str(tmp_path / "broken-1.0-py3-none-any.whl")]) == 1
+    assert main(["inspect", str(tmp_path / "broken-1.0-py3-none-any.whl")]) == 2
     assert "bad zip" in capsys.readouterr().err
 
 

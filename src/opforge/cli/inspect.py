@@ -7,9 +7,12 @@ import json
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from opforge import wheels
+from opforge.errors import UsageError
 from opforge.matrix import load_matrix
 
 
@@ -27,11 +30,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_inspect(args: argparse.Namespace) -> int:
+    if args.file and not args.expect_variant:
+        raise UsageError("--file names the matrix for --expect-variant; give --expect-variant")
+    variant = load_matrix(args.file).variant(args.expect_variant) if args.expect_variant \
+        else None
     report = wheels.inspect_wheel(args.wheel)
-    problems: list[str] = []
-    if args.expect_variant:
-        variant = load_matrix(args.file).variant(args.expect_variant)
-        problems = wheels.check_against_variant(report, variant)
+    problems = wheels.check_against_variant(report, variant) if variant else []
     if args.json:
         data = report.to_json()
         if args.expect_variant:
@@ -45,30 +49,36 @@ def run_inspect(args: argparse.Namespace) -> int:
 
 def print_report(report: wheels.WheelReport, problems: list[str], variant: str | None) -> None:
     console = Console(width=None if sys.stdout.isatty() else 120)
-    table = Table(title=report.wheel, show_header=False)
+    table = Table(title=escape(report.wheel), show_header=False)
     table.add_column("field", style="bold")
     table.add_column("value")
     info = report.build_info or {}
-    table.add_row("distribution", f"{report.name} {report.version}")
-    table.add_row("tags", ", ".join(report.tags))
-    table.add_row("torch pin", report.torch_requirement or "(none)")
-    table.add_row("built against", f"torch {info.get('torch_version', '?')} "
+
+    def row(field: str, value: str) -> None:
+        table.add_row(Text(field), Text(value))  # a wheel's text is never rich markup
+
+    if "error" in info:
+        row("build info", str(info["error"]))
+    row("distribution", f"{report.name} {report.version}")
+    row("tags", ", ".join(report.tags))
+    row("torch pin", report.torch_requirement or "(none)")
+    row("built against", f"torch {info.get('torch_version', '?')} "
                                    f"({info.get('torch_git_version', '?')})")
-    table.add_row("variant", str(info.get("variant", "?")))
-    table.add_row("backends", ", ".join(info.get("backends") or []) or "?")
-    table.add_row("CUDA", f"{info.get('cuda_version') or '-'}, arch list "
+    row("variant", str(info.get("variant", "?")))
+    row("backends", ", ".join(info.get("backends") or []) or "?")
+    row("CUDA", f"{info.get('cuda_version') or '-'}, arch list "
                           f"{info.get('cuda_arch_list') or '-'}")
-    table.add_row("CUDA archs embedded", ", ".join(report.cuda_archs) or "-")
-    table.add_row("Metal", f"sources: {len(report.metal_sources)}, metallibs: "
+    row("CUDA archs embedded", ", ".join(report.cuda_archs) or "-")
+    row("Metal", f"sources: {len(report.metal_sources)}, metallibs: "
                            f"{len(report.metallibs)}, embedded: "
                            f"{any(lib.embedded_metal for lib in report.libraries)}")
     for lib in report.libraries:
-        table.add_row(f"library {lib.path}", f"{lib.size / 1e6:.1f} MB; links "
-                                             f"{', '.join(lib.needed) or '?'}")
+        row(f"library {lib.path}", f"{lib.size / 1e6:.1f} MB; " + (
+            lib.note or f"links {', '.join(lib.needed) or '?'}"))
     console.print(table)
     if variant:
         if problems:
             for problem in problems:
-                console.print(f"[red]✗[/red] contradicts variant {variant}: {problem}")
+                console.print(f"[red]✗[/red] contradicts variant {variant}: {escape(problem)}")
         else:
             console.print(f"[green]✓[/green] consistent with variant {variant}")
