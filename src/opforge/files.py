@@ -14,10 +14,12 @@ a path: its folder exists (or can be made) and is writable, and the path is not 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import stat
+import tempfile
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -199,11 +201,15 @@ def compose_yaml(text: str, label: str, *, max_depth: int = MAX_DEPTH,
         raise UsageError(f"{label}:0: (yaml): nests too deeply") from None
 
 
-def check_writable(path: str | os.PathLike, *, what: str, append: bool = False) -> Path:
+def check_writable(path: str | os.PathLike, *, what: str, append: bool = False,
+                   make_folders: bool = True) -> Path:
     """Fail now, not after the work, if a report could not be written to ``path``.
 
-    The path must not be a directory (or anything but a regular file when it exists); its
-    folder must exist or be creatable, and be writable. Nothing is created or changed.
+    The path must not be a directory (or anything but a regular file when it exists; a FIFO
+    is fine for ``append``); an existing file is opened for appending (its content and time
+    stamps are left alone), otherwise a scratch file is made and removed in the nearest
+    existing folder, so a read-only mount or a folder the user cannot write is found too.
+    ``make_folders=False``: the writer creates no folders, so the parent must exist.
     """
     path = Path(path).expanduser()
     label = f"{what} {path}"
@@ -217,25 +223,54 @@ def check_writable(path: str | os.PathLike, *, what: str, append: bool = False) 
     if info is not None:
         if stat.S_ISDIR(info.st_mode):
             raise UsageError(f"{label}: is a directory; give a file path")
-        if not stat.S_ISREG(info.st_mode) and not (append and stat.S_ISFIFO(info.st_mode)):
+        if stat.S_ISFIFO(info.st_mode) and append:
+            return path
+        if not stat.S_ISREG(info.st_mode):
             raise UsageError(f"{label}: {_kind(info.st_mode)}, not a regular file")
-        if not os.access(path, os.W_OK):
-            raise UsageError(f"{label}: not writable (permission denied)")
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)))
+        except OSError as exc:
+            raise UsageError(f"{label}: not writable ({open_problem(exc)})") from None
         return path
     folder = path.parent
     while True:  # the nearest existing ancestor decides whether the folders can be made
         try:
             info = os.stat(folder)
         except (FileNotFoundError, NotADirectoryError):
+            if not make_folders and folder == path.parent:
+                raise UsageError(f"{label}: no folder {folder}") from None
             if folder.parent == folder:
-                break
+                raise UsageError(f"{label}: no existing folder above it") from None
             folder = folder.parent
             continue
         except OSError as exc:
             raise UsageError(f"{label}: {open_problem(exc)}") from None
         if not stat.S_ISDIR(info.st_mode):
             raise UsageError(f"{label}: {folder} is not a directory")
-        if not os.access(folder, os.W_OK | os.X_OK):
-            raise UsageError(f"{label}: {folder} is not writable (permission denied)")
         break
+    try:
+        fd, scratch = tempfile.mkstemp(prefix=".opforge-write-check-", dir=folder)
+    except OSError as exc:
+        raise UsageError(f"{label}: {folder} is not writable ({open_problem(exc)})") from None
+    os.close(fd)
+    os.unlink(scratch)
     return path
+
+
+def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
+    """Write a report whole or not at all: a scratch file beside it, then a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() and not path.is_file():  # a FIFO or a device: write through it
+        with open(path, "wb") as fh:
+            fh.write(data.encode("utf-8") if isinstance(data, str) else data)
+        return
+    fd, scratch = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data.encode("utf-8") if isinstance(data, str) else data)
+        os.replace(scratch, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(scratch)
+        raise

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-from pathlib import Path
 
 from rich import box
 from rich.console import Console
@@ -14,6 +13,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 
 from opforge.errors import OpforgeError
+from opforge.files import write_atomic
 
 from .commits import CommitRange
 from .index import Nightly
@@ -201,8 +201,6 @@ def _write(target: str, text: str) -> None:
         sys.stdout.flush()
         return
     try:
-        path = Path(target)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+        write_atomic(target, text)
     except OSError as exc:
         raise OpforgeError(f"cannot write the report to {target}: {exc.strerror or exc}") from None

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -122,8 +123,15 @@ def _say(line: str) -> None:
         print(_one_line(line), file=sys.stderr, flush=True)
 
 
+_BREAKS = re.compile(r"\s*(?:\r\n|\r|\n)\s*")
+_INVISIBLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\x85\u2028\u2029]")
+
+
 def _one_line(text: str) -> str:
-    return " ".join(text.split()) if "\n" in text or "\r" in text else text
+    """Line breaks joined with a space; other control characters (which terminals and
+    ``str.splitlines`` take as breaks too) shown escaped, like repr does."""
+    text = _BREAKS.sub(" ", text.strip())
+    return _INVISIBLE.sub(lambda m: repr(m.group())[1:-1], text)
 
 
 def _silence_stdout() -> None:

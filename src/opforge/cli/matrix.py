@@ -36,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     output = os.environ.get("GITHUB_OUTPUT") if args.github else None
     if output:
-        check_writable(output, what="$GITHUB_OUTPUT", append=True)
+        check_writable(output, what="$GITHUB_OUTPUT", append=True, make_folders=False)
     matrix = load_matrix(args.file)
     filters = dict(variant=args.variant, platform=args.platform, python=args.python,
                    pull_request=args.pull_request)

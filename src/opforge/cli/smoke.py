@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from opforge.errors import UsageError
-from opforge.files import check_writable, open_problem
+from opforge.files import check_writable, open_problem, write_atomic
 from opforge.matrix import BACKEND_KEYS
 
 _KEY = re.compile(r"[A-Z][A-Za-z]*\Z")
@@ -140,7 +140,7 @@ def resolve(args: argparse.Namespace):
             check_writable(target, what=option)
     if os.environ.get("GITHUB_STEP_SUMMARY"):
         check_writable(os.environ["GITHUB_STEP_SUMMARY"], what="$GITHUB_STEP_SUMMARY",
-                       append=True)
+                       append=True, make_folders=False)
     needs_matrix = (args.variant is not None or args.package is None or args.namespace is None
                     or args.file is not None)
     matrix = _load_matrix(args.file, required=needs_matrix)
@@ -264,8 +264,7 @@ def run(args: argparse.Namespace) -> int:
     if args.keep_env and env.env_dir:
         print(f"environment kept at {env.env_dir} (python: {env.python})", file=sys.stderr)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+        write_atomic(args.json, json.dumps(doc, indent=1) + "\n")
     if args.junit:
         report.write_junit(doc, args.junit)
     report.publish_github(doc)

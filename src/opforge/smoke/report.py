@@ -12,6 +12,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from opforge.files import write_atomic
+
 CELL = {  # census cell status -> (terminal text, style, markdown)
     "ok": ("ok", "green", "✅"),
     "missing": ("MISSING", "bold red", "❌ MISSING"),
@@ -174,8 +176,7 @@ def write_junit(doc: dict, path: Path) -> None:
     root = ET.Element("testsuites")
     root.append(suite)
     ET.indent(root)
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
+    write_atomic(path, ET.tostring(root, encoding="utf-8", xml_declaration=True))
 
 
 # --------------------------------------------------------------------------- GitHub
