@@ -274,3 +274,15 @@ def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(scratch)
         raise
+
+
+def lookup(path: str | os.PathLike, *, what: str) -> os.stat_result | None:
+    """``os.stat`` of a user-named path: None when nothing is there, a UsageError when the
+    name itself is unusable (too long, a symlink loop, a parent that is a file...)."""
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        problem = open_problem(exc) if isinstance(exc, OSError) else "not a valid path"
+        raise UsageError(f"{what} {path}: {problem}") from None

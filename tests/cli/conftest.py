@@ -12,7 +12,9 @@ def pytest_terminal_summary(terminalreporter):
     CASES, SECONDS = contract.CASES, contract.SECONDS
     terminalreporter.section("opforge bad-input contract: generated cases per command")
     for command in sorted(CASES):
+        codes = ", ".join(f"exit {code}: {n}" for code, n in
+                          sorted(contract.CODES[command].items()))
         terminalreporter.write_line(f"{command:8s} {CASES[command]:5d} cases "
-                                    f"{SECONDS[command]:7.1f} s in opforge")
+                                    f"{SECONDS[command]:7.1f} s in opforge ({codes})")
     terminalreporter.write_line(f"{'total':8s} {sum(CASES.values()):5d} cases "
                                 f"{sum(SECONDS.values()):7.1f} s in opforge")

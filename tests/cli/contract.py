@@ -48,6 +48,7 @@ TIME_BOUND_S = 20.0   # in-process cases take milliseconds; a hang or a bomb tak
 # cases and seconds per subcommand, printed at the end of the run (conftest.py)
 CASES: Counter[str] = Counter()
 SECONDS: defaultdict[str, float] = defaultdict(float)
+CODES: defaultdict[str, Counter[int]] = defaultdict(Counter)
 
 
 @dataclass
@@ -93,6 +94,7 @@ def check(argv: list[str], codes: set[int], *, watch: tuple[Path, ...] = (),
     result = run(argv)
     CASES[command] += 1
     SECONDS[command] += result.seconds
+    CODES[command][result.code] += 1
     context = f"opforge {' '.join(map(repr, argv))} -> {result.code}\nstderr: {result.err!r}"
     assert "Traceback" not in result.err and "Traceback" not in result.out, context
     assert result.code in codes, context

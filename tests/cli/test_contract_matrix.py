@@ -91,7 +91,8 @@ def work(tmp_path_factory) -> Path:
 
 def _matrix_file(work: Path, data: bytes) -> Path:
     path = work / "inputs" / "matrix.yaml"
-    path.parent.mkdir(exist_ok=True)
+    (path.parent / "extension").mkdir(parents=True, exist_ok=True)  # what extension.path names
+    (path.parent / "extension" / "pyproject.toml").write_text("[project]\nname = 'demo'\n")
     path.write_bytes(data)
     return path
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import stat
 import tempfile
 import urllib.error
 import urllib.parse
@@ -28,7 +29,7 @@ from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import Version
 
 from opforge.errors import OpforgeError, UsageError
-from opforge.files import MAX_TEXT_BYTES, decode_utf8, parse_json, read_text
+from opforge.files import MAX_TEXT_BYTES, decode_utf8, lookup, parse_json, read_text
 
 DEFAULT_INDEX = "https://download.pytorch.org/whl/nightly"
 PROJECT = "torch"
@@ -158,7 +159,8 @@ def _links_from_json(text: str, page_url: str) -> list[_Link]:
 
 
 def _read_local(root: Path) -> list[_Link]:
-    if not root.is_dir():
+    info = lookup(root, what="--index")
+    if info is None or not stat.S_ISDIR(info.st_mode):
         raise UsageError(f"--index {root}: no such directory")
     project = root / PROJECT
     for page, reader in ((project / "index.json", _links_from_json),

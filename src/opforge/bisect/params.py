@@ -13,7 +13,7 @@ from datetime import date
 from pathlib import Path
 
 from opforge.errors import UsageError
-from opforge.files import read_json
+from opforge.files import lookup, read_json
 
 from .index import Nightly
 
@@ -102,7 +102,7 @@ def endpoint(text: str | None, which: str) -> tuple[str | None, str | None]:
         return None, None
     if text.endswith(".json") or os.sep in text:
         path = Path(text).expanduser()
-        if not path.is_file():
+        if lookup(path, what=option) is None:
             if which == "good":
                 return None, f"{option} {text}: no such report, so walking back from --bad instead"
             raise UsageError(f"{option} {text}: no such file")

@@ -40,7 +40,9 @@ class Outcomes:
 
 class Session:
     def __init__(self, params: Params, state: BisectState, state_path: Path, log: StepLog,
-                 envs: EnvCache, display, on_start=None):
+                 envs: EnvCache, display, on_start=None, on_ready=None):
+        """``on_start`` runs once, when the first step has finished: before it, nothing is
+        written (a mistaken command never touches the saved state or the log)."""
         self.params = params
         self.state = state
         self.state_path = state_path
@@ -50,10 +52,11 @@ class Session:
         self.listing = NightlyIndex(params.index, tuple(state.listed))
         self.match = re.compile(params.match, re.MULTILINE) if params.match else None
         self.probed_now = 0
-        # a new bisect writes its state only once its endpoints checked out and its first step
-        # finished, so a mistaken command never replaces the state of an interrupted bisect
-        self.started = on_start is None  # a resumed bisect's state is already its own
+        # a bisect writes its state and log only once its endpoints checked out and its first
+        # step finished, so a mistaken command never replaces the state of an interrupted one
+        self.started = False
         self.on_start = on_start
+        self.on_ready = on_ready  # runs once the endpoints checked out, before any probe
 
     def save(self) -> None:
         if self.started:
@@ -97,8 +100,6 @@ class Session:
     # -- the run --------------------------------------------------------------------------------
 
     def run(self) -> Outcomes:
-        for note in self.params.notes:
-            self.display.note(note)
         if not self.listing.nightlies:
             raise UsageError(f"{self.params.index}: no torch nightly for Python "
                              f"{self.params.python} on this platform")
@@ -108,6 +109,10 @@ class Session:
         good = self.resolve(self.params.good, "good") if self.params.good else None
         if good is not None and good.date >= bad.date:
             raise UsageError(f"--good {good.day} must be older than --bad {bad.day}")
+        for note in self.params.notes:  # said once the inputs are known to be usable
+            self.display.note(note)
+        if self.on_ready is not None:
+            self.on_ready()
         if good is None:
             if not self.params.bad:
                 self.display.note(f"no --bad given: using the newest nightly, {bad.day}")

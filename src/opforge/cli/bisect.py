@@ -7,12 +7,14 @@ import math
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from opforge.errors import Interrupted, OpforgeError, UsageError
+from opforge.files import lookup
 
 DESCRIPTION = """\
 Test PyTorch nightlies between a good and a bad date by halving, like git bisect, and report
@@ -107,7 +109,7 @@ def python_for(spec: str | None) -> tuple[str, str]:
         exe = found
     else:
         exe = spec
-        if not Path(exe).exists() and shutil.which(exe) is None:
+        if lookup(exe, what="--python") is None and shutil.which(exe) is None:
             raise UsageError(f"--python {spec}: no such interpreter")
     try:
         out = subprocess.run([exe, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
@@ -157,13 +159,15 @@ def _params(args: argparse.Namespace):
     wheel = None
     if args.wheel:
         path = Path(args.wheel).expanduser()
-        if not path.is_file() or path.suffix != ".whl":
+        info = lookup(path, what="--wheel")
+        if info is None or not stat.S_ISREG(info.st_mode) or path.suffix != ".whl":
             raise UsageError(f"--wheel {args.wheel}: no such wheel file")
         wheel = str(path.resolve())
     index = args.index or variant_index(DEFAULT_INDEX, variant)
     if _is_local(index) and not index.startswith("file://"):
         local = Path(index).expanduser()
-        if not local.is_dir():
+        info = lookup(local, what="--index")
+        if info is None or not stat.S_ISDIR(info.st_mode):
             raise UsageError(f"--index {index}: no such directory")
         index = str(local.resolve())
     if not command:
@@ -272,12 +276,15 @@ def run(args: argparse.Namespace) -> int:
     repo = check_repo(Path(args.pytorch_repo)) if args.pytorch_repo else None
     display = Display()
     log = state_mod.StepLog(log_path)
-    on_start = None
     if args.resume:
         saved = state_mod.load(state_path)
         params = _resumed_params(args, saved.params)
         state = saved
         state.stopped = None
+        done = len(state.steps)
+
+        def on_start() -> None:
+            log.write("resume", state=str(state_path), steps_done=done)
     else:
         params = _params(args)
         _replaceable(state_path, args.restart)
@@ -286,15 +293,17 @@ def run(args: argparse.Namespace) -> int:
 
         def on_start() -> None:
             if state_path.exists():
-                display.note(f"starting a new bisect (replacing the state in {state_path})")
+                display.note(f"started a new bisect (replacing the state in {state_path})")
             log.write("start", params=params.to_json(), nightlies=len(index.nightlies))
     exe, _ = python_for(params.python)
-    if args.resume:
-        display.note(f"resuming: {len(state.steps)} steps already done ({state_path})")
-        log.write("resume", state=str(state_path), steps_done=len(state.steps))
+
+    def on_ready() -> None:
+        if args.resume:
+            display.note(f"resuming: {len(state.steps)} steps already done ({state_path})")
     pip_index = [] if _is_local(params.index) else ["--index-url", params.index]
     envs = EnvCache(root, exe, pip_index, with_pip=params.mode == "build")
-    session = Session(params, state, state_path, log, envs, display, on_start=on_start)
+    session = Session(params, state, state_path, log, envs, display, on_start=on_start,
+                      on_ready=on_ready)
     try:
         with display:
             outcome = session.run()
@@ -308,8 +317,10 @@ def run(args: argparse.Namespace) -> int:
                      "`opforge bisect --resume` continues without repeating them")
         log.write("interrupted", signal=signame, steps_done=len(state.steps))
         raise
+    except UsageError:
+        raise  # bad input or an unusable saved state: exit 2, nothing is written
     except OpforgeError as exc:
-        if not session.started:  # bad input: nothing was tested, nothing is written
+        if not session.started:  # nothing was tested: nothing is written
             raise
         # CI attaches the report wherever the bisect ends: say what was tested and why it stopped
         state.stopped = "error"

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from opforge.errors import UsageError
-from opforge.files import check_writable, open_problem, write_atomic
+from opforge.files import check_writable, lookup, open_problem, write_atomic
 from opforge.matrix import BACKEND_KEYS
 
 _KEY = re.compile(r"[A-Z][A-Za-z]*\Z")
@@ -104,8 +104,9 @@ def _interpreter(path: Path) -> None:
 
 
 def _empty_or_new_dir(path: Path) -> None:
-    if path.is_symlink() or path.exists():
-        if not path.is_dir():
+    info = lookup(path, what="--env-dir")
+    if path.is_symlink() or info is not None:
+        if info is None or not stat.S_ISDIR(info.st_mode):
             raise UsageError(f"--env-dir {path}: exists and is not a directory")
         if any(path.iterdir()):
             raise UsageError(f"--env-dir {path} exists and is not empty: remove it or choose "
