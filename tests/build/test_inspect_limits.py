@@ -88,7 +88,7 @@ def _corrupt_data(data, at, signature):
 @pytest.mark.parametrize("edit, words", [(_flag_encrypted, "encrypted"),
                                           (_method_99, "compression"),
                                           (_corrupt_data, "cannot be read")])
-@pytest.mark.parametrize("member", ["opforge_ops/_build_info.json", LIB,
+@pytest.mark.parametrize("member", ["opforge_ops-0.1.0+cpu.dist-info/opforge-build.json", LIB,
                                     "opforge_ops-0.1.0+cpu.dist-info/METADATA"])
 def test_a_broken_member_is_one_line_and_exit_2(tmp_path, capsys, edit, words, member):
     wheel = make_wheel(tmp_path, library=b"\x7fELF" + bytes(range(256)) * 64)
@@ -114,7 +114,7 @@ def test_a_build_record_of_the_wrong_shape_is_reported_not_a_crash(tmp_path, cap
     with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(rebuilt, "w") as dst:
         for item in src.infolist():
             data = src.read(item)
-            if item.filename.endswith("_build_info.json"):
+            if item.filename.endswith("opforge-build.json"):
                 data = json.dumps(info if isinstance(info, list) else
                                   {**json.loads(data), **info}).encode()
             dst.writestr(item.filename, data)

@@ -54,7 +54,7 @@ def test_smoke_on_mutated_matrix(work, python, data, flags):
     folder = work / "inputs"
     folder.mkdir(exist_ok=True)
     (folder / "matrix.yaml").write_bytes(data)
-    argv = ["smoke", "--python", str(python), "--matrix", str(folder / "matrix.yaml")]
+    argv = ["smoke", "--python", str(python), "--file", str(folder / "matrix.yaml")]
     for pair in flags:
         argv += pair
     check(argv, {1, 2}, watch=(folder,))
@@ -63,10 +63,10 @@ def test_smoke_on_mutated_matrix(work, python, data, flags):
 @examples(40)
 @given(words=st.lists(st.one_of(NASTY, st.text(max_size=8),
                                 st.sampled_from(["--wheel", "--python", "--json", "--junit",
-                                                 "--env-dir", "--matrix", "--", "-"])),
+                                                 "--env-dir", "--file", "--", "-"])),
                       max_size=5))
 def test_smoke_arguments(work, python, words):
-    check(["smoke", "--python", str(python), "--matrix", str(ROOT / "matrix.yaml"), *words],
+    check(["smoke", "--python", str(python), "--file", str(ROOT / "matrix.yaml"), *words],
           {1, 2}, watch=(work / "bin",))
 
 
@@ -81,7 +81,7 @@ REAL_ENV = {("--wheel", "empty-file"), ("--env-dir", "missing"), ("--env-dir", "
 
 
 @pytest.mark.parametrize("option, kind", [
-    (option, kind) for option in ("--wheel", "--python", "--matrix", "--json", "--junit",
+    (option, kind) for option in ("--wheel", "--python", "--file", "--json", "--junit",
                                   "--env-dir")
     for kind in PATH_KINDS if (option, kind) not in REAL_ENV])
 def test_smoke_path_of_every_kind(tmp_path, python, option, kind):
