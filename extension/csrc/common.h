@@ -4,6 +4,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
+#include <c10/util/safe_numerics.h>
 
 #include <cmath>
 #include <cstdint>
@@ -14,6 +15,31 @@ inline bool is_supported_float(const at::Tensor& t) {
   const auto s = t.scalar_type();
   return s == at::kFloat || s == at::kDouble || s == at::kHalf ||
       s == at::kBFloat16;
+}
+
+// A tensor's sizes and strides must fit in its storage: a view whose storage was shrunk
+// afterwards (storage().resize_) would otherwise be read past its end. Tensors without
+// data (meta, fake) have nothing to read and are not checked.
+inline void check_storage_holds(const char* op, const char* name, const at::Tensor& t) {
+  if (!t.defined() || !t.has_storage() || t.numel() == 0 || t.is_meta()) {
+    return;
+  }
+  uint64_t last = static_cast<uint64_t>(t.storage_offset());
+  bool overflow = false;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    uint64_t reach = 0;
+    overflow |= c10::mul_overflows(static_cast<uint64_t>(t.size(d) - 1),
+                                   static_cast<uint64_t>(t.stride(d)), &reach);
+    overflow |= c10::add_overflows(last, reach, &last);
+  }
+  uint64_t needed = 0;
+  overflow |= c10::mul_overflows(last + 1, static_cast<uint64_t>(t.itemsize()), &needed);
+  const uint64_t held = t.storage().nbytes();
+  TORCH_CHECK(
+      !overflow && needed <= held,
+      op, ": ", name, " with sizes ", t.sizes(), ", strides ", t.strides(),
+      " and storage offset ", t.storage_offset(), " needs ", needed,
+      " bytes of storage, but its storage holds ", held);
 }
 
 inline void check_same_device_and_dtype(
@@ -33,6 +59,8 @@ inline void check_same_device_and_dtype(
 }
 
 inline void check_nms_inputs(const at::Tensor& dets, const at::Tensor& scores) {
+  check_storage_holds("nms", "boxes (dets)", dets);
+  check_storage_holds("nms", "scores", scores);
   TORCH_CHECK(
       dets.dim() == 2 && dets.size(1) == 4,
       "nms: boxes (dets) must have shape [N, 4], got ", dets.sizes());
@@ -57,6 +85,8 @@ inline void check_roi_inputs(
     const at::Tensor& rois,
     int64_t pooled_height,
     int64_t pooled_width) {
+  check_storage_holds(op, "input", input);
+  check_storage_holds(op, "rois", rois);
   TORCH_CHECK(
       input.dim() == 4,
       op, ": input must be a 4-D tensor [N, C, H, W], got shape ",
@@ -86,6 +116,8 @@ inline void check_roi_backward_inputs(
     int64_t channels,
     int64_t height,
     int64_t width) {
+  check_storage_holds(op, "grad", grad);
+  check_storage_holds(op, "rois", rois);
   TORCH_CHECK(
       rois.dim() == 2 && rois.size(1) == 5,
       op, ": rois must have shape [K, 5], got shape ", rois.sizes());

@@ -1,6 +1,8 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+
+#include "../common.h"
 #include <c10/core/SymInt.h>
 #include <c10/util/Exception.h>
 
@@ -75,6 +77,7 @@ inline DeformConv2dGeometry check_deform_conv2d_args(c10::DeviceType device,
       {&input, "input"}, {&weight, "weight"}, {&offset, "offset"}, {&mask, "mask"}, {&bias, "bias"}};
   for (const auto& [t, name] : tensors) {
     TORCH_CHECK(t->defined(), "deform_conv2d: ", name, " must be a defined tensor");
+    opforge::check_storage_holds("deform_conv2d", name, *t);
     TORCH_CHECK(t->device().type() == device && t->device() == input.device(), "deform_conv2d: ", name,
                 " must be a ", c10::DeviceTypeName(device), " tensor on the same device as input (",
                 input.device(), "), got ", t->device());

@@ -193,45 +193,111 @@ class DeformConv2d(nn.Module):
 # --- fake (meta) kernels -------------------------------------------------------
 
 
+_MAX_PARAM = 2**31 - 1
+
+
+def _scalar_type_name(dtype: torch.dtype) -> str:
+    """c10's name of a dtype (Float, Double, Half, BFloat16...), as TORCH_CHECK prints it."""
+    return torch.empty(0, dtype=dtype).type().rsplit(".", 1)[-1].removesuffix("Tensor")
+
+
+def _sizes(t: Tensor) -> str:
+    return f"[{', '.join(str(s) for s in t.shape)}]"
+
+
 def _check_shapes(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w,
                   dilation_h, dilation_w, groups, offset_groups, use_mask):
-    """The shape rules of the CPU kernel, for tracing (torch.compile, export)."""
-    torch._check(input.dim() == 4, lambda: f"deform_conv2d: input must be 4-D, got {input.dim()}-D")
-    torch._check(weight.dim() == 4, lambda: f"deform_conv2d: weight must be 4-D, got {weight.dim()}-D")
-    torch._check(offset.dim() == 4, lambda: f"deform_conv2d: offset must be 4-D, got {offset.dim()}-D")
-    torch._check(not use_mask or mask.dim() == 4, lambda: f"deform_conv2d: mask must be 4-D, got {mask.dim()}-D")
-    for name, t in (("weight", weight), ("offset", offset), ("mask", mask), ("bias", bias)):
+    """check_deform_conv2d_args (csrc/ops/deform_conv2d.h) for tracing: the same rules, in the
+    same order, with the same messages, so torch.compile / export / FakeTensorMode refuse
+    exactly what the eager kernels refuse (test_deform_conv2d_fake_rules.py holds them equal).
+    """
+    device_name = input.device.type.upper() if input.device.type != "mps" else "MPS"
+    for name, t in (("input", input), ("weight", weight), ("offset", offset), ("mask", mask),
+                    ("bias", bias)):
         torch._check(
             t.device == input.device,
-            lambda name=name, t=t: f"deform_conv2d: {name} must be on the same device as input ({input.device}), got {t.device}",
+            lambda name=name, t=t: f"deform_conv2d: {name} must be a {device_name} tensor on the "
+            f"same device as input ({input.device}), got {t.device}",
         )
         torch._check(
             t.dtype == input.dtype,
-            lambda name=name, t=t: f"deform_conv2d: expected {name} to have the same dtype as input ({input.dtype}), got {t.dtype}",
+            lambda name=name, t=t: f"deform_conv2d: expected {name} to have the same dtype as "
+            f"input ({_scalar_type_name(input.dtype)}), got {_scalar_type_name(t.dtype)}",
         )
-    torch._check(groups > 0, lambda: f"deform_conv2d: groups must be positive, got {groups}")
-    torch._check(offset_groups > 0, lambda: f"deform_conv2d: offset_groups must be positive, got {offset_groups}")
-    kk = weight.shape[2] * weight.shape[3]
     torch._check(
-        offset.shape[1] == 2 * offset_groups * kk,
-        lambda: f"deform_conv2d: offset.shape[1] must be 2 * offset_groups * kernel_h * kernel_w, got {offset.shape[1]}",
+        input.dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16),
+        lambda: "deform_conv2d: input must be a floating point tensor (float16, bfloat16, "
+        f"float32 or float64), got {_scalar_type_name(input.dtype)}",
     )
-    torch._check(
-        weight.shape[1] * groups == input.shape[1],
-        lambda: f"deform_conv2d: weight.shape[1] must be in_channels / groups, got {weight.shape[1]}",
-    )
-    torch._check(
-        offset.shape[0] == input.shape[0],
-        lambda: f"deform_conv2d: offset.shape[0] must equal the batch size {input.shape[0]}",
-    )
+    torch._check(input.dim() == 4, lambda: "deform_conv2d: input must be 4-D (batch, channels, "
+                 f"height, width), got {input.dim()}-D with shape {_sizes(input)}")
+    torch._check(weight.dim() == 4, lambda: "deform_conv2d: weight must be 4-D (out_channels, "
+                 "in_channels / groups, kernel_h, kernel_w), got "
+                 f"{weight.dim()}-D with shape {_sizes(weight)}")
+    torch._check(offset.dim() == 4, lambda: "deform_conv2d: offset must be 4-D (batch, 2 * "
+                 "offset_groups * kernel_h * kernel_w, out_h, out_w), got "
+                 f"{offset.dim()}-D with shape {_sizes(offset)}")
+    torch._check(not use_mask or mask.dim() == 4, lambda: "deform_conv2d: mask must be 4-D "
+                 "(batch, offset_groups * kernel_h * kernel_w, out_h, out_w) when use_mask is "
+                 f"true, got {mask.dim()}-D with shape {_sizes(mask)}")
+    torch._check(bias.dim() == 1 and bias.shape[0] == weight.shape[0],
+                 lambda: "deform_conv2d: bias must have shape (out_channels,) = "
+                 f"({weight.shape[0]},), got {_sizes(bias)}")
+    for name, v in (("stride_h", stride_h), ("stride_w", stride_w), ("dilation_h", dilation_h),
+                    ("dilation_w", dilation_w), ("groups", groups),
+                    ("offset_groups", offset_groups)):
+        torch._check(0 < v <= _MAX_PARAM, lambda name=name, v=v: f"deform_conv2d: {name} must "
+                     f"be a positive integer below 2^31, got {v}")
+    torch._check(0 <= pad_h <= _MAX_PARAM and 0 <= pad_w <= _MAX_PARAM,
+                 lambda: "deform_conv2d: padding (pad_h, pad_w) must be non-negative and below "
+                 f"2^31, got ({pad_h}, {pad_w})")
+    channels, height, width = input.shape[1], input.shape[2], input.shape[3]
+    out_channels, kernel_h, kernel_w = weight.shape[0], weight.shape[2], weight.shape[3]
+    torch._check(kernel_h > 0 and kernel_w > 0, lambda: "deform_conv2d: weight kernel size "
+                 f"must be positive, got kernel_h={kernel_h}, kernel_w={kernel_w}")
+    torch._check(channels % groups == 0, lambda: f"deform_conv2d: groups ({groups}) must "
+                 f"divide the input channels ({channels})")
+    torch._check(weight.shape[1] == channels // groups,
+                 lambda: "deform_conv2d: weight.shape[1] must be in_channels / groups = "
+                 f"{channels} / {groups} = {channels // groups}, got {weight.shape[1]}")
+    torch._check(out_channels % groups == 0, lambda: f"deform_conv2d: groups ({groups}) must "
+                 f"divide the output channels weight.shape[0] ({out_channels})")
+    torch._check(channels % offset_groups == 0, lambda: f"deform_conv2d: offset_groups "
+                 f"({offset_groups}) must divide the input channels ({channels})")
+    kk = kernel_h * kernel_w
+    torch._check(offset.shape[1] % (2 * kk) == 0 and offset.shape[1] // (2 * kk) == offset_groups,
+                 lambda: "deform_conv2d: offset.shape[1] must be 2 * offset_groups * kernel_h * "
+                 f"kernel_w = 2 * {offset_groups} * {kernel_h} * {kernel_w}, got {offset.shape[1]}")
+    torch._check(not use_mask or (mask.shape[1] % kk == 0 and mask.shape[1] // kk == offset_groups),
+                 lambda: "deform_conv2d: mask.shape[1] must be offset_groups * kernel_h * "
+                 f"kernel_w = {offset_groups} * {kernel_h} * {kernel_w}, got {mask.shape[1]}")
+    torch._check(offset.shape[0] == input.shape[0], lambda: "deform_conv2d: offset.shape[0] "
+                 f"({offset.shape[0]}) must equal the batch size input.shape[0] ({input.shape[0]})")
+    torch._check(not use_mask or mask.shape[0] == input.shape[0], lambda: "deform_conv2d: "
+                 f"mask.shape[0] ({mask.shape[0]}) must equal the batch size input.shape[0] "
+                 f"({input.shape[0]})")
+    span_h = dilation_h * (kernel_h - 1) + 1
+    span_w = dilation_w * (kernel_w - 1) + 1
+    # C++ divides int64 toward zero; the sizes are only used once the next check passed
+    out_h = (height + 2 * pad_h - span_h) // stride_h + 1
+    out_w = (width + 2 * pad_w - span_w) // stride_w + 1
+    torch._check(height + 2 * pad_h >= span_h and width + 2 * pad_w >= span_w,
+                 lambda: f"deform_conv2d: the dilated kernel ({span_h} x {span_w}) is larger "
+                 f"than the padded input ({height + 2 * pad_h} x {width + 2 * pad_w})")
+    torch._check(offset.shape[2] == out_h and offset.shape[3] == out_w,
+                 lambda: "deform_conv2d: offset spatial size must equal the output size "
+                 f"({out_h}, {out_w}), got ({offset.shape[2]}, {offset.shape[3]})")
+    torch._check(not use_mask or (mask.shape[2] == out_h and mask.shape[3] == out_w),
+                 lambda: "deform_conv2d: mask spatial size must equal the output size "
+                 f"({out_h}, {out_w}), got ({mask.shape[2]}, {mask.shape[3]})")
+    return out_h, out_w
 
 
 @torch.library.register_fake("opforge::deform_conv2d")
 def _deform_conv2d_fake(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w,
                         dilation_h, dilation_w, groups, offset_groups, use_mask):
-    _check_shapes(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w,
-                  dilation_h, dilation_w, groups, offset_groups, use_mask)
-    out_h, out_w = offset.shape[-2:]
+    out_h, out_w = _check_shapes(input, weight, offset, mask, bias, stride_h, stride_w, pad_h,
+                                 pad_w, dilation_h, dilation_w, groups, offset_groups, use_mask)
     return input.new_empty((input.shape[0], weight.shape[0], out_h, out_w))
 
 
