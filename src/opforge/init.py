@@ -8,10 +8,13 @@ never replacing a file unless asked. The extension's own files are never touched
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from opforge import __version__
 from opforge.errors import UsageError
+from opforge.files import lookup
+from opforge.matrix import parse_matrix
 from opforge.scan import Scan, ScannedOp, scan_extension
 
 DEFAULT_TORCH = "2.13.0"
@@ -159,14 +162,21 @@ def render_noxfile() -> str:
 def plan_files(root: Path, *, torch_version: str = DEFAULT_TORCH,
                python: str = "3.11") -> tuple[Scan, dict[Path, str]]:
     root = Path(root)
-    if not root.is_dir():
+    info = lookup(root, what="the extension's directory")
+    if info is None or not stat.S_ISDIR(info.st_mode):
         raise UsageError(f"{root}: no such directory")
     scan = scan_extension(root)
     if not (root / "pyproject.toml").is_file() and not (root / "setup.py").is_file():
         raise UsageError(f"no op extension in {root}: no pyproject.toml or setup.py to build it")
     if scan.package is None:
         raise UsageError(f"no Python package (a directory with __init__.py) in {root}")
-    files = {root / "matrix.yaml": render_matrix(scan, torch_version, python),
+    matrix_text = render_matrix(scan, torch_version, python)
+    try:  # never write a matrix that opforge itself would refuse (--torch banana)
+        parse_matrix(matrix_text, root / "matrix.yaml")
+    except UsageError as exc:
+        raise UsageError(f"the matrix.yaml init would write is not valid ({exc}); check "
+                         "--torch and --python") from None
+    files = {root / "matrix.yaml": matrix_text,
              root / RECIPES_FILE: render_recipes(scan),
              root / "noxfile.py": render_noxfile()}
     return scan, files
