@@ -104,3 +104,12 @@ def test_python_that_is_not_an_interpreter_is_a_usage_error(tmp_path, capsys, ki
     assert main(["smoke", "--python", str(path), "--package", "p", "--namespace", "n"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"opforge smoke: error: --python {path}: ")
+
+
+def test_a_torch_other_than_the_variants_is_named_with_both_versions():
+    from opforge.smoke.runner import torch_mismatch
+
+    assert torch_mismatch("torch==2.13.0", "2.13.0+cpu") is None
+    message = torch_mismatch("torch==2.13.0", "2.14.1+cu130")
+    assert "torch 2.14.1+cu130" in message and "the variant's torch is torch==2.13.0" in message
+    assert torch_mismatch(None, "2.14.1") is None and torch_mismatch("torch==2.13.0", None) is None
