@@ -15,8 +15,10 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import shutil
 import stat
 import sys
+import tempfile
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -77,11 +79,22 @@ def snapshot(*roots: Path) -> dict[str, tuple]:
     return seen
 
 
+# every case runs in this scratch folder: relative paths in generated arguments land here,
+# never in the checkout (it is watched like the inputs, and emptied after a case that may
+# write)
+CWD = Path(tempfile.mkdtemp(prefix="opforge-contract-cwd-"))
+
+
 def run(argv: list[str]) -> Result:
     out, err = io.StringIO(), io.StringIO()
+    here = os.getcwd()
     start = time.monotonic()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(argv)
+    os.chdir(CWD)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(argv)
+    finally:
+        os.chdir(here)
     return Result(code, out.getvalue(), err.getvalue(), time.monotonic() - start)
 
 
@@ -90,6 +103,7 @@ def check(argv: list[str], codes: set[int], *, watch: tuple[Path, ...] = (),
     """Run one case and assert the contract; returns the result for further checks."""
     assert codes <= DOCUMENTED, codes - DOCUMENTED
     command = argv[0]
+    watch = (*watch, CWD)
     before = snapshot(*watch)
     result = run(argv)
     CASES[command] += 1
@@ -105,6 +119,8 @@ def check(argv: list[str], codes: set[int], *, watch: tuple[Path, ...] = (),
         assert lines[0].startswith(f"opforge {command}: error: "), context
     if result.code == 2 or not changes_allowed:
         assert snapshot(*watch) == before, f"files changed\n{context}"
+    for entry in CWD.iterdir():  # what an accepted case wrote, for the next case
+        shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
     return result
 
 
