@@ -80,7 +80,8 @@ def test_good_cpu_wheel_passes_in_a_fresh_environment(cpu_wheels, tmp_path, caps
     assert suite.get("failures") == "0" and int(suite.get("tests")) == len(doc["checks"])
     assert "PASS opforge_ops" in summary.read_text()
 
-    # the smoke run costs a few seconds beyond the environment; print it beside a bare import
+    # the probe's cost beside a bare import, printed for the record: speed is measured in
+    # benchmarks, never asserted in a test (a loaded CI machine would make it flaky)
     python = doc["runner"]["python"]
     t0 = time.monotonic()
     subprocess.run([python, "-c", "import torch, opforge_ops"], check=True, cwd=tmp_path)
@@ -89,7 +90,6 @@ def test_good_cpu_wheel_passes_in_a_fresh_environment(cpu_wheels, tmp_path, caps
     print(f"\nsmoke timing: create env {doc['runner']['create_env_s']} s, install "
           f"{doc['runner']['install_s']} s, probe {probe} s; bare import {bare:.2f} s; "
           f"builds {cpu_wheels.build_seconds}")
-    assert probe < bare + 15, f"the probe took {probe} s beyond a {bare:.1f} s bare import"
 
 
 def test_wheel_without_its_compiled_library_names_the_missing_file(
