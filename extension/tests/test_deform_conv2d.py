@@ -448,7 +448,7 @@ BAD_FUNCTIONAL = {
     "negative_padding": (lambda: _bad(padding=(-1, 0)), RuntimeError, "padding"),
     "kernel_larger_than_input": (lambda: _bad(input=torch.randn(2, 4, 2, 5)), RuntimeError, "larger than the padded input"),
     "meta_device_offset": (lambda: _bad(offset=torch.randn(2, 18, 3, 3, device="meta")), RuntimeError,
-                           "offset must be on the same device as input"),
+                           "offset must be a CPU tensor on the same device as input"),
 }
 
 
