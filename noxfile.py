@@ -44,6 +44,18 @@ def tests(session: nox.Session) -> None:
 
 
 @nox.session
+def compat(session: nox.Session) -> None:
+    """Run the torchvision compatibility suite on dist/cu130's wheel beside torchvision."""
+    wheels = sorted((ROOT / "dist" / "cu130").glob("*.whl"))
+    if len(wheels) != 1:
+        session.error(f"compat needs the one wheel `nox -s build_cu130` leaves in dist/cu130, found {len(wheels)}")
+    # the wheel pins its torch; pip picks the torchvision release built for that torch
+    session.install(str(wheels[0]), "torchvision", "pytest")
+    session.run("pytest", "-q", "--durations=10", "extension/tests/torchvision_compat", *session.posargs,
+                env={"OPFORGE_REQUIRE_TORCHVISION": "1"})
+
+
+@nox.session
 def lint(session: nox.Session) -> None:
     """ruff, matrix.yaml validation, and the workflow checks (actionlint, schema, drift)."""
     session.install("-e", ".[lint]")

@@ -76,6 +76,26 @@ def cases(ours, tv):
             lambda b=boxes, s=scores: ours.nms(b, s, 0.5),
             lambda b=boxes, s=scores: tv.nms(b, s, 0.5),
         )
+    # Small calls, where the Python wrappers' argument handling is most of the time.
+    boxes, scores = boxes_and_scores(50, g)
+    yield (
+        "nms 50 boxes",
+        lambda: ours.nms(boxes, scores, 0.5),
+        lambda: tv.nms(boxes, scores, 0.5),
+    )
+    idxs = torch.randint(0, 5, (50,), generator=g)
+    yield (
+        "batched_nms 50 boxes, 5 classes",
+        lambda: ours.batched_nms(boxes, scores, idxs, 0.5),
+        lambda: tv.batched_nms(boxes, scores, idxs, 0.5),
+    )
+    small, small_rois = feature_rois(2, 16, 20, 8, g)
+    per_image = [small_rois[small_rois[:, 0] == i, 1:] for i in range(2)]
+    yield (
+        "roi_align fwd 8 rois 16ch 7x7, list boxes",
+        lambda: ours.roi_align(small, per_image, 7, 0.5, 2, True),
+        lambda: tv.roi_align(small, per_image, 7, 0.5, 2, True),
+    )
     boxes, scores = boxes_and_scores(5_000, g)
     idxs = torch.randint(0, 80, (5_000,), generator=g)
     yield (
@@ -125,6 +145,25 @@ def cases(ours, tv):
         forward_backward(lambda x, r: tv.roi_pool(x, r, (7, 7), 0.5), features, rois),
     )
 
+    # Quantized (QuantizedCPU kernels): detection post-processing and a box head, quint8.
+    boxes, scores = boxes_and_scores(1_000, g)
+    qboxes = torch.quantize_per_tensor(boxes, 5.0, 0, torch.qint32)
+    qscores_32 = torch.quantize_per_tensor(scores, 0.005, 0, torch.qint32)
+    yield (
+        "nms quantized qint32 1000 boxes",
+        lambda: ours.nms(qboxes, qscores_32, 0.5),
+        lambda: tv.nms(qboxes, qscores_32, 0.5),
+    )
+    qfeatures = torch.quantize_per_tensor(features[:1].relu(), 0.02, 0, torch.quint8)
+    rois0 = rois[:256].clone()
+    rois0[:, 0] = 0
+    qrois = torch.quantize_per_tensor(rois0, 0.125, 0, torch.quint8)
+    yield (
+        "roi_align quantized quint8 256 rois 256ch 7x7",
+        lambda: ours.roi_align(qfeatures, qrois, (7, 7), 0.5, 2, True),
+        lambda: tv.roi_align(qfeatures, qrois, (7, 7), 0.5, 2, True),
+    )
+
     if hasattr(ours, "deform_conv2d"):
         for label, (n, c, size, groups, use_mask) in {
             "b8 c64 56x56 mask": (8, 64, 56, 1, True),
@@ -155,6 +194,10 @@ def cases(ours, tv):
 
 def assert_agree(name, ours, theirs):
     if ours is None and theirs is None:  # neither library gives this input a gradient
+        return
+    if isinstance(ours, torch.Tensor) and ours.is_quantized:
+        if not torch.equal(ours.int_repr(), theirs.int_repr()):
+            fail(f"{name}: opforge and torchvision disagree")
         return
     if isinstance(ours, (list, tuple)):
         for a, b in zip(ours, theirs, strict=True):

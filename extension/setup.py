@@ -31,6 +31,7 @@ VARIANTS = ("cpu", "cu126", "cu128", "cu130", "mps")
 # Backend folder -> the kernel file name pattern inside it (used by OPFORGE_OMIT_KERNELS).
 KERNEL_FILES = {
     "cpu": "cpu/{op}_kernel.cpp",
+    "quantized": "quantized/cpu/{op}_kernel.cpp",
     "autocast": "autocast/{op}_kernel.cpp",
     "autograd": "autograd/{op}_kernel.cpp",
     "cuda": "cuda/{op}_kernel.cu",
@@ -139,6 +140,7 @@ class BuildConfig:
         omitted = self.omitted
         sources = [CSRC / "module.cpp", *sorted((CSRC / "ops").glob("*.cpp"))]
         sources += kernel_sources("cpu", "*_kernel.cpp", omitted)
+        sources += kernel_sources("quantized/cpu", "*_kernel.cpp", omitted)
         sources += kernel_sources("autograd", "*_kernel.cpp", omitted)
         sources += kernel_sources("autocast", "*_kernel.cpp", omitted)
         self.cuda_sources = kernel_sources("cuda", "*.cu", omitted) if self.cuda else []

@@ -43,7 +43,11 @@ def run(case, namespace):
 
 
 def assert_same_value(ours, theirs):
-    if isinstance(theirs, torch.Tensor):
+    if isinstance(theirs, torch.Tensor) and theirs.is_quantized:
+        assert ours.is_quantized and ours.dtype == theirs.dtype and ours.shape == theirs.shape
+        assert (ours.q_scale(), ours.q_zero_point()) == (theirs.q_scale(), theirs.q_zero_point())
+        assert torch.equal(ours.int_repr(), theirs.int_repr()), (ours.int_repr(), theirs.int_repr())
+    elif isinstance(theirs, torch.Tensor):
         assert isinstance(ours, torch.Tensor)
         assert ours.shape == theirs.shape and ours.dtype == theirs.dtype, (ours.shape, theirs.shape)
         if theirs.dtype in (torch.float16, torch.bfloat16) and theirs.numel():

@@ -336,6 +336,41 @@ def _module_deform(ns, a):
     return module(*a)
 
 
+# --- quantized (QuantizedCPU kernels of nms and roi_align) ---------------------------------
+
+QUANTIZED_DTYPES = (torch.quint8, torch.qint8, torch.qint32)
+
+
+def quantize(x: torch.Tensor, scale: float, zero_point: int, dtype) -> torch.Tensor:
+    return torch.quantize_per_tensor(x, scale, 0 if dtype == torch.qint32 else zero_point, dtype)
+
+
+def quantized_cases() -> Iterator[Case]:
+    for dtype, n in itertools.product(QUANTIZED_DTYPES, (0, 1, 12, 80)):
+        yield Case("nms", f"quantized-{dtype}-n{n}", lambda dtype=dtype, n=n: (
+            quantize(boxes(n, spread=40).clamp(max=60), 0.5, 2, dtype), quantize(torch.rand(n), 0.01, 0, dtype), 0.4),
+            _nms)
+    for dtype, (size, scale, ratio, aligned) in itertools.product(
+            QUANTIZED_DTYPES, ((2, 1.0, -1, False), ((3, 2), 0.5, 2, True), (4, 1.0, 0, True))):
+        yield Case(
+            "roi_align", f"quantized-{dtype}-{size}-{scale}-{ratio}-{aligned}",
+            lambda dtype=dtype: (quantize(torch.rand(1, 3, 9, 11) * 4, 0.05, 3, dtype),
+                                 quantize(rois(7, 1, 9, 11).clamp(min=0), 0.125, 0, dtype)),
+            lambda ns, a, size=size, scale=scale, ratio=ratio, aligned=aligned: ns.roi_align(
+                a[0], a[1], size, scale, ratio, aligned))
+    yield Case("roi_align", "quantized-list-boxes",
+               lambda: (quantize(torch.rand(1, 2, 8, 8), 0.02, 10, torch.quint8),
+                        [quantize(rois(3, 1, 8, 8)[:, 1:].clamp(min=0), 0.25, 0, torch.quint8)]),
+               lambda ns, a: ns.roi_align(a[0], a[1], 2))
+    yield Case("roi_align", "quantized-zero-rois",
+               lambda: (quantize(torch.rand(1, 2, 8, 8), 0.02, 10, torch.quint8),
+                        quantize(torch.zeros(0, 5), 0.25, 0, torch.quint8)),
+               lambda ns, a: ns.roi_align(a[0], a[1], 2))
+    yield Case("roi_align", "quantized-input-float-rois",
+               lambda: (quantize(torch.rand(1, 2, 8, 8), 0.02, 10, torch.quint8), rois(3, 1, 8, 8)),
+               lambda ns, a: ns.roi_align(a[0], a[1], 2))
+
+
 # op -> its cases; one entry per public op.
 CASES: dict[str, Callable[[], Iterator[Case]]] = {
     "nms": nms_cases,
@@ -343,6 +378,7 @@ CASES: dict[str, Callable[[], Iterator[Case]]] = {
     "roi_align": roi_align_cases,
     "roi_pool": roi_pool_cases,
     "deform_conv2d": deform_conv2d_cases,
+    "quantized": quantized_cases,
 }
 
 # Inputs torchvision accepts (computing garbage or reading past a buffer) where opforge raises a
