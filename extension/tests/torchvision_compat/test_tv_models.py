@@ -180,20 +180,6 @@ def test_fx_traces_exactly_where_torchvisions_does(name):
     assert ours == theirs
 
 
-def test_feature_extraction_of_a_patched_detector_keeps_the_pooler_a_leaf():
-    from torchvision.models.feature_extraction import create_feature_extractor
-
-    with otv.patched():
-        model = build("fasterrcnn", "cpu").eval()
-        pooler = model.roi_heads.box_roi_pool
-        features = {"0": torch.rand(1, 4, 16, 16), "1": torch.rand(1, 4, 8, 8)}
-        proposals = [torch.tensor([[1.0, 1, 30, 30], [10, 10, 60, 50]])]
-        extractor = create_feature_extractor(pooler, return_nodes={"_multiscale_roi_align": "pooled"})
-        ours = extractor(features, proposals, [(64, 64)])["pooled"]
-    theirs = pooler(features, proposals, [(64, 64)])
-    torch.testing.assert_close(ours, theirs, **TOLERANCE)
-
-
 def test_patched_detector_compiles():
     model = build("fasterrcnn", "cpu").eval()
     x = images("cpu")
