@@ -215,6 +215,11 @@ def assert_agree(name, ours, theirs):
         )
 
 
+def build_label(info):
+    """A wheel's record carries its version; an in-place build only says what it is."""
+    return info.get("version") or info.get("variant", "?")
+
+
 def measure(fn, min_run_time):
     timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
     return timer.blocked_autorange(min_run_time=min_run_time).median
@@ -233,7 +238,8 @@ def main(argv=None):
     ours, tv = load_libraries()
     torch.set_num_threads(args.threads)
     print(
-        f"torch {torch.__version__}, opforge_ops {ours.build_info()['version']}, threads {torch.get_num_threads()}",
+        f"torch {torch.__version__}, opforge_ops {build_label(ours.build_info())}, "
+        f"threads {torch.get_num_threads()}",
         flush=True,
     )
     rows = []

@@ -84,22 +84,14 @@ def _rebind(swap: dict[int, object]) -> int:
     return count
 
 
-def _compiled_against_the_ops(obj: object) -> bool:
-    module = getattr(obj, "__module__", None) or ""
-    return module.split(".")[0] in ("torchvision", "opforge_ops")
-
-
 def _reset_torchscript_caches() -> None:
-    # Functions and module types TorchScript compiled from torchvision (or opforge_ops) hold the
-    # ops bound when they were compiled: forget just those, so the next torch.jit.script sees the
-    # current bindings. torch's own compiled functions (F.interpolate's overloads, ...) stay.
-    for cache in (torch.jit._state._jit_caching_layer, torch.jit._state._jit_function_overload_caching):
-        for key in [k for k in list(cache.keys()) if _compiled_against_the_ops(k)]:
-            del cache[key]
+    # Functions and module types TorchScript compiled earlier hold the ops bound when they were
+    # compiled: forget them, so the next torch.jit.script sees the current bindings. The
+    # overload cache stays: torch's overloaded functions (F.interpolate) resolve through it.
+    torch.jit._state._jit_caching_layer.clear()
     store = torch.jit._recursive.concrete_type_store
-    for module_type in [t for t in list(store.type_store) if _compiled_against_the_ops(t)]:
-        for concrete_type in store.type_store.pop(module_type):
-            store.methods_compiled.discard(concrete_type)
+    store.type_store.clear()
+    store.methods_compiled.clear()
 
 
 def is_patched() -> bool:
