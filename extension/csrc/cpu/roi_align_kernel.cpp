@@ -193,7 +193,9 @@ void roi_align_forward_impl(
   const scalar_t* roi_p = rois.data_ptr<scalar_t>();
   scalar_t* out = output.data_ptr<scalar_t>();
   const int64_t bins = pooled_h * pooled_w;
-  const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, bins * 4));
+  // Enough work per chunk that a small call (a few rois) runs on one thread: waking the
+  // pool costs more than it saves there, and much more on a loaded machine.
+  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, bins * 4));
 
   at::parallel_for(0, num_rois * channels, grain, [&](int64_t begin, int64_t end) {
     RoiGrid<acc_t> grid;

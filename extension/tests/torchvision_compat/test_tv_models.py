@@ -17,10 +17,14 @@ tv = require_torchvision()
 from torchvision.models import detection  # noqa: E402
 
 SMALL = dict(weights=None, weights_backbone=None, min_size=64, max_size=96)
+# fewer proposals and detections than the defaults: every op still runs on hundreds of boxes,
+# and the mask and keypoint heads (most of the time on 2 cores) on tens of rois
+RCNN = dict(SMALL, rpn_pre_nms_top_n_test=300, rpn_post_nms_top_n_test=100, rpn_pre_nms_top_n_train=300,
+            rpn_post_nms_top_n_train=100, box_batch_size_per_image=64, box_detections_per_img=20)
 MODELS = {
-    "fasterrcnn": lambda: detection.fasterrcnn_resnet50_fpn(num_classes=4, **SMALL),
-    "maskrcnn": lambda: detection.maskrcnn_resnet50_fpn(num_classes=4, **SMALL),
-    "keypointrcnn": lambda: detection.keypointrcnn_resnet50_fpn(num_classes=2, num_keypoints=5, **SMALL),
+    "fasterrcnn": lambda: detection.fasterrcnn_resnet50_fpn(num_classes=4, **RCNN),
+    "maskrcnn": lambda: detection.maskrcnn_resnet50_fpn(num_classes=4, **RCNN),
+    "keypointrcnn": lambda: detection.keypointrcnn_resnet50_fpn(num_classes=2, num_keypoints=5, **RCNN),
     # untrained heads score about their prior (0.01): a low threshold keeps nms busy
     "retinanet": lambda: detection.retinanet_resnet50_fpn(num_classes=4, score_thresh=0.001, **SMALL),
     "fcos": lambda: detection.fcos_resnet50_fpn(num_classes=4, score_thresh=0.001, **SMALL),
