@@ -164,6 +164,34 @@ def cases(ours, tv):
         lambda: tv.roi_align(qfeatures, qrois, (7, 7), 0.5, 2, True),
     )
 
+    # R-FCN heads: position-sensitive score maps, 10 outputs per 7x7 bin grid (490 channels).
+    ps_features, ps_rois = feature_rois(2, 490, 50, 512, g)
+    yield (
+        "ps_roi_align fwd 512 rois 490ch 7x7 sr2",
+        lambda: ours.ps_roi_align(ps_features, ps_rois, (7, 7), 0.5, 2),
+        lambda: tv.ps_roi_align(ps_features, ps_rois, (7, 7), 0.5, 2),
+    )
+    yield (
+        "ps_roi_align fwd 512 rois 441ch 3x3 adaptive",
+        lambda: ours.ps_roi_align(ps_features[:, :441], ps_rois, (3, 3), 0.5, -1),
+        lambda: tv.ps_roi_align(ps_features[:, :441], ps_rois, (3, 3), 0.5, -1),
+    )
+    yield (
+        "ps_roi_align fwd+bwd 512 rois 490ch 7x7 sr2",
+        forward_backward(lambda x, r: ours.ps_roi_align(x, r, (7, 7), 0.5, 2), ps_features, ps_rois),
+        forward_backward(lambda x, r: tv.ps_roi_align(x, r, (7, 7), 0.5, 2), ps_features, ps_rois),
+    )
+    yield (
+        "ps_roi_pool fwd 512 rois 490ch 7x7",
+        lambda: ours.ps_roi_pool(ps_features, ps_rois, (7, 7), 0.5),
+        lambda: tv.ps_roi_pool(ps_features, ps_rois, (7, 7), 0.5),
+    )
+    yield (
+        "ps_roi_pool fwd+bwd 512 rois 490ch 7x7",
+        forward_backward(lambda x, r: ours.ps_roi_pool(x, r, (7, 7), 0.5), ps_features, ps_rois),
+        forward_backward(lambda x, r: tv.ps_roi_pool(x, r, (7, 7), 0.5), ps_features, ps_rois),
+    )
+
     if hasattr(ours, "deform_conv2d"):
         for label, (n, c, size, groups, use_mask) in {
             "b8 c64 56x56 mask": (8, 64, 56, 1, True),

@@ -133,6 +133,76 @@ inline void check_roi_backward_inputs(
       batch_size >= 0 && channels >= 0 && height >= 0 && width >= 0,
       op, ": batch_size, channels, height and width must be non-negative, got ",
       batch_size, ", ", channels, ", ", height, ", ", width);
+  TORCH_CHECK(
+      is_supported_float(grad),
+      op, ": grad must be a floating point tensor, got ", grad.scalar_type());
+}
+
+// The int32 index tensor a forward returned beside its output (roi_pool's
+// argmax, the ps ops' channel_mapping), handed back to the backward.
+inline void check_int32_like_grad(
+    const char* op,
+    const char* name,
+    const at::Tensor& index,
+    const at::Tensor& grad) {
+  TORCH_CHECK(
+      index.scalar_type() == at::kInt && index.sizes() == grad.sizes() &&
+          index.device() == grad.device(),
+      op, ": ", name, " must be an int32 tensor shaped like grad ", grad.sizes(),
+      " on ", grad.device(), ", got ", index.scalar_type(), " ", index.sizes(),
+      " on ", index.device());
+}
+
+// Checks shared by ps_roi_align and ps_roi_pool (forward): each output channel
+// pools its own input channel per bin, so C must be a multiple of the bin count.
+inline void check_ps_roi_inputs(
+    const char* op,
+    const at::Tensor& input,
+    const at::Tensor& rois,
+    int64_t pooled_height,
+    int64_t pooled_width) {
+  check_roi_inputs(op, input, rois, pooled_height, pooled_width);
+  TORCH_CHECK(
+      input.size(1) % (pooled_height * pooled_width) == 0,
+      op, ": input channels (", input.size(1),
+      ") must be a multiple of pooled_height * pooled_width (",
+      pooled_height * pooled_width, ")");
+}
+
+// Checks shared by the ps roi backward kernels: grad and channel_mapping are
+// [K, channels / (PH * PW), PH, PW], channel_mapping int32 on grad's device.
+inline void check_ps_roi_backward_inputs(
+    const char* op,
+    const at::Tensor& grad,
+    const at::Tensor& rois,
+    const at::Tensor& channel_mapping,
+    int64_t pooled_height,
+    int64_t pooled_width,
+    int64_t batch_size,
+    int64_t channels,
+    int64_t height,
+    int64_t width) {
+  TORCH_CHECK(
+      pooled_height > 0 && pooled_width > 0,
+      op, ": pooled_height and pooled_width must be positive, got (",
+      pooled_height, ", ", pooled_width, ")");
+  TORCH_CHECK(
+      channels >= 0 && channels % (pooled_height * pooled_width) == 0,
+      op, ": channels (", channels,
+      ") must be a non-negative multiple of pooled_height * pooled_width (",
+      pooled_height * pooled_width, ")");
+  TORCH_CHECK(
+      grad.dim() == 4,
+      op, ": grad must be a 4-D tensor [K, channels / (PH * PW), PH, PW], got shape ",
+      grad.sizes());
+  check_roi_backward_inputs(
+      op, grad, rois, pooled_height, pooled_width, batch_size, grad.size(1),
+      height, width);
+  TORCH_CHECK(
+      grad.size(1) * pooled_height * pooled_width == channels,
+      op, ": grad has ", grad.size(1), " channels, so the input had ",
+      grad.size(1) * pooled_height * pooled_width, ", but channels is ", channels);
+  check_int32_like_grad(op, "channel_mapping", channel_mapping, grad);
 }
 
 // Validates the rois' batch indices and coordinates on the host. A bad batch
@@ -157,6 +227,29 @@ inline void check_rois_values(
           op, ": rois[", n, ", ", k, "] = ", static_cast<double>(r[k]),
           " is not finite");
     }
+  }
+}
+
+// The plane size must fit the int32 offsets (argmax, tap tables) the kernels use.
+inline void check_plane_fits_int32(const char* op, int64_t height, int64_t width) {
+  TORCH_CHECK(
+      height * width < (int64_t(1) << 31),
+      op, ": height * width = ", height * width,
+      " is too large (must be below 2^31)");
+}
+
+// Host-side check of a contiguous CPU int32 channel_mapping: every entry names
+// an input channel, so the backward never writes outside grad_input.
+inline void check_channel_mapping_values(
+    const char* op,
+    const at::Tensor& channel_mapping,
+    int64_t channels) {
+  const int32_t* m = channel_mapping.const_data_ptr<int32_t>();
+  for (int64_t i = 0; i < channel_mapping.numel(); ++i) {
+    TORCH_CHECK(
+        m[i] >= 0 && m[i] < channels,
+        op, ": channel_mapping holds ", m[i], " at flat index ", i,
+        ", which is not a channel of the input (", channels, " channels)");
   }
 }
 

@@ -8,9 +8,23 @@ _load_library()
 from ._build_info import build_info  # noqa: E402
 from .ops.nms import batched_nms, nms  # noqa: E402
 from .ops.roi_align import RoIAlign, roi_align  # noqa: E402
+from .ops.ps_roi_align import PSRoIAlign, ps_roi_align  # noqa: E402
+from .ops.ps_roi_pool import PSRoIPool, ps_roi_pool  # noqa: E402
 from .ops.roi_pool import RoIPool, roi_pool  # noqa: E402
 
-__all__ = ["build_info", "nms", "batched_nms", "roi_align", "RoIAlign", "roi_pool", "RoIPool"]
+__all__ = [
+    "build_info",
+    "nms",
+    "batched_nms",
+    "roi_align",
+    "RoIAlign",
+    "roi_pool",
+    "RoIPool",
+    "ps_roi_align",
+    "PSRoIAlign",
+    "ps_roi_pool",
+    "PSRoIPool",
+]
 
 try:
     from .ops.deform_conv2d import DeformConv2d, deform_conv2d  # noqa: E402

@@ -6,6 +6,7 @@ indexing, so autograd through them gives the reference gradient too.
 
 import math
 
+import numpy as np
 import torch
 
 
@@ -136,3 +137,78 @@ def roi_pool(input, rois, spatial_scale, pooled_height, pooled_width):
 
 def _round_half_away(value):
     return int(math.floor(value + 0.5)) if value >= 0 else -int(math.floor(-value + 0.5))
+
+
+def _acc(rois):
+    """The scalar type the kernels compute roi geometry in: double for float64, float
+    (np.float32) for float32 / half / bfloat16. Mimicking it makes bin edges and sample
+    positions land exactly where the kernels put them."""
+    return np.float64 if rois.dtype == torch.float64 else np.float32
+
+
+def ps_roi_align(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio):
+    """(output, channel_mapping): output channel c of bin (ph, pw) averages bilinear samples
+    of input channel (c * PH + ph) * PW + pw on a regular grid inside the bin, boxes shifted
+    by -0.5 pixel. An adaptive grid of 0 along a side averages nothing over 0 (NaN)."""
+    acc = _acc(rois)
+    bins = pooled_height * pooled_width
+    channels_out = input.shape[1] // bins
+    shape = (rois.shape[0], channels_out, pooled_height, pooled_width)
+    mapping = (torch.arange(channels_out * bins, dtype=torch.int32).reshape(shape[1:])).expand(shape)
+    rows = []
+    for roi in rois.double().tolist():
+        planes = input[int(roi[0])].double()
+        start_x, start_y = (acc(v) * acc(spatial_scale) - acc(0.5) for v in roi[1:3])
+        end_x, end_y = (acc(v) * acc(spatial_scale) - acc(0.5) for v in roi[3:5])
+        bin_h, bin_w = (end_y - start_y) / acc(pooled_height), (end_x - start_x) / acc(pooled_width)
+        raw_h = sampling_ratio if sampling_ratio > 0 else math.ceil(bin_h)
+        raw_w = sampling_ratio if sampling_ratio > 0 else math.ceil(bin_w)
+        grid_h, grid_w = max(raw_h, 0), max(raw_w, 0)
+        count = math.nan if raw_h == 0 or raw_w == 0 else max(grid_h * grid_w, 1)
+        out = []
+        for ph in range(pooled_height):
+            for pw in range(pooled_width):
+                plane = planes[ph * pooled_width + pw :: bins]  # one channel per output channel
+                total = plane.new_zeros(channels_out)
+                for iy in range(grid_h):
+                    y = start_y + acc(ph) * bin_h + (acc(iy) + acc(0.5)) * bin_h / acc(grid_h)
+                    for ix in range(grid_w):
+                        x = start_x + acc(pw) * bin_w + (acc(ix) + acc(0.5)) * bin_w / acc(grid_w)
+                        total = total + _bilinear(plane, float(y), float(x))
+                out.append(total / count)
+        rows.append(torch.stack(out, dim=1).reshape(shape[1:]))
+    output = torch.stack(rows) if rows else input.new_zeros(shape, dtype=torch.float64)
+    return output.to(input.dtype), mapping.contiguous()
+
+
+def ps_roi_pool(input, rois, spatial_scale, pooled_height, pooled_width):
+    """(output, channel_mapping): output channel c of bin (ph, pw) is the mean of input
+    channel (c * PH + ph) * PW + pw over the bin quantized to pixels; bins are clipped to
+    [0, H - 1) x [0, W - 1), as torchvision's (the last row and column are never pooled)."""
+    acc = _acc(rois)
+    height, width = input.shape[-2:]
+    bins = pooled_height * pooled_width
+    channels_out = input.shape[1] // bins
+    shape = (rois.shape[0], channels_out, pooled_height, pooled_width)
+    mapping = (torch.arange(channels_out * bins, dtype=torch.int32).reshape(shape[1:])).expand(shape)
+    rows = []
+    for roi in rois.double().tolist():
+        planes = input[int(roi[0])].double()
+        x1, y1, x2, y2 = (_round_half_away(float(acc(v) * acc(spatial_scale))) for v in roi[1:])
+        bin_h = acc(max(y2 - y1, 1)) / acc(pooled_height)
+        bin_w = acc(max(x2 - x1, 1)) / acc(pooled_width)
+        out = []
+        for ph in range(pooled_height):
+            h0 = min(max(math.floor(acc(ph) * bin_h) + y1, 0), max(height - 1, 0))
+            h1 = min(max(math.ceil(acc(ph + 1) * bin_h) + y1, 0), max(height - 1, 0))
+            for pw in range(pooled_width):
+                w0 = min(max(math.floor(acc(pw) * bin_w) + x1, 0), max(width - 1, 0))
+                w1 = min(max(math.ceil(acc(pw + 1) * bin_w) + x1, 0), max(width - 1, 0))
+                plane = planes[ph * pooled_width + pw :: bins]
+                if h1 <= h0 or w1 <= w0:
+                    out.append(plane.new_zeros(channels_out))
+                else:
+                    out.append(plane[:, h0:h1, w0:w1].mean(dim=(1, 2)))
+        rows.append(torch.stack(out, dim=1).reshape(shape[1:]))
+    output = torch.stack(rows) if rows else input.new_zeros(shape, dtype=torch.float64)
+    return output.to(input.dtype), mapping.contiguous()

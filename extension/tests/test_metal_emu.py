@@ -34,6 +34,9 @@ except Exception:  # noqa: BLE001 - any import failure means "not built here"
 HAVE_OPFORGE_DEFORM = HAVE_OPFORGE and hasattr(torch.ops.opforge, "deform_conv2d")
 
 
+METAL_OPS = sorted(p.stem for p in harness.METAL_DIR.glob("*.metal"))
+
+
 @pytest.fixture(scope="module")
 def geo() -> harness.Geometry:
     return harness.Geometry()
@@ -52,7 +55,7 @@ def emu(op: str) -> harness.Emulated:
 @pytest.fixture(scope="module", autouse=True)
 def _compile_kernels_in_parallel():
     # Compiling dominates this file's run time; use every core once up front.
-    ops = ["nms", "roi_align", "roi_pool", "deform_conv2d"]
+    ops = METAL_OPS
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         list(pool.map(emu, ops))
 
@@ -888,6 +891,15 @@ def test_every_kernel_in_every_metal_file_is_exercised():
         "deform_col2im_half",
         "deform_col2im_coord_float",
         "deform_col2im_coord_half",
+        # run through the emulated .mm host code by test_ps_roi_align.py / test_ps_roi_pool.py
+        "ps_roi_align_forward_float",
+        "ps_roi_align_forward_half",
+        "ps_roi_align_backward_float",
+        "ps_roi_align_backward_half",
+        "ps_roi_pool_forward_float",
+        "ps_roi_pool_forward_half",
+        "ps_roi_pool_backward_float",
+        "ps_roi_pool_backward_half",
     }
     found = set()
     for path in sorted(harness.METAL_DIR.glob("*.metal")):
@@ -959,7 +971,7 @@ def test_embedded_source_is_what_the_emulation_runs(tmp_path):
     embed = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(embed)
     info = embed.generate(sorted(harness.METAL_DIR.glob("*.metal")), tmp_path, metallib="never")
-    assert info["metallib"] is False and len(info["headers"]) == 4
+    assert info["metallib"] is False and len(info["headers"]) == len(METAL_OPS)
 
     def strip(text: str) -> str:
         return "\n".join(
@@ -982,50 +994,17 @@ def test_embedded_source_is_what_the_emulation_runs(tmp_path):
 # registers opforge_emu::<op> on the CPU key and every Metal dispatch runs in
 # the emulation.  What it does not cover: ObjC encoding itself (setBuffer,
 # dispatch_sync on the MPS stream), which only the macOS job exercises.
-SCHEMAS = {
-    "nms": "nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
-    "roi_align": "roi_align(Tensor input, Tensor rois, float spatial_scale, SymInt pooled_height, "
-    "SymInt pooled_width, int sampling_ratio, bool aligned) -> Tensor",
-    "_roi_align_backward": "_roi_align_backward(Tensor grad, Tensor rois, float spatial_scale, "
-    "SymInt pooled_height, SymInt pooled_width, SymInt batch_size, SymInt channels, SymInt height, "
-    "SymInt width, int sampling_ratio, bool aligned) -> Tensor",
-    "roi_pool": "roi_pool(Tensor input, Tensor rois, float spatial_scale, SymInt pooled_height, "
-    "SymInt pooled_width) -> (Tensor, Tensor)",
-    "_roi_pool_backward": "_roi_pool_backward(Tensor grad, Tensor rois, Tensor argmax, float spatial_scale, "
-    "SymInt pooled_height, SymInt pooled_width, SymInt batch_size, SymInt channels, SymInt height, "
-    "SymInt width) -> Tensor",
-    "deform_conv2d": "deform_conv2d(Tensor input, Tensor weight, Tensor offset, Tensor mask, Tensor bias, "
-    "SymInt stride_h, SymInt stride_w, SymInt pad_h, SymInt pad_w, SymInt dilation_h, SymInt dilation_w, "
-    "SymInt groups, SymInt offset_groups, bool use_mask) -> Tensor",
-    "_deform_conv2d_backward": "_deform_conv2d_backward(Tensor grad, Tensor input, Tensor weight, "
-    "Tensor offset, Tensor mask, Tensor bias, SymInt stride_h, SymInt stride_w, SymInt pad_h, SymInt pad_w, "
-    "SymInt dilation_h, SymInt dilation_w, SymInt groups, SymInt offset_groups, bool use_mask) "
-    "-> (Tensor, Tensor, Tensor, Tensor, Tensor)",
-}
-_HOST: list = []
-
-
 @pytest.fixture(scope="module")
 def host():
     """torch.ops.opforge_emu, backed by the emulated .mm host code."""
-    if not _HOST:
-        lib = torch.library.Library("opforge_emu", "DEF")
-        for name, schema in SCHEMAS.items():
-            if HAVE_OPFORGE and hasattr(
-                torch.ops.opforge, name
-            ):  # the built schema is the contract
-                assert str(getattr(torch.ops.opforge, name).default._schema) == f"opforge::{schema}"
-            lib.define(schema)
-        torch.ops.load_library(str(harness.build_host_library()))
-        _HOST.append(lib)
-    return torch.ops.opforge_emu
+    return harness.load_host()
 
 
 @pytest.fixture
 def metal_path(monkeypatch):
     monkeypatch.setenv("OPFORGE_MPS_CPU_BELOW", "0")
-    for op in ("NMS", "ROI_ALIGN", "ROI_POOL", "DEFORM_CONV2D"):
-        monkeypatch.delenv(f"OPFORGE_MPS_CPU_BELOW_{op}", raising=False)
+    for key in [k for k in os.environ if k.startswith("OPFORGE_MPS_CPU_BELOW_")]:
+        monkeypatch.delenv(key)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -1122,7 +1101,7 @@ def geo_singleton() -> harness.Geometry:
 
 
 # ------------------------------------------- what the shim would let pass
-@pytest.mark.parametrize("op", ["nms", "roi_align", "roi_pool", "deform_conv2d"])
+@pytest.mark.parametrize("op", METAL_OPS)
 def test_metal_source_follows_msl_rules_the_shim_erases(op):
     expanded = harness.prepass.preprocess(harness.METAL_DIR / f"{op}.metal", [harness.METAL_DIR])
     names = harness.prepass.function_names(expanded)

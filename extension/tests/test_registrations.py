@@ -7,11 +7,14 @@ from torch.library import opcheck
 
 import opforge_ops
 from ops_inputs import random_boxes, random_rois
+from ops_table import BACKWARD_OPS, FORWARD_OPS
 
 FORWARD_KEYS = ("CPU", "Meta", "Autograd", "AutocastCPU")
 BACKWARD_KEYS = ("CPU", "Meta")
-FORWARD_OPS = ("nms", "roi_align", "roi_pool")
-BACKWARD_OPS = ("_roi_align_backward", "_roi_pool_backward")
+
+
+def test_every_torchvision_op_is_here():
+    assert set(FORWARD_OPS) == {"nms", "roi_align", "roi_pool", "ps_roi_align", "ps_roi_pool", "deform_conv2d"}
 
 
 @pytest.mark.parametrize("op", FORWARD_OPS)

@@ -1,5 +1,3 @@
-#include <torch/library.h>
-
 #include "../ops/deform_conv2d.h"
 #include "autocast.h"
 
@@ -34,26 +32,6 @@ at::Tensor deform_conv2d_autocast(
 
 } // namespace
 
-TORCH_LIBRARY_IMPL(opforge, AutocastCPU, m) {
-  m.impl(
-      "deform_conv2d",
-      TORCH_FN((deform_conv2d_autocast<c10::DispatchKey::AutocastCPU, c10::DeviceType::CPU>)));
-}
-
-#ifdef WITH_CUDA
-TORCH_LIBRARY_IMPL(opforge, AutocastCUDA, m) {
-  m.impl(
-      "deform_conv2d",
-      TORCH_FN((deform_conv2d_autocast<c10::DispatchKey::AutocastCUDA, c10::DeviceType::CUDA>)));
-}
-#endif
-
-#ifdef WITH_MPS
-TORCH_LIBRARY_IMPL(opforge, AutocastMPS, m) {
-  m.impl(
-      "deform_conv2d",
-      TORCH_FN((deform_conv2d_autocast<c10::DispatchKey::AutocastMPS, c10::DeviceType::MPS>)));
-}
-#endif
+OPFORGE_AUTOCAST_IMPL("deform_conv2d", deform_conv2d_autocast)
 
 } // namespace opforge::autocast

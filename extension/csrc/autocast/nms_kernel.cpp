@@ -1,5 +1,3 @@
-#include <torch/library.h>
-
 #include "../ops/nms.h"
 #include "autocast.h"
 
@@ -14,20 +12,6 @@ at::Tensor nms_autocast(const at::Tensor& dets, const at::Tensor& scores, double
 
 } // namespace
 
-TORCH_LIBRARY_IMPL(opforge, AutocastCPU, m) {
-  m.impl("nms", TORCH_FN((nms_autocast<c10::DispatchKey::AutocastCPU, c10::DeviceType::CPU>)));
-}
-
-#ifdef WITH_CUDA
-TORCH_LIBRARY_IMPL(opforge, AutocastCUDA, m) {
-  m.impl("nms", TORCH_FN((nms_autocast<c10::DispatchKey::AutocastCUDA, c10::DeviceType::CUDA>)));
-}
-#endif
-
-#ifdef WITH_MPS
-TORCH_LIBRARY_IMPL(opforge, AutocastMPS, m) {
-  m.impl("nms", TORCH_FN((nms_autocast<c10::DispatchKey::AutocastMPS, c10::DeviceType::MPS>)));
-}
-#endif
+OPFORGE_AUTOCAST_IMPL("nms", nms_autocast)
 
 } // namespace opforge::autocast

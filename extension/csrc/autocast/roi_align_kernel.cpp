@@ -1,5 +1,3 @@
-#include <torch/library.h>
-
 #include "../ops/roi_align.h"
 #include "autocast.h"
 
@@ -25,20 +23,6 @@ at::Tensor roi_align_autocast(
 
 } // namespace
 
-TORCH_LIBRARY_IMPL(opforge, AutocastCPU, m) {
-  m.impl("roi_align", TORCH_FN((roi_align_autocast<c10::DispatchKey::AutocastCPU, c10::DeviceType::CPU>)));
-}
-
-#ifdef WITH_CUDA
-TORCH_LIBRARY_IMPL(opforge, AutocastCUDA, m) {
-  m.impl("roi_align", TORCH_FN((roi_align_autocast<c10::DispatchKey::AutocastCUDA, c10::DeviceType::CUDA>)));
-}
-#endif
-
-#ifdef WITH_MPS
-TORCH_LIBRARY_IMPL(opforge, AutocastMPS, m) {
-  m.impl("roi_align", TORCH_FN((roi_align_autocast<c10::DispatchKey::AutocastMPS, c10::DeviceType::MPS>)));
-}
-#endif
+OPFORGE_AUTOCAST_IMPL("roi_align", roi_align_autocast)
 
 } // namespace opforge::autocast

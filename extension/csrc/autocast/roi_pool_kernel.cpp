@@ -1,5 +1,3 @@
-#include <torch/library.h>
-
 #include "../ops/roi_pool.h"
 #include "autocast.h"
 
@@ -23,20 +21,6 @@ std::tuple<at::Tensor, at::Tensor> roi_pool_autocast(
 
 } // namespace
 
-TORCH_LIBRARY_IMPL(opforge, AutocastCPU, m) {
-  m.impl("roi_pool", TORCH_FN((roi_pool_autocast<c10::DispatchKey::AutocastCPU, c10::DeviceType::CPU>)));
-}
-
-#ifdef WITH_CUDA
-TORCH_LIBRARY_IMPL(opforge, AutocastCUDA, m) {
-  m.impl("roi_pool", TORCH_FN((roi_pool_autocast<c10::DispatchKey::AutocastCUDA, c10::DeviceType::CUDA>)));
-}
-#endif
-
-#ifdef WITH_MPS
-TORCH_LIBRARY_IMPL(opforge, AutocastMPS, m) {
-  m.impl("roi_pool", TORCH_FN((roi_pool_autocast<c10::DispatchKey::AutocastMPS, c10::DeviceType::MPS>)));
-}
-#endif
+OPFORGE_AUTOCAST_IMPL("roi_pool", roi_pool_autocast)
 
 } // namespace opforge::autocast

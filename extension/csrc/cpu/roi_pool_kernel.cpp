@@ -199,15 +199,7 @@ at::Tensor roi_pool_backward_kernel(
   check_roi_backward_inputs(
       "_roi_pool_backward", grad, rois, pooled_height, pooled_width, batch_size,
       channels, height, width);
-  TORCH_CHECK(
-      is_supported_float(grad),
-      "_roi_pool_backward: grad must be a floating point tensor, got ", grad.scalar_type());
-  TORCH_CHECK(
-      argmax.scalar_type() == at::kInt && argmax.sizes() == grad.sizes() &&
-          argmax.device() == grad.device(),
-      "_roi_pool_backward: argmax must be an int32 tensor shaped like grad ", grad.sizes(),
-      " on ", grad.device(), ", got ", argmax.scalar_type(), " ", argmax.sizes(), " on ",
-      argmax.device());
+  check_int32_like_grad("_roi_pool_backward", "argmax", argmax, grad);
   (void)spatial_scale;  // argmax already says where each bin's maximum came from
   const auto acc_dtype = at::toOpMathType(grad.scalar_type());
   at::Tensor grad_input =

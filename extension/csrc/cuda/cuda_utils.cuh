@@ -5,7 +5,6 @@
 #include <ATen/ATen.h>
 #include <ATen/AccumulateType.h>
 #include <ATen/cuda/CUDAContext.h>
-#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include <algorithm>
@@ -45,25 +44,6 @@ inline void check_cuda(const char* op, const char* name, const at::Tensor& t) {
   TORCH_CHECK(
       t.is_cuda(), op, ": expected ", name, " to be a CUDA tensor, got a tensor on ",
       t.device());
-}
-
-// The same roi checks as the CPU kernels (common.h check_rois_values: batch index in
-// range, finite coordinates), on a host copy of the rois. That copy is a device->host
-// sync, so it is skipped while a CUDA graph is being captured; the kernels themselves
-// never read outside the input for such rois (they contribute 0), so skipping it is
-// memory-safe.
-// Returns the host copy (undefined when the check was skipped) for op-specific checks.
-inline at::Tensor check_rois_values_cuda(
-    const char* op, const at::Tensor& rois, int64_t batch_size) {
-  if (rois.size(0) == 0 ||
-      c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None) {
-    return at::Tensor();
-  }
-  const auto host = rois.to(at::kCPU).contiguous();
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::ScalarType::Half, at::ScalarType::BFloat16, host.scalar_type(), "opforge_check_rois",
-      [&] { check_rois_values<scalar_t>(op, host.const_data_ptr<scalar_t>(), host.size(0), batch_size); });
-  return host;
 }
 
 // Device-side twin of check_rois_values: true when roi `r` can be sampled safely.

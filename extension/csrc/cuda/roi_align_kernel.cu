@@ -17,96 +17,21 @@
 #include <algorithm>
 #include <cmath>
 
+#include "bilinear.cuh"
 #include "cuda_utils.cuh"
 
 namespace opforge {
 namespace cuda {
 namespace {
 
-// Bilinear sample of one (height, width) plane at (y, x); 0 outside [-1, height] x [-1, width].
-template <typename scalar_t, typename acc_t>
-__device__ acc_t bilinear_sample(
-    const scalar_t* __restrict__ plane, int64_t height, int64_t width, acc_t y, acc_t x) {
-  // Written so that NaN positions land here too.
-  if (!(y >= acc_t(-1) && y <= acc_t(height) && x >= acc_t(-1) && x <= acc_t(width))) {
-    return acc_t(0);
-  }
-  if (y <= acc_t(0)) y = acc_t(0);
-  if (x <= acc_t(0)) x = acc_t(0);
-  int64_t y_low = static_cast<int64_t>(y);
-  int64_t x_low = static_cast<int64_t>(x);
-  int64_t y_high;
-  int64_t x_high;
-  if (y_low >= height - 1) {
-    y_high = y_low = height - 1;
-    y = static_cast<acc_t>(y_low);
-  } else {
-    y_high = y_low + 1;
-  }
-  if (x_low >= width - 1) {
-    x_high = x_low = width - 1;
-    x = static_cast<acc_t>(x_low);
-  } else {
-    x_high = x_low + 1;
-  }
-  const acc_t ly = y - static_cast<acc_t>(y_low);
-  const acc_t lx = x - static_cast<acc_t>(x_low);
-  const acc_t hy = acc_t(1) - ly;
-  const acc_t hx = acc_t(1) - lx;
-  const acc_t v1 = static_cast<acc_t>(plane[y_low * width + x_low]);
-  const acc_t v2 = static_cast<acc_t>(plane[y_low * width + x_high]);
-  const acc_t v3 = static_cast<acc_t>(plane[y_high * width + x_low]);
-  const acc_t v4 = static_cast<acc_t>(plane[y_high * width + x_high]);
-  return hy * hx * v1 + hy * lx * v2 + ly * hx * v3 + ly * lx * v4;
-}
-
-// The four corner offsets and weights of a bilinear sample; all weights 0 outside.
-template <typename acc_t>
-__device__ void bilinear_corners(
-    int64_t height, int64_t width, acc_t y, acc_t x,
-    acc_t& w1, acc_t& w2, acc_t& w3, acc_t& w4,
-    int64_t& o1, int64_t& o2, int64_t& o3, int64_t& o4) {
-  if (!(y >= acc_t(-1) && y <= acc_t(height) && x >= acc_t(-1) && x <= acc_t(width))) {
-    w1 = w2 = w3 = w4 = acc_t(0);
-    o1 = o2 = o3 = o4 = -1;
-    return;
-  }
-  if (y <= acc_t(0)) y = acc_t(0);
-  if (x <= acc_t(0)) x = acc_t(0);
-  int64_t y_low = static_cast<int64_t>(y);
-  int64_t x_low = static_cast<int64_t>(x);
-  int64_t y_high;
-  int64_t x_high;
-  if (y_low >= height - 1) {
-    y_high = y_low = height - 1;
-    y = static_cast<acc_t>(y_low);
-  } else {
-    y_high = y_low + 1;
-  }
-  if (x_low >= width - 1) {
-    x_high = x_low = width - 1;
-    x = static_cast<acc_t>(x_low);
-  } else {
-    x_high = x_low + 1;
-  }
-  const acc_t ly = y - static_cast<acc_t>(y_low);
-  const acc_t lx = x - static_cast<acc_t>(x_low);
-  const acc_t hy = acc_t(1) - ly;
-  const acc_t hx = acc_t(1) - lx;
-  w1 = hy * hx;
-  w2 = hy * lx;
-  w3 = ly * hx;
-  w4 = ly * lx;
-  o1 = y_low * width + x_low;
-  o2 = y_low * width + x_high;
-  o3 = y_high * width + x_low;
-  o4 = y_high * width + x_high;
-}
+// Adaptive sampling of a huge roi would keep the GPU busy for hours: past this many
+// samples per roi (the CPU kernel's bound, where it raises) the roi contributes 0.
+constexpr int64_t kMaxSamplesPerRoi = int64_t(1) << 24;
 
 // Geometry of one roi, shared by forward and backward.
 template <typename acc_t>
 struct RoiGeometry {
-  bool valid;  // batch index in range and finite coordinates (see roi_is_valid)
+  bool valid;  // batch index in range, finite coordinates, a bounded sample count
   int64_t batch;
   acc_t start_y, start_x, bin_h, bin_w;
   int64_t grid_h, grid_w;
@@ -140,12 +65,19 @@ __device__ RoiGeometry<acc_t> roi_geometry(
   g.bin_h = roi_h / static_cast<acc_t>(pooled_height);
   g.bin_w = roi_w / static_cast<acc_t>(pooled_width);
   // Adaptive sampling: about one sample per input pixel in each bin (0 for empty rois).
-  g.grid_h = sampling_ratio > 0
-      ? sampling_ratio
-      : static_cast<int64_t>(fmax(0.0, ceil(static_cast<double>(roi_h / static_cast<acc_t>(pooled_height)))));
-  g.grid_w = sampling_ratio > 0
-      ? sampling_ratio
-      : static_cast<int64_t>(fmax(0.0, ceil(static_cast<double>(roi_w / static_cast<acc_t>(pooled_width)))));
+  // Counted in double first, so a huge roi is refused before any integer conversion.
+  const double grid_h = sampling_ratio > 0
+      ? double(sampling_ratio)
+      : fmax(0.0, ceil(static_cast<double>(roi_h / static_cast<acc_t>(pooled_height))));
+  const double grid_w = sampling_ratio > 0
+      ? double(sampling_ratio)
+      : fmax(0.0, ceil(static_cast<double>(roi_w / static_cast<acc_t>(pooled_width))));
+  g.valid = grid_h * grid_w * double(pooled_height) * double(pooled_width) <= double(kMaxSamplesPerRoi);
+  if (!g.valid) {
+    return g;
+  }
+  g.grid_h = static_cast<int64_t>(grid_h);
+  g.grid_w = static_cast<int64_t>(grid_w);
   const int64_t samples = g.grid_h * g.grid_w;
   g.count = static_cast<acc_t>(samples > 1 ? samples : 1);
   return g;
@@ -230,61 +162,26 @@ __global__ void roi_align_backward_kernel(
         n * grad_stride_n + c * grad_stride_c + ph * grad_stride_h + pw * grad_stride_w]) /
         g.count;
     acc_t* plane = grad_input + (g.batch * channels + c) * height * width;
-    const int64_t plane_numel = height * width;
-
     for (int64_t iy = 0; iy < g.grid_h; ++iy) {
       const acc_t y = g.start_y + static_cast<acc_t>(ph) * g.bin_h +
           (static_cast<acc_t>(iy) + acc_t(0.5)) * g.bin_h / static_cast<acc_t>(g.grid_h);
       for (int64_t ix = 0; ix < g.grid_w; ++ix) {
         const acc_t x = g.start_x + static_cast<acc_t>(pw) * g.bin_w +
             (static_cast<acc_t>(ix) + acc_t(0.5)) * g.bin_w / static_cast<acc_t>(g.grid_w);
-        acc_t w1, w2, w3, w4;
-        int64_t o1, o2, o3, o4;
-        bilinear_corners<acc_t>(height, width, y, x, w1, w2, w3, w4, o1, o2, o3, o4);
-        if (o1 >= 0 && o1 < plane_numel) {
-          gpuAtomicAdd(plane + o1, grad * w1);
-          gpuAtomicAdd(plane + o2, grad * w2);
-          gpuAtomicAdd(plane + o3, grad * w3);
-          gpuAtomicAdd(plane + o4, grad * w4);
-        }
+        bilinear_scatter<acc_t>(plane, height, width, y, x, grad);
       }
     }
   }
 }
 
-// The CPU kernel's bound on samples per roi (adaptive sampling of a huge roi would
-// otherwise keep the GPU busy for hours), checked on the host copy of the rois.
-constexpr int64_t kMaxSamplesPerRoi = int64_t(1) << 24;
-
-void check_sample_count(
-    const char* op, const at::Tensor& host_rois, double spatial_scale, int64_t pooled_height,
-    int64_t pooled_width, int64_t sampling_ratio, bool aligned) {
-  if (sampling_ratio > 0) {
-    TORCH_CHECK(
-        double(sampling_ratio) * double(sampling_ratio) * double(pooled_height) *
-                double(pooled_width) <= double(kMaxSamplesPerRoi),
-        op, ": sampling_ratio ", sampling_ratio, " needs more than ", kMaxSamplesPerRoi,
-        " samples per roi; pass a smaller sampling_ratio");
-    return;
-  }
-  const auto r = host_rois.to(at::kDouble);
-  const double* p = r.const_data_ptr<double>();
-  const double offset = aligned ? 0.5 : 0.0;
-  for (int64_t n = 0; n < r.size(0); ++n) {
-    double roi_w = (p[n * 5 + 3] * spatial_scale - offset) - (p[n * 5 + 1] * spatial_scale - offset);
-    double roi_h = (p[n * 5 + 4] * spatial_scale - offset) - (p[n * 5 + 2] * spatial_scale - offset);
-    if (!aligned) {
-      roi_w = std::max(roi_w, 1.0);
-      roi_h = std::max(roi_h, 1.0);
-    }
-    const double grid_h = std::max(0.0, std::ceil(roi_h / pooled_height));
-    const double grid_w = std::max(0.0, std::ceil(roi_w / pooled_width));
-    TORCH_CHECK(
-        grid_h * grid_w * pooled_height * pooled_width <= double(kMaxSamplesPerRoi),
-        op, ": a roi of ", roi_h, " x ", roi_w, " (after spatial_scale) with sampling_ratio ",
-        sampling_ratio, " needs more than ", kMaxSamplesPerRoi,
-        " samples; pass a small positive sampling_ratio");
-  }
+// A fixed sampling_ratio bounds every roi's samples without reading the rois.
+void check_sample_count(const char* op, int64_t pooled_height, int64_t pooled_width, int64_t sampling_ratio) {
+  TORCH_CHECK(
+      sampling_ratio <= 0 ||
+          double(sampling_ratio) * double(sampling_ratio) * double(pooled_height) * double(pooled_width) <=
+              double(kMaxSamplesPerRoi),
+      op, ": sampling_ratio ", sampling_ratio, " needs more than ", kMaxSamplesPerRoi,
+      " samples per roi; pass a smaller sampling_ratio");
 }
 
 at::Tensor roi_align_forward_cuda(
@@ -309,10 +206,10 @@ at::Tensor roi_align_forward_cuda(
   if (total == 0) {
     return output;
   }
-  const auto host_rois = check_rois_values_cuda(op, rois, input.size(0));
-  if (host_rois.defined()) {
-    check_sample_count(op, host_rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned);
-  }
+  // Rois are not validated here: that would copy them to the host (a sync) on every call.
+  // A roi the CPU rejects (bad batch index, non-finite coordinate, too many samples)
+  // reads nothing and yields 0 (roi_is_valid in roi_geometry).
+  check_sample_count(op, pooled_height, pooled_width, sampling_ratio);
   if (input.numel() == 0) {
     return output.zero_();  // an empty (H, W) plane: every sample is outside
   }
@@ -350,16 +247,12 @@ at::Tensor roi_align_backward_cuda(
   check_cuda(op, "grad", grad);
   check_roi_backward_inputs(
       op, grad, rois, pooled_height, pooled_width, batch_size, channels, height, width);
-  TORCH_CHECK(
-      is_supported_float(grad), op, ": grad must be a floating point tensor, got ",
-      grad.scalar_type());
 
   const c10::cuda::CUDAGuard device_guard(grad.device());
   const int64_t total = grad.numel();
   if (total == 0 || batch_size * channels * height * width == 0) {
     return at::zeros({batch_size, channels, height, width}, grad.options());
   }
-  check_rois_values_cuda(op, rois, batch_size);
   at::globalContext().alertNotDeterministic("opforge::roi_align_backward_cuda");
 
   const auto rois_c = rois.contiguous();

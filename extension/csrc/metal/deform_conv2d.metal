@@ -9,7 +9,7 @@
 //   deform_col2im_coord_<T>: grad_offset and grad_mask.  One thread per
 //       offset element; it owns its outputs, so no atomics.
 #include <metal_stdlib>
-#include "dispatch.h"
+#include "deform_conv2d.h"
 using namespace metal;
 
 // Index helpers: every product is taken in 64 bits.

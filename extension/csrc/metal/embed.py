@@ -9,6 +9,9 @@ For every kernel file <op>.metal this writes <out>/opforge_metal/<op>.h
     #define OPFORGE_METALLIB_<OP> 1                          // with a metallib:
     namespace opforge::metal {
     inline constexpr unsigned char <op>_metallib[] = {...};
+    }
+    namespace opforge::metal {                               // always (nullptr, 0 without)
+    inline constexpr const unsigned char* <op>_metallib_data = ...;
     inline constexpr unsigned long <op>_metallib_size = N;
     }
 
@@ -97,7 +100,14 @@ def header_for(stem: str, source: str, metallib: bytes | None) -> str:
         f'inline constexpr const char {ident}_source[] = R"{_DELIM}(',
     ]
     body = "\n".join(lines) + source + f'){_DELIM}";\n}}  // namespace opforge::metal\n'
-    if metallib is not None:
+    if metallib is None:
+        body += (
+            "namespace opforge::metal {\n"
+            f"inline constexpr const unsigned char* {ident}_metallib_data = nullptr;\n"
+            f"inline constexpr unsigned long {ident}_metallib_size = 0ul;\n"
+            "}  // namespace opforge::metal\n"
+        )
+    else:
         rows = [
             ", ".join(str(b) for b in metallib[i : i + 24]) for i in range(0, len(metallib), 24)
         ]
@@ -108,6 +118,7 @@ def header_for(stem: str, source: str, metallib: bytes | None) -> str:
             + ",\n".join(rows)
             + "\n};\n"
             f"inline constexpr unsigned long {ident}_metallib_size = {len(metallib)}ul;\n"
+            f"inline constexpr const unsigned char* {ident}_metallib_data = {ident}_metallib;\n"
             "}  // namespace opforge::metal\n"
         )
     return body

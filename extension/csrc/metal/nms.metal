@@ -10,7 +10,7 @@
 //     kept box indices (original numbering) and their count.
 // IoU is computed in float for float and half boxes.
 #include <metal_stdlib>
-#include "dispatch.h"
+#include "nms.h"
 using namespace metal;
 
 inline bool nms_suppresses(float4 a, float4 b, float threshold) {

@@ -4,7 +4,7 @@
 // The backward kernel scatters into a float32 grad_input with atomic float
 // adds (Metal 3); the host casts it to half for half inputs.
 #include <metal_stdlib>
-#include "dispatch.h"
+#include "roi_align.h"
 using namespace metal;
 
 // Position of output element `index` in [K, C, PH, PW].

@@ -4,7 +4,7 @@
 // CPU (the host refuses planes of 2^31 elements or more).
 // The backward kernel scatters into a float32 grad_input with atomic adds.
 #include <metal_stdlib>
-#include "dispatch.h"
+#include "roi_pool.h"
 using namespace metal;
 
 struct RoiPoolItem {

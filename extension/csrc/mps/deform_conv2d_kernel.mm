@@ -5,6 +5,7 @@
 #include <opforge_metal/deform_conv2d.h>
 #include <torch/library.h>
 
+#include "metal/deform_conv2d.h"
 #include "mps/metal_host.h"
 
 namespace opforge::mps {
@@ -20,16 +21,7 @@ int64_t max_column_elements() {
   return int64_t(1) << 26;
 }
 
-KernelLibrary& deform_library() {
-#ifdef OPFORGE_METALLIB_DEFORM_CONV2D
-  static KernelLibrary lib("deform_conv2d", opforge::metal::deform_conv2d_source,
-                           opforge::metal::deform_conv2d_metallib,
-                           opforge::metal::deform_conv2d_metallib_size);
-#else
-  static KernelLibrary lib("deform_conv2d", opforge::metal::deform_conv2d_source, nullptr, 0);
-#endif
-  return lib;
-}
+OPFORGE_KERNEL_LIBRARY(deform_conv2d)
 
 struct Shape {
   int64_t batch, channels, height, width, out_channels, kernel_h, kernel_w, out_h, out_w;
@@ -129,7 +121,7 @@ at::Tensor im2col(const char* type, const at::Tensor& input, const at::Tensor& o
   const at::Tensor in = input.narrow(0, b0, nb);
   const at::Tensor off = offset.narrow(0, b0, nb);
   const at::Tensor msk = p.use_mask ? mask.narrow(0, b0, nb) : off;  // bound, never read
-  Pipeline pso = deform_library().pipeline(std::string("deform_im2col_") + type);
+  Pipeline pso = deform_conv2d_library().pipeline(std::string("deform_im2col_") + type);
   const Dispatch d = metal::dispatch_1d(static_cast<uint64_t>(p.total), max_threads(pso));
   encode([&](Encoder enc) {
     set_pipeline(enc, pso);
@@ -154,7 +146,7 @@ at::Tensor deform_conv2d_mps(const at::Tensor& input, const at::Tensor& weight,
   const char* type = metal_type(input, "deform_conv2d");
   const int64_t out_numel = s.batch * s.out_channels * s.out_h * s.out_w;
   if (out_numel == 0) return at::zeros({s.batch, s.out_channels, s.out_h, s.out_w}, input.options());
-  if (metal::route_to_cpu(CrossoverOp::kDeformConv2d, out_numel)) {
+  if (metal::route_to_cpu(metal::kDeformConv2dCrossover, out_numel)) {
     auto out = call_cpu("opforge::deform_conv2d",
                         {input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w,
                          dilation_h, dilation_w, groups, offset_groups, use_mask});
@@ -196,7 +188,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
               ": grad must be a ", input.scalar_type(), " tensor on ", input.device());
   const char* type = metal_type(input, op);
   const int64_t out_numel = grad.numel();
-  if (metal::route_to_cpu(CrossoverOp::kDeformConv2d, out_numel)) {
+  if (metal::route_to_cpu(metal::kDeformConv2dCrossover, out_numel)) {
     auto out = call_cpu("opforge::_deform_conv2d_backward",
                         {grad, input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w,
                          dilation_h, dilation_w, groups, offset_groups, use_mask});
@@ -215,9 +207,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
   at::Tensor grad_mask = use_mask ? at::zeros_like(mask_) : at::zeros_like(mask);
   at::Tensor grad_weight = at::zeros({groups, s.out_channels / groups, weight_g.size(2)}, float_opts);
 
-  Pipeline col2im_pso = deform_library().pipeline(std::string("deform_col2im_") + type);
+  Pipeline col2im_pso = deform_conv2d_library().pipeline(std::string("deform_col2im_") + type);
   Pipeline coord_pso =
-      deform_library().pipeline(std::string("deform_col2im_coord_") + type);
+      deform_conv2d_library().pipeline(std::string("deform_col2im_coord_") + type);
   const int64_t chunk = chunk_size(s);
   for (int64_t b0 = 0; b0 < s.batch; b0 += chunk) {
     const int64_t nb = std::min(chunk, s.batch - b0);

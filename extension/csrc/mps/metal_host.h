@@ -46,7 +46,6 @@ extern "C" int opforge_emu_launch(const void* kernel, void** buffers, const unsi
 
 namespace opforge::mps {
 
-using opforge::metal::CrossoverOp;
 using opforge::metal::Dispatch;
 
 // ------------------------------------------------------ Metal (Objective-C)
@@ -205,6 +204,16 @@ inline void encode(Body body) {
 }
 #endif
 
+// The op's Metal library, from the header embed.py generates for csrc/metal/<op>.metal
+// (#include <opforge_metal/<op>.h> first): its metallib when one was built, else its
+// source, compiled at first use.
+#define OPFORGE_KERNEL_LIBRARY(op)                                                         \
+  KernelLibrary& op##_library() {                                                         \
+    static KernelLibrary lib(#op, opforge::metal::op##_source, opforge::metal::op##_metallib_data, \
+                             opforge::metal::op##_metallib_size);                          \
+    return lib;                                                                            \
+  }
+
 // ---------------------------------------------------------- plain C++ part
 // "float" / "half": the suffix of the kernel instantiation for a dtype.
 inline const char* metal_type(const at::Tensor& t, const char* op) {
@@ -226,11 +235,6 @@ inline void check_mps(const char* op, const char* name, const at::Tensor& t) {
 #endif
 }
 
-// The plane size must fit the int32 argmax / index the CPU op also uses.
-inline void check_plane_fits_int32(const char* op, int64_t height, int64_t width) {
-  TORCH_CHECK(height * width < (int64_t(1) << 31), op, ": height * width = ", height * width,
-              " is too large (must be below 2^31)");
-}
 
 // Runs the op's CPU kernel through the dispatcher (boxed, so it does not
 // depend on the C++ signature other files declare) and returns its outputs.

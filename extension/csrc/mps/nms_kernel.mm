@@ -5,20 +5,13 @@
 #include <torch/library.h>
 
 #include "common.h"
+#include "metal/nms.h"
 #include "mps/metal_host.h"
 
 namespace opforge::mps {
 namespace {
 
-KernelLibrary& nms_library() {
-#ifdef OPFORGE_METALLIB_NMS
-  static KernelLibrary lib("nms", opforge::metal::nms_source, opforge::metal::nms_metallib,
-                           opforge::metal::nms_metallib_size);
-#else
-  static KernelLibrary lib("nms", opforge::metal::nms_source, nullptr, 0);
-#endif
-  return lib;
-}
+OPFORGE_KERNEL_LIBRARY(nms)
 
 at::Tensor nms_mps(const at::Tensor& dets, const at::Tensor& scores, double iou_threshold) {
   check_nms_inputs(dets, scores);
@@ -26,7 +19,7 @@ at::Tensor nms_mps(const at::Tensor& dets, const at::Tensor& scores, double iou_
   const char* type = metal_type(dets, "nms");
   const int64_t n = dets.size(0);
   if (n == 0) return at::empty({0}, dets.options().dtype(at::kLong));
-  if (metal::route_to_cpu(CrossoverOp::kNms, n)) {
+  if (metal::route_to_cpu(metal::kNmsCrossover, n)) {
     auto out = call_cpu("opforge::nms", {dets, scores, iou_threshold});
     return to_device(out[0], dets.device());
   }

@@ -5,21 +5,13 @@
 #include <torch/library.h>
 
 #include "common.h"
+#include "metal/roi_align.h"
 #include "mps/metal_host.h"
 
 namespace opforge::mps {
 namespace {
 
-KernelLibrary& roi_align_library() {
-#ifdef OPFORGE_METALLIB_ROI_ALIGN
-  static KernelLibrary lib("roi_align", opforge::metal::roi_align_source,
-                           opforge::metal::roi_align_metallib,
-                           opforge::metal::roi_align_metallib_size);
-#else
-  static KernelLibrary lib("roi_align", opforge::metal::roi_align_source, nullptr, 0);
-#endif
-  return lib;
-}
+OPFORGE_KERNEL_LIBRARY(roi_align)
 
 OpfRoiAlignParams make_params(int64_t total, int64_t channels, int64_t height, int64_t width,
                               int64_t pooled_height, int64_t pooled_width,
@@ -50,7 +42,7 @@ at::Tensor roi_align_forward_mps(const at::Tensor& input, const at::Tensor& rois
   const int64_t total = metal::roi_work_items(num_rois, channels, pooled_height, pooled_width);
   at::Tensor output = at::empty({num_rois, channels, pooled_height, pooled_width}, input.options());
   if (total == 0) return output;
-  if (metal::route_to_cpu(CrossoverOp::kRoiAlign, total)) {
+  if (metal::route_to_cpu(metal::kRoiAlignCrossover, total)) {
     auto out = call_cpu("opforge::roi_align", {input, rois, spatial_scale, pooled_height,
                                                pooled_width, sampling_ratio, aligned});
     return to_device(out[0], input.device());
@@ -80,15 +72,15 @@ at::Tensor roi_align_backward_mps(const at::Tensor& grad, const at::Tensor& rois
                                   int64_t pooled_width, int64_t batch_size, int64_t channels,
                                   int64_t height, int64_t width, int64_t sampling_ratio,
                                   bool aligned) {
-  check_roi_backward_inputs("roi_align_backward", grad, rois, pooled_height, pooled_width,
+  check_roi_backward_inputs("_roi_align_backward", grad, rois, pooled_height, pooled_width,
                             batch_size, channels, height, width);
-  check_mps("roi_align_backward", "grad", grad);
-  const char* type = metal_type(grad, "roi_align_backward");
+  check_mps("_roi_align_backward", "grad", grad);
+  const char* type = metal_type(grad, "_roi_align_backward");
   const int64_t total = grad.numel();
   at::Tensor grad_input =
       at::zeros({batch_size, channels, height, width}, grad.options().dtype(at::kFloat));
   if (total == 0) return grad_input.to(grad.scalar_type());
-  if (metal::route_to_cpu(CrossoverOp::kRoiAlign, total)) {
+  if (metal::route_to_cpu(metal::kRoiAlignCrossover, total)) {
     auto out = call_cpu("opforge::_roi_align_backward",
                         {grad, rois, spatial_scale, pooled_height, pooled_width, batch_size,
                          channels, height, width, sampling_ratio, aligned});

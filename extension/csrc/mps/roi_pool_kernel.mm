@@ -4,21 +4,13 @@
 #include <torch/library.h>
 
 #include "common.h"
+#include "metal/roi_pool.h"
 #include "mps/metal_host.h"
 
 namespace opforge::mps {
 namespace {
 
-KernelLibrary& roi_pool_library() {
-#ifdef OPFORGE_METALLIB_ROI_POOL
-  static KernelLibrary lib("roi_pool", opforge::metal::roi_pool_source,
-                           opforge::metal::roi_pool_metallib,
-                           opforge::metal::roi_pool_metallib_size);
-#else
-  static KernelLibrary lib("roi_pool", opforge::metal::roi_pool_source, nullptr, 0);
-#endif
-  return lib;
-}
+OPFORGE_KERNEL_LIBRARY(roi_pool)
 
 OpfRoiPoolParams make_params(int64_t total, int64_t channels, int64_t height, int64_t width,
                              int64_t pooled_height, int64_t pooled_width, double spatial_scale) {
@@ -51,7 +43,7 @@ std::tuple<at::Tensor, at::Tensor> roi_pool_forward_mps(const at::Tensor& input,
   at::Tensor argmax = at::empty({num_rois, channels, pooled_height, pooled_width},
                                 input.options().dtype(at::kInt));
   if (total == 0) return {output, argmax};
-  if (metal::route_to_cpu(CrossoverOp::kRoiPool, total)) {
+  if (metal::route_to_cpu(metal::kRoiPoolCrossover, total)) {
     auto out = call_cpu("opforge::roi_pool",
                         {input, rois, spatial_scale, pooled_height, pooled_width});
     return {to_device(out[0], input.device()), to_device(out[1], input.device())};
@@ -81,21 +73,16 @@ at::Tensor roi_pool_backward_mps(const at::Tensor& grad, const at::Tensor& rois,
                                  const at::Tensor& argmax, double spatial_scale,
                                  int64_t pooled_height, int64_t pooled_width, int64_t batch_size,
                                  int64_t channels, int64_t height, int64_t width) {
-  check_roi_backward_inputs("roi_pool_backward", grad, rois, pooled_height, pooled_width,
+  check_roi_backward_inputs("_roi_pool_backward", grad, rois, pooled_height, pooled_width,
                             batch_size, channels, height, width);
-  check_mps("roi_pool_backward", "grad", grad);
-  TORCH_CHECK(argmax.sizes() == grad.sizes(), "roi_pool_backward: argmax must have the shape of grad ",
-              grad.sizes(), ", got ", argmax.sizes());
-  TORCH_CHECK(argmax.scalar_type() == at::kInt, "roi_pool_backward: argmax must be int32, got ",
-              argmax.scalar_type());
-  TORCH_CHECK(argmax.device() == grad.device(), "roi_pool_backward: argmax must be on ",
-              grad.device(), ", got ", argmax.device());
-  const char* type = metal_type(grad, "roi_pool_backward");
+  check_mps("_roi_pool_backward", "grad", grad);
+  check_int32_like_grad("_roi_pool_backward", "argmax", argmax, grad);
+  const char* type = metal_type(grad, "_roi_pool_backward");
   const int64_t total = grad.numel();
   at::Tensor grad_input =
       at::zeros({batch_size, channels, height, width}, grad.options().dtype(at::kFloat));
   if (total == 0) return grad_input.to(grad.scalar_type());
-  if (metal::route_to_cpu(CrossoverOp::kRoiPool, total)) {
+  if (metal::route_to_cpu(metal::kRoiPoolCrossover, total)) {
     auto out = call_cpu("opforge::_roi_pool_backward",
                         {grad, rois, argmax, spatial_scale, pooled_height, pooled_width,
                          batch_size, channels, height, width});

@@ -67,9 +67,14 @@ def _digest(*parts: bytes) -> str:
     return h.hexdigest()[:20]
 
 
+def _metal_headers() -> list[Path]:
+    """dispatch.h and every op's csrc/metal/<op>.h."""
+    return sorted(METAL_DIR.glob("*.h"))
+
+
 def _emu_sources() -> list[bytes]:
     return [(HERE / n).read_bytes() for n in ("metal_shim.h", "driver_main.h", "prepass.py")] + [
-        DISPATCH_H.read_bytes(),
+        *(h.read_bytes() for h in _metal_headers()),
         _compiler_id().encode(),
         " ".join(CXXFLAGS).encode(),
     ]
@@ -186,7 +191,7 @@ def _ensure(p: Path) -> Path:
 
 # ------------------------------------------------------------- dispatch.h
 _GEOMETRY_SRC = r"""
-#include "dispatch.h"
+%INCLUDES%
 using namespace opforge::metal;
 static void put(const Dispatch& d, unsigned* out) {
   for (int i = 0; i < 3; ++i) { out[i] = d.groups[i]; out[3 + i] = d.threads[i]; }
@@ -221,12 +226,13 @@ _DEFINE = re.compile(r"^#define\s+(OPF_\w+)\s+(\d+)\b", re.M)
 
 
 class Geometry:
-    """dispatch.h as seen from Python: the host geometry functions (compiled
-    from the header itself), the buffer-binding and tiling constants, and the
-    parameter structs as ctypes types checked against the C++ sizeof."""
+    """dispatch.h and the op headers as seen from Python: the host geometry
+    functions (compiled from the headers themselves), the buffer-binding and
+    tiling constants, and the parameter structs as ctypes types checked against
+    the C++ sizeof."""
 
     def __init__(self) -> None:
-        text = DISPATCH_H.read_text()
+        text = "\n".join(h.read_text() for h in _metal_headers())
         self.constants = {name: int(v) for name, v in _DEFINE.findall(text)}
         self.structs: dict[str, type[ctypes.Structure]] = {}
         for m in _STRUCT.finditer(text):
@@ -244,7 +250,8 @@ class Geometry:
         sizeofs = "\n".join(
             f"long long emu_sizeof_{n}() {{ return sizeof({n}); }}" for n in self.structs
         )
-        src = _GEOMETRY_SRC.replace("%SIZEOFS%", sizeofs)
+        includes = "\n".join(f'#include "{h.name}"' for h in _metal_headers())
+        src = _GEOMETRY_SRC.replace("%SIZEOFS%", sizeofs).replace("%INCLUDES%", includes)
         key = _digest(text.encode(), src.encode(), _compiler_id().encode())
         lib = _ensure(CACHE) / f"geometry-{key}.so"
         if not lib.exists():
@@ -267,7 +274,7 @@ class Geometry:
                 text=True,
             )
             if proc.returncode != 0:
-                raise EmuError(f"compiling dispatch.h failed:\n{proc.stderr}")
+                raise EmuError(f"compiling the csrc/metal headers failed:\n{proc.stderr}")
             os.replace(tmp / "g.so", lib)
             shutil.rmtree(tmp, ignore_errors=True)
         cdll = ctypes.CDLL(str(lib))
@@ -392,7 +399,7 @@ def build_host_library() -> Path:
         def compile_unit(name: str, text: str) -> None:
             (tmp / name).write_text(text)
             host = name == "host.cpp"
-            cmd = [CXX, "-std=c++17" if host else "-std=c++20", "-O1", "-fPIC", "-pthread", "-c"]
+            cmd = [CXX, "-std=c++20", "-O1", "-fPIC", "-pthread", "-c"]
             cmd += ["-DOPFORGE_MPS_EMULATED", "-x", "c++", *cflags] if host else ["-Wno-attributes"]
             cmd += [
                 f"-I{tmp / 'generated'}",
@@ -426,3 +433,22 @@ def build_host_library() -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return lib
+
+
+HOST_NAMESPACE = "opforge_emu"
+_HOST_LIBRARIES: list = []
+
+
+def load_host():
+    """torch.ops.opforge_emu: the .mm host code (build_host_library) registered under the
+    schemas of the built extension's torch.ops.opforge, every Metal dispatch emulated."""
+    import torch
+
+    if not _HOST_LIBRARIES:
+        library = torch.library.Library(HOST_NAMESPACE, "FRAGMENT")
+        for schema in torch._C._jit_get_all_schemas():
+            if schema.name.startswith("opforge::"):
+                library.define(str(schema).split("::", 1)[1])
+        torch.ops.load_library(str(build_host_library()))
+        _HOST_LIBRARIES.append(library)  # a Library unregisters its ops when collected
+    return getattr(torch.ops, HOST_NAMESPACE)

@@ -1,0 +1,209 @@
+// Position-sensitive RoIAlign on the CPU. Output channel c of bin b = (ph, pw)
+// averages the bilinear samples of input channel c * PH * PW + b inside that bin.
+// A roi's sampling grid (cpu/roi_grid.h) is built once and reused by every output
+// channel. Forward work is split over (roi, output channel) pairs; backward over
+// input channels, so no two threads ever add into the same gradient element.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <limits>
+#include <tuple>
+
+#include "../common.h"
+#include "roi_grid.h"
+
+namespace opforge::cpu {
+namespace {
+
+// torchvision divides by the raw adaptive grid product: a roi whose adaptive grid is
+// 0 along a side (its size in (-PH, 0]) averages 0 samples over 0, which is NaN.
+template <typename acc_t>
+bool averages_nothing(const RoiGrid<acc_t>& grid, int64_t pooled_h, int64_t pooled_w, int64_t sampling_ratio) {
+  if (sampling_ratio > 0) {
+    return false;
+  }
+  return std::ceil(double(grid.roi_h / pooled_h)) == 0.0 || std::ceil(double(grid.roi_w / pooled_w)) == 0.0;
+}
+
+template <typename scalar_t>
+void ps_roi_align_forward_impl(
+    const at::Tensor& input,
+    const at::Tensor& rois,
+    at::Tensor& output,
+    at::Tensor& channel_mapping,
+    double spatial_scale,
+    int64_t pooled_h,
+    int64_t pooled_w,
+    int64_t sampling_ratio) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const int64_t channels = input.size(1);
+  const int64_t height = input.size(2);
+  const int64_t width = input.size(3);
+  const int64_t bins = pooled_h * pooled_w;
+  const int64_t channels_out = channels / bins;
+  const int64_t plane_size = height * width;
+  const scalar_t* in = input.const_data_ptr<scalar_t>();
+  const scalar_t* roi_p = rois.const_data_ptr<scalar_t>();
+  scalar_t* out = output.data_ptr<scalar_t>();
+  int32_t* mapping = channel_mapping.data_ptr<int32_t>();
+  const int64_t grain = std::max<int64_t>(1, 2048 / bins);
+
+  at::parallel_for(0, rois.size(0) * channels_out, grain, [&](int64_t begin, int64_t end) {
+    RoiGrid<acc_t> grid;
+    int64_t current = -1;
+    bool nan_roi = false;
+    for (int64_t index = begin; index < end; ++index) {
+      const int64_t n = index / channels_out;
+      const int64_t c_out = index % channels_out;
+      if (n != current) {
+        compute_roi_grid<scalar_t, acc_t>(
+            "ps_roi_align", grid, roi_p + n * 5, static_cast<acc_t>(spatial_scale), height, width,
+            pooled_h, pooled_w, sampling_ratio, /*aligned=*/true);
+        nan_roi = averages_nothing(grid, pooled_h, pooled_w, sampling_ratio);
+        current = n;
+      }
+      const int64_t c_first = c_out * bins;
+      const scalar_t* planes = in + (grid.batch_index * channels + c_first) * plane_size;
+      for (int64_t bin = 0; bin < bins; ++bin) {
+        const scalar_t* p = planes + bin * plane_size;
+        acc_t sum = 0;
+        for (int64_t t = grid.bin_begin[bin]; t < grid.bin_begin[bin + 1]; ++t) {
+          const Tap<acc_t>& tap = grid.taps[t];
+          sum += tap.w[0] * static_cast<acc_t>(p[tap.pos[0]]) + tap.w[1] * static_cast<acc_t>(p[tap.pos[1]]) +
+              tap.w[2] * static_cast<acc_t>(p[tap.pos[2]]) + tap.w[3] * static_cast<acc_t>(p[tap.pos[3]]);
+        }
+        out[index * bins + bin] =
+            static_cast<scalar_t>(nan_roi ? std::numeric_limits<acc_t>::quiet_NaN() : sum / grid.count);
+        mapping[index * bins + bin] = static_cast<int32_t>(c_first + bin);
+      }
+    }
+  });
+}
+
+template <typename scalar_t>
+void ps_roi_align_backward_impl(
+    const at::Tensor& grad,
+    const at::Tensor& rois,
+    const at::Tensor& channel_mapping,
+    at::Tensor& grad_input,
+    double spatial_scale,
+    int64_t pooled_h,
+    int64_t pooled_w,
+    int64_t sampling_ratio) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const int64_t num_rois = rois.size(0);
+  const int64_t channels = grad_input.size(1);
+  const int64_t height = grad_input.size(2);
+  const int64_t width = grad_input.size(3);
+  const int64_t plane_size = height * width;
+  const int64_t bins = pooled_h * pooled_w;
+  const int64_t per_roi = grad.size(1) * bins;  // grad entries of one roi
+  const scalar_t* g = grad.const_data_ptr<scalar_t>();
+  const scalar_t* roi_p = rois.const_data_ptr<scalar_t>();
+  const int32_t* mapping = channel_mapping.const_data_ptr<int32_t>();
+  acc_t* gi = grad_input.data_ptr<acc_t>();
+
+  // Each thread owns a range of input channels and adds only the grad entries mapped there.
+  at::parallel_for(0, channels, 1, [&](int64_t c_begin, int64_t c_end) {
+    RoiGrid<acc_t> grid;
+    for (int64_t n = 0; n < num_rois; ++n) {
+      bool built = false;
+      for (int64_t e = 0; e < per_roi; ++e) {
+        const int64_t c_in = mapping[n * per_roi + e];
+        if (c_in < c_begin || c_in >= c_end) {
+          continue;
+        }
+        if (!built) {
+          compute_roi_grid<scalar_t, acc_t>(
+              "_ps_roi_align_backward", grid, roi_p + n * 5, static_cast<acc_t>(spatial_scale), height,
+              width, pooled_h, pooled_w, sampling_ratio, /*aligned=*/true);
+          built = true;
+        }
+        const int64_t bin = e % bins;
+        const acc_t value = static_cast<acc_t>(g[n * per_roi + e]) / grid.count;
+        acc_t* plane = gi + (grid.batch_index * channels + c_in) * plane_size;
+        for (int64_t t = grid.bin_begin[bin]; t < grid.bin_begin[bin + 1]; ++t) {
+          const Tap<acc_t>& tap = grid.taps[t];
+          for (int q = 0; q < 4; ++q) {
+            plane[tap.pos[q]] += tap.w[q] * value;
+          }
+        }
+      }
+    }
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> ps_roi_align_forward_kernel(
+    const at::Tensor& input,
+    const at::Tensor& rois,
+    double spatial_scale,
+    int64_t pooled_height,
+    int64_t pooled_width,
+    int64_t sampling_ratio) {
+  check_ps_roi_inputs("ps_roi_align", input, rois, pooled_height, pooled_width);
+  check_plane_fits_int32("ps_roi_align", input.size(2), input.size(3));
+  const int64_t channels_out = input.size(1) / (pooled_height * pooled_width);
+  const std::vector<int64_t> shape{rois.size(0), channels_out, pooled_height, pooled_width};
+  at::Tensor output = at::empty(shape, input.options());
+  at::Tensor channel_mapping = at::empty(shape, input.options().dtype(at::kInt));
+  if (output.numel() == 0) {
+    return {output, channel_mapping};
+  }
+  const at::Tensor input_c = input.contiguous();
+  const at::Tensor rois_c = rois.contiguous();
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, input.scalar_type(), "opforge_ps_roi_align_forward_cpu", [&] {
+        check_rois_values("ps_roi_align", rois_c.const_data_ptr<scalar_t>(), rois_c.size(0), input.size(0));
+        ps_roi_align_forward_impl<scalar_t>(
+            input_c, rois_c, output, channel_mapping, spatial_scale, pooled_height, pooled_width,
+            sampling_ratio);
+      });
+  return {output, channel_mapping};
+}
+
+at::Tensor ps_roi_align_backward_kernel(
+    const at::Tensor& grad,
+    const at::Tensor& rois,
+    const at::Tensor& channel_mapping,
+    double spatial_scale,
+    int64_t pooled_height,
+    int64_t pooled_width,
+    int64_t sampling_ratio,
+    int64_t batch_size,
+    int64_t channels,
+    int64_t height,
+    int64_t width) {
+  constexpr const char* op = "_ps_roi_align_backward";
+  check_ps_roi_backward_inputs(
+      op, grad, rois, channel_mapping, pooled_height, pooled_width, batch_size, channels, height, width);
+  check_plane_fits_int32(op, height, width);
+  const auto acc_dtype = at::toOpMathType(grad.scalar_type());
+  at::Tensor grad_input = at::zeros({batch_size, channels, height, width}, grad.options().dtype(acc_dtype));
+  if (grad.numel() == 0 || grad_input.numel() == 0) {
+    return grad_input.to(grad.scalar_type());
+  }
+  const at::Tensor grad_c = grad.contiguous();
+  const at::Tensor rois_c = rois.contiguous();
+  const at::Tensor mapping_c = channel_mapping.contiguous();
+  check_channel_mapping_values(op, mapping_c, channels);
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, grad.scalar_type(), "opforge_ps_roi_align_backward_cpu", [&] {
+        check_rois_values(op, rois_c.const_data_ptr<scalar_t>(), rois_c.size(0), batch_size);
+        ps_roi_align_backward_impl<scalar_t>(
+            grad_c, rois_c, mapping_c, grad_input, spatial_scale, pooled_height, pooled_width, sampling_ratio);
+      });
+  return grad_input.to(grad.scalar_type());
+}
+
+} // namespace
+
+TORCH_LIBRARY_IMPL(opforge, CPU, m) {
+  m.impl("ps_roi_align", TORCH_FN(ps_roi_align_forward_kernel));
+  m.impl("_ps_roi_align_backward", TORCH_FN(ps_roi_align_backward_kernel));
+}
+
+} // namespace opforge::cpu

@@ -1,0 +1,150 @@
+// The bilinear sampling grid of one roi on the CPU (roi_align, ps_roi_align): per
+// output bin, the valid samples (taps) with their four neighbours' offsets and
+// weights, computed once per roi and reused for every channel.
+#pragma once
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace opforge::cpu {
+
+// Bilinear sampling is separable: a sample at (y, x) is valid when both its row
+// and its column are, and its weights are products of row and column weights.
+// So each roi keeps, per output row (column), only the sample rows (columns)
+// that touch the image: memory is O(pooled * grid) and samples outside the image
+// cost nothing, however large the roi.
+constexpr int64_t kMaxSamplesPerAxis = int64_t(1) << 24;
+
+template <typename acc_t>
+struct AxisSample {
+  int64_t low, high;  // neighbouring rows (columns)
+  acc_t l, h;  // weights of high and low
+};
+
+struct AxisRange {
+  int64_t begin, end;  // into the samples vector
+};
+
+// One valid bilinear sample: the offsets of its four neighbours in an H*W plane
+// and their weights. Built per roi from the axis samples, reused by every channel.
+template <typename acc_t>
+struct Tap {
+  int32_t pos[4];
+  acc_t w[4];
+};
+
+template <typename acc_t>
+struct RoiGrid {
+  int64_t batch_index = 0;
+  acc_t count = 1;  // samples averaged per bin, valid or not
+  acc_t roi_h = 0, roi_w = 0;  // roi size in input pixels, as sampled
+  std::vector<AxisSample<acc_t>> ys, xs;
+  std::vector<AxisRange> y_range, x_range;  // one per output row / column
+  std::vector<Tap<acc_t>> taps;
+  std::vector<int64_t> bin_begin;  // taps of bin b: [bin_begin[b], bin_begin[b + 1])
+};
+
+// Appends the valid samples of one axis, following the Detectron border rule:
+// outside [-1, size] a sample is zero; below 0 it clamps to 0; past size-1 to size-1.
+template <typename acc_t>
+void fill_axis(
+    std::vector<AxisSample<acc_t>>& samples,
+    std::vector<AxisRange>& ranges,
+    acc_t start,
+    acc_t bin,
+    int64_t pooled,
+    int64_t grid,
+    int64_t size) {
+  samples.clear();
+  ranges.resize(pooled);
+  for (int64_t p = 0; p < pooled; ++p) {
+    ranges[p].begin = static_cast<int64_t>(samples.size());
+    for (int64_t i = 0; i < grid; ++i) {
+      acc_t v = start + p * bin + static_cast<acc_t>(i + .5f) * bin / static_cast<acc_t>(grid);
+      // Written so that NaN and empty planes are invalid too.
+      if (!(v >= acc_t(-1) && v <= size) || size == 0) {
+        continue;
+      }
+      v = std::max(v, acc_t(0));
+      int64_t low = static_cast<int64_t>(v);
+      int64_t high;
+      if (low >= size - 1) {
+        high = low = size - 1;
+        v = static_cast<acc_t>(low);
+      } else {
+        high = low + 1;
+      }
+      const acc_t l = v - low;
+      samples.push_back({low, high, l, acc_t(1) - l});
+    }
+    ranges[p].end = static_cast<int64_t>(samples.size());
+  }
+}
+
+template <typename scalar_t, typename acc_t>
+void compute_roi_grid(
+    const char* op,
+    RoiGrid<acc_t>& grid,
+    const scalar_t* roi,
+    acc_t spatial_scale,
+    int64_t height,
+    int64_t width,
+    int64_t pooled_h,
+    int64_t pooled_w,
+    int64_t sampling_ratio,
+    bool aligned) {
+  const acc_t offset = aligned ? acc_t(0.5) : acc_t(0);
+  grid.batch_index = static_cast<int64_t>(roi[0]);
+  const acc_t start_w = static_cast<acc_t>(roi[1]) * spatial_scale - offset;
+  const acc_t start_h = static_cast<acc_t>(roi[2]) * spatial_scale - offset;
+  const acc_t end_w = static_cast<acc_t>(roi[3]) * spatial_scale - offset;
+  const acc_t end_h = static_cast<acc_t>(roi[4]) * spatial_scale - offset;
+  acc_t roi_w = end_w - start_w;
+  acc_t roi_h = end_h - start_h;
+  if (!aligned) {
+    // Legacy behaviour: malformed rois are forced to be at least 1x1.
+    roi_w = std::max(roi_w, acc_t(1));
+    roi_h = std::max(roi_h, acc_t(1));
+  }
+  grid.roi_h = roi_h;
+  grid.roi_w = roi_w;
+  const acc_t bin_h = roi_h / static_cast<acc_t>(pooled_h);
+  const acc_t bin_w = roi_w / static_cast<acc_t>(pooled_w);
+  // Adaptive sampling: about one sample per input pixel in each bin.
+  const double grid_h = sampling_ratio > 0 ? sampling_ratio : std::max(0.0, std::ceil(double(roi_h / pooled_h)));
+  const double grid_w = sampling_ratio > 0 ? sampling_ratio : std::max(0.0, std::ceil(double(roi_w / pooled_w)));
+  TORCH_CHECK(
+      grid_h * pooled_h <= double(kMaxSamplesPerAxis) && grid_w * pooled_w <= double(kMaxSamplesPerAxis),
+      op, ": a roi of ", double(roi_h), " x ", double(roi_w), " (after spatial_scale) with sampling_ratio ",
+      sampling_ratio, " needs more than ", kMaxSamplesPerAxis,
+      " samples along one side; check the rois or pass a small positive sampling_ratio");
+  grid.count = static_cast<acc_t>(std::max<int64_t>(int64_t(grid_h) * int64_t(grid_w), 1));
+  fill_axis(grid.ys, grid.y_range, start_h, bin_h, pooled_h, int64_t(grid_h), height);
+  fill_axis(grid.xs, grid.x_range, start_w, bin_w, pooled_w, int64_t(grid_w), width);
+
+  grid.taps.clear();
+  grid.bin_begin.assign(1, 0);
+  for (int64_t ph = 0; ph < pooled_h; ++ph) {
+    const AxisRange yr = grid.y_range[ph];
+    for (int64_t pw = 0; pw < pooled_w; ++pw) {
+      const AxisRange xr = grid.x_range[pw];
+      for (int64_t iy = yr.begin; iy < yr.end; ++iy) {
+        const AxisSample<acc_t>& y = grid.ys[iy];
+        for (int64_t ix = xr.begin; ix < xr.end; ++ix) {
+          const AxisSample<acc_t>& x = grid.xs[ix];
+          grid.taps.push_back(
+              {{static_cast<int32_t>(y.low * width + x.low), static_cast<int32_t>(y.low * width + x.high),
+                static_cast<int32_t>(y.high * width + x.low), static_cast<int32_t>(y.high * width + x.high)},
+               {y.h * x.h, y.h * x.l, y.l * x.h, y.l * x.l}});
+        }
+      }
+      grid.bin_begin.push_back(static_cast<int64_t>(grid.taps.size()));
+    }
+  }
+}
+
+} // namespace opforge::cpu

@@ -1,0 +1,52 @@
+#include "ps_roi_pool.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+namespace opforge::ops {
+
+std::tuple<at::Tensor, at::Tensor> ps_roi_pool(
+    const at::Tensor& input,
+    const at::Tensor& rois,
+    double spatial_scale,
+    c10::SymInt pooled_height,
+    c10::SymInt pooled_width) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("opforge::ps_roi_pool", "")
+                       .typed<decltype(ps_roi_pool)>();
+  return op.call(
+      input, rois, spatial_scale, std::move(pooled_height),
+      std::move(pooled_width));
+}
+
+at::Tensor _ps_roi_pool_backward(
+    const at::Tensor& grad,
+    const at::Tensor& rois,
+    const at::Tensor& channel_mapping,
+    double spatial_scale,
+    c10::SymInt pooled_height,
+    c10::SymInt pooled_width,
+    c10::SymInt batch_size,
+    c10::SymInt channels,
+    c10::SymInt height,
+    c10::SymInt width) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("opforge::_ps_roi_pool_backward", "")
+                       .typed<decltype(_ps_roi_pool_backward)>();
+  return op.call(
+      grad, rois, channel_mapping, spatial_scale, std::move(pooled_height),
+      std::move(pooled_width), std::move(batch_size), std::move(channels),
+      std::move(height), std::move(width));
+}
+
+TORCH_LIBRARY_FRAGMENT(opforge, m) {
+  m.def(
+      "ps_roi_pool(Tensor input, Tensor rois, float spatial_scale, SymInt pooled_height, "
+      "SymInt pooled_width) -> (Tensor, Tensor)");
+  m.def(
+      "_ps_roi_pool_backward(Tensor grad, Tensor rois, Tensor channel_mapping, "
+      "float spatial_scale, SymInt pooled_height, SymInt pooled_width, SymInt batch_size, "
+      "SymInt channels, SymInt height, SymInt width) -> Tensor");
+}
+
+} // namespace opforge::ops

@@ -1,0 +1,154 @@
+"""ps_roi_align and PSRoIAlign (torch.ops.opforge.ps_roi_align): position-sensitive RoIAlign."""
+
+from typing import List, Union
+
+import torch
+from torch import Tensor, nn
+from torch.jit.annotations import BroadcastingList2
+from torch.nn.modules.utils import _pair
+
+from ._first_order import forbid_double_backward
+from ._utils import check_roi_boxes_shape, convert_boxes_to_roi_format
+from .roi_align import _check_roi_inputs
+
+
+def ps_roi_align(
+    input: Tensor,
+    boxes: Union[Tensor, List[Tensor]],
+    output_size: BroadcastingList2[int],
+    spatial_scale: float = 1.0,
+    sampling_ratio: int = -1,
+) -> Tensor:
+    """Position-Sensitive Region of Interest Align (R-FCN).
+
+    input: Tensor[N, C, H, W] with C a multiple of output_size[0] * output_size[1];
+    boxes: Tensor[K, 5] (batch index, x1, y1, x2, y2) or a list of Tensor[L, 4], one per image.
+    Output channel c of bin (i, j) averages bilinear samples of input channel
+    (c * output_size[0] + i) * output_size[1] + j inside that bin (boxes shifted by -0.5 pixel).
+    sampling_ratio: samples per bin side (<= 0: adaptive, ceil(roi size / output size)).
+    Returns Tensor[K, C / (output_size[0] * output_size[1]), output_size[0], output_size[1]].
+    """
+    check_roi_boxes_shape(boxes)
+    rois = boxes
+    output_size = _pair(output_size)
+    if not isinstance(rois, torch.Tensor):
+        rois = convert_boxes_to_roi_format(rois)
+    output, _ = torch.ops.opforge.ps_roi_align(
+        input, rois, spatial_scale, output_size[0], output_size[1], sampling_ratio
+    )
+    return output
+
+
+class PSRoIAlign(nn.Module):
+    """See :func:`ps_roi_align`."""
+
+    def __init__(
+        self, output_size: BroadcastingList2[int], spatial_scale: float, sampling_ratio: int
+    ):
+        super().__init__()
+        self.output_size = output_size
+        self.spatial_scale = spatial_scale
+        self.sampling_ratio = sampling_ratio
+
+    def forward(self, input: Tensor, rois: Union[Tensor, List[Tensor]]) -> Tensor:
+        return ps_roi_align(input, rois, self.output_size, self.spatial_scale, self.sampling_ratio)
+
+    def __repr__(self) -> str:
+        return (
+            f"{self.__class__.__name__}(output_size={self.output_size}, "
+            f"spatial_scale={self.spatial_scale}, sampling_ratio={self.sampling_ratio})"
+        )
+
+
+def _check_ps_roi_inputs(op, input, rois, pooled_height, pooled_width):
+    """The fake kernels' twin of common.h check_ps_roi_inputs (same messages)."""
+    _check_roi_inputs(op, input, rois, pooled_height, pooled_width)
+    bins = pooled_height * pooled_width
+    torch._check(
+        input.size(1) % bins == 0,
+        lambda: (
+            f"{op}: input channels ({input.size(1)}) must be a multiple of "
+            f"pooled_height * pooled_width ({bins})"
+        ),
+    )
+
+
+def _ps_roi_outputs(input, rois, pooled_height, pooled_width):
+    shape = (rois.size(0), input.size(1) // (pooled_height * pooled_width), pooled_height, pooled_width)
+    return input.new_empty(shape), input.new_empty(shape, dtype=torch.int32)
+
+
+def _ps_roi_backward_fake(op, grad, rois, channel_mapping, batch_size, channels, height, width):
+    torch._check(
+        grad.dim() == 4,
+        lambda: f"{op}: grad must be a 4-D tensor [K, channels / (PH * PW), PH, PW], got shape {list(grad.shape)}",
+    )
+    torch._check(
+        grad.dtype == rois.dtype,
+        lambda: f"{op}: grad and rois must have the same dtype, got grad {grad.dtype} and rois {rois.dtype}",
+    )
+    torch._check(
+        channel_mapping.dtype == torch.int32,
+        lambda: f"{op}: channel_mapping must be int32, got {channel_mapping.dtype}",
+    )
+    return grad.new_empty((batch_size, channels, height, width))
+
+
+@torch.library.register_fake("opforge::ps_roi_align")
+def _ps_roi_align_fake(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio):
+    _check_ps_roi_inputs("ps_roi_align", input, rois, pooled_height, pooled_width)
+    return _ps_roi_outputs(input, rois, pooled_height, pooled_width)
+
+
+@torch.library.register_fake("opforge::_ps_roi_align_backward")
+def _ps_roi_align_backward_fake(
+    grad,
+    rois,
+    channel_mapping,
+    spatial_scale,
+    pooled_height,
+    pooled_width,
+    sampling_ratio,
+    batch_size,
+    channels,
+    height,
+    width,
+):
+    return _ps_roi_backward_fake(
+        "_ps_roi_align_backward", grad, rois, channel_mapping, batch_size, channels, height, width
+    )
+
+
+def _ps_roi_align_setup_context(ctx, inputs, output):
+    input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio = inputs
+    _, channel_mapping = output
+    ctx.mark_non_differentiable(channel_mapping)
+    ctx.save_for_backward(rois, channel_mapping)
+    ctx.input_shape = input.shape
+    ctx.args = (spatial_scale, pooled_height, pooled_width, sampling_ratio)
+
+
+def _ps_roi_align_backward(ctx, grad_output, grad_channel_mapping):
+    rois, channel_mapping = ctx.saved_tensors
+    spatial_scale, pooled_height, pooled_width, sampling_ratio = ctx.args
+    batch_size, channels, height, width = ctx.input_shape
+    grad_input = torch.ops.opforge._ps_roi_align_backward(
+        grad_output,
+        rois,
+        channel_mapping,
+        spatial_scale,
+        pooled_height,
+        pooled_width,
+        sampling_ratio,
+        batch_size,
+        channels,
+        height,
+        width,
+    )
+    return grad_input, None, None, None, None, None
+
+
+torch.library.register_autograd(
+    "opforge::ps_roi_align", _ps_roi_align_backward, setup_context=_ps_roi_align_setup_context
+)
+forbid_double_backward("opforge::_ps_roi_align_backward", "ps_roi_align")

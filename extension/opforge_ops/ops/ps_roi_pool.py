@@ -1,0 +1,113 @@
+"""ps_roi_pool and PSRoIPool (torch.ops.opforge.ps_roi_pool): position-sensitive RoIPool."""
+
+from typing import List, Union
+
+import torch
+from torch import Tensor, nn
+from torch.jit.annotations import BroadcastingList2
+from torch.nn.modules.utils import _pair
+
+from ._first_order import forbid_double_backward
+from ._utils import check_roi_boxes_shape, convert_boxes_to_roi_format
+from .ps_roi_align import _check_ps_roi_inputs, _ps_roi_backward_fake, _ps_roi_outputs
+
+
+def ps_roi_pool(
+    input: Tensor,
+    boxes: Union[Tensor, List[Tensor]],
+    output_size: BroadcastingList2[int],
+    spatial_scale: float = 1.0,
+) -> Tensor:
+    """Position-Sensitive Region of Interest Pool (R-FCN): the mean over each quantized bin.
+
+    input: Tensor[N, C, H, W] with C a multiple of output_size[0] * output_size[1];
+    boxes: Tensor[K, 5] (batch index, x1, y1, x2, y2) or a list of Tensor[L, 4], one per image.
+    Output channel c of bin (i, j) averages input channel (c * output_size[0] + i) *
+    output_size[1] + j over that bin. As in torchvision, bins stop before the input's last row
+    and column. Returns Tensor[K, C / (output_size[0] * output_size[1]), *output_size].
+    """
+    check_roi_boxes_shape(boxes)
+    rois = boxes
+    output_size = _pair(output_size)
+    if not isinstance(rois, torch.Tensor):
+        rois = convert_boxes_to_roi_format(rois)
+    output, _ = torch.ops.opforge.ps_roi_pool(
+        input, rois, spatial_scale, output_size[0], output_size[1]
+    )
+    return output
+
+
+class PSRoIPool(nn.Module):
+    """See :func:`ps_roi_pool`."""
+
+    def __init__(self, output_size: BroadcastingList2[int], spatial_scale: float):
+        super().__init__()
+        self.output_size = output_size
+        self.spatial_scale = spatial_scale
+
+    def forward(self, input: Tensor, rois: Union[Tensor, List[Tensor]]) -> Tensor:
+        return ps_roi_pool(input, rois, self.output_size, self.spatial_scale)
+
+    def __repr__(self) -> str:
+        return (
+            f"{self.__class__.__name__}(output_size={self.output_size}, "
+            f"spatial_scale={self.spatial_scale})"
+        )
+
+
+@torch.library.register_fake("opforge::ps_roi_pool")
+def _ps_roi_pool_fake(input, rois, spatial_scale, pooled_height, pooled_width):
+    _check_ps_roi_inputs("ps_roi_pool", input, rois, pooled_height, pooled_width)
+    return _ps_roi_outputs(input, rois, pooled_height, pooled_width)
+
+
+@torch.library.register_fake("opforge::_ps_roi_pool_backward")
+def _ps_roi_pool_backward_fake(
+    grad,
+    rois,
+    channel_mapping,
+    spatial_scale,
+    pooled_height,
+    pooled_width,
+    batch_size,
+    channels,
+    height,
+    width,
+):
+    return _ps_roi_backward_fake(
+        "_ps_roi_pool_backward", grad, rois, channel_mapping, batch_size, channels, height, width
+    )
+
+
+def _ps_roi_pool_setup_context(ctx, inputs, output):
+    input, rois, spatial_scale, pooled_height, pooled_width = inputs
+    _, channel_mapping = output
+    ctx.mark_non_differentiable(channel_mapping)
+    ctx.save_for_backward(rois, channel_mapping)
+    ctx.input_shape = input.shape
+    ctx.args = (spatial_scale, pooled_height, pooled_width)
+
+
+def _ps_roi_pool_backward(ctx, grad_output, grad_channel_mapping):
+    rois, channel_mapping = ctx.saved_tensors
+    spatial_scale, pooled_height, pooled_width = ctx.args
+    batch_size, channels, height, width = ctx.input_shape
+    grad_input = torch.ops.opforge._ps_roi_pool_backward(
+        grad_output,
+        rois,
+        channel_mapping,
+        spatial_scale,
+        pooled_height,
+        pooled_width,
+        batch_size,
+        channels,
+        height,
+        width,
+    )
+    return grad_input, None, None, None, None
+
+
+torch.library.register_autograd(
+    "opforge::ps_roi_pool", _ps_roi_pool_backward, setup_context=_ps_roi_pool_setup_context
+)
+forbid_double_backward("opforge::_ps_roi_pool_backward", "ps_roi_pool")

@@ -1,0 +1,115 @@
+"""Every backend an op's kernels run on, as one test parameter.
+
+    @pytest.mark.parametrize("backend", BACKENDS, ids=str)
+    def test_x(backend):
+        backend.skip_unless_runs(dtype)
+        out = backend.call("roi_align", x, rois, 1.0, 7, 7, 2, True)   # CPU tensors in and out
+
+cpu        the built extension's CPU kernels
+cuda       the CUDA kernels on a CUDA device (skipped without one or without a CUDA build)
+mps        the MPS kernels on an Apple GPU (skipped elsewhere)
+cuda_emu   csrc/cuda/*.cu compiled as host C++ and run on the CPU (tests/cuda_emu)
+metal_emu  csrc/mps/*.mm + csrc/metal/*.metal run on the CPU (tests/metal_emu)
+
+The device and emulated backends route nothing to the CPU kernels (OPFORGE_MPS_CPU_BELOW=0).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+
+import torch
+
+import opforge_ops
+
+ALL_FLOATS = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+METAL_FLOATS = (torch.float32, torch.float16)
+
+
+@contextlib.contextmanager
+def _metal_path_only():
+    """The .mm kernels run their Metal kernels whatever the problem size."""
+    saved = {k: v for k, v in os.environ.items() if k.startswith("OPFORGE_MPS_CPU_BELOW")}
+    for key in saved:
+        del os.environ[key]
+    os.environ["OPFORGE_MPS_CPU_BELOW"] = "0"
+    try:
+        yield
+    finally:
+        del os.environ["OPFORGE_MPS_CPU_BELOW"]
+        os.environ.update(saved)
+
+
+def _map(value, fn):
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_map(v, fn) for v in value)
+    return value
+
+
+class Backend:
+    def __init__(self, name: str, dtypes: tuple, device: str | None = None):
+        self.name = name
+        self.dtypes = dtypes
+        self.device = device
+
+    def __str__(self) -> str:
+        return self.name
+
+    def unavailable(self) -> str | None:
+        """Why this backend cannot run here, or None."""
+        backends = opforge_ops.build_info().get("backends", [])
+        if self.name == "cuda":
+            if "cuda" not in backends:
+                return "opforge_ops was built without CUDA kernels"
+            return None if torch.cuda.is_available() else "no CUDA device"
+        if self.name == "mps":
+            if "mps" not in backends:
+                return "opforge_ops was built without MPS kernels"
+            return None if torch.backends.mps.is_available() else "no MPS device"
+        if self.name in ("cuda_emu", "metal_emu"):
+            compiler = os.environ.get("CXX", "g++")
+            return None if shutil.which(compiler) else f"no C++ compiler ({compiler}) for the emulation"
+        return None
+
+    def skip_unless_runs(self, dtype: torch.dtype | None = None) -> None:
+        import pytest
+
+        reason = self.unavailable()
+        if reason:
+            pytest.skip(reason)
+        if dtype is not None and dtype not in self.dtypes:
+            pytest.skip(f"{self.name} kernels take {', '.join(map(str, self.dtypes))}, not {dtype}")
+
+    def ops(self):
+        if self.name == "cuda_emu":
+            import cuda_emu
+
+            return cuda_emu.load()
+        if self.name == "metal_emu":
+            from metal_emu import harness
+
+            return harness.load_host()
+        return torch.ops.opforge
+
+    def call(self, op: str, *args):
+        """Run `op` on this backend; tensors go in from and come back to the CPU."""
+        fn = getattr(self.ops(), op)
+        if self.device is not None:
+            args = _map(args, lambda t: t.to(self.device))
+        context = _metal_path_only() if self.name in ("mps", "metal_emu") else contextlib.nullcontext()
+        with context:
+            out = fn(*args)
+        return _map(out, lambda t: t.cpu())
+
+
+BACKENDS = [
+    Backend("cpu", ALL_FLOATS),
+    Backend("cuda", ALL_FLOATS, device="cuda"),
+    Backend("mps", METAL_FLOATS, device="mps"),
+    Backend("cuda_emu", ALL_FLOATS),
+    Backend("metal_emu", METAL_FLOATS),
+]

@@ -1,0 +1,117 @@
+"""The CUDA kernel files of csrc/cuda, compiled as host C++ and run on the CPU.
+
+    ops = cuda_emu.load()      # torch.ops.opforge_cuda_emu, same schemas as torch.ops.opforge
+    ops.roi_align(x, rois, 1.0, 7, 7, 2, True)   # the real kernels and host wrappers
+
+Every csrc/cuda/<op>_kernel.cu (kernels and host wrappers, unchanged) is one translation
+unit: prelude.h and the stub headers here stand in for the CUDA runtime, each
+`kernel<<<grid, block>>>(args)` launch runs every (block, thread) of its grid in turn on an
+emulated device with one SM (so the capped grids are far smaller than the work and every
+grid-stride loop takes several steps), and TORCH_LIBRARY_IMPL(opforge, CUDA) registers
+under opforge_cuda_emu on the CPU key. The build is cached per torch version (ninja
+recompiles what changed).
+Files in NOT_EMULATED are left out, with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+CSRC = HERE.parents[1] / "csrc"
+NAMESPACE = "opforge_cuda_emu"
+NOT_EMULATED = {
+    "nms_kernel.cu": "shared memory and __syncthreads need threads that run together",
+}
+CACHE = Path(
+    os.environ.get("OPFORGE_CUDA_EMU_CACHE", Path(tempfile.gettempdir()) / "opforge-cuda-emu")
+)
+
+
+def emulated_sources() -> list[Path]:
+    return [p for p in sorted((CSRC / "cuda").glob("*_kernel.cu")) if p.name not in NOT_EMULATED]
+
+
+def emulated_launches(source: str) -> str:
+    """`kernel<<<grid, block, smem, stream>>>(args);` ->
+    `::opforge_emu::launch(grid, block, [&] { kernel(args); });`"""
+    out = []
+    while (i := source.find("<<<")) >= 0:
+        start = max(source.rfind(c, 0, i) for c in ";{}") + 1
+        kernel = source[start:i].strip()
+        j = source.index(">>>", i)
+        grid, block = [part.strip() for part in re.split(r",(?![^(]*\))", source[i + 3 : j])][:2]
+        depth, k = 0, j + 3
+        while True:
+            depth += {"(": 1, ")": -1}.get(source[k], 0)
+            if depth == 0 and source[k] == ")":
+                break
+            k += 1
+        args = source[j + 4 : k]
+        out.append(
+            f"{source[:start]}\n::opforge_emu::launch({grid}, {block}, [&] {{ {kernel}({args}); }})"
+        )
+        source = source[source.index(";", k) :]
+    return "".join(out) + source
+
+
+_MAIN = """#include "prelude.h"
+// The launch counter, for tests that check an empty input launches nothing.
+int64_t opforge_cuda_emu_launches() { return opforge_emu::launches; }
+TORCH_LIBRARY_FRAGMENT(opforge_cuda_emu, m) { m.def("_launches() -> int", &opforge_cuda_emu_launches); }
+"""
+
+
+def _define_schemas() -> None:
+    """opforge_cuda_emu::<op> with the schema of every opforge::<op> (the built extension's)."""
+    library = torch.library.Library(NAMESPACE, "FRAGMENT")
+    for schema in torch._C._jit_get_all_schemas():
+        if schema.name.startswith("opforge::"):
+            library.define(str(schema).split("::", 1)[1])
+    _LIBRARIES.append(library)  # a Library unregisters its ops when collected
+
+
+_LIBRARIES: list = []
+
+
+def load():
+    """Build (cached) and load the emulation; returns torch.ops.opforge_cuda_emu."""
+    if _LIBRARIES:
+        return getattr(torch.ops, NAMESPACE)
+    from torch.utils import cpp_extension
+
+    sources = emulated_sources()
+    # One build directory per torch; files are rewritten only when their text changes, so
+    # ninja recompiles just the kernel files that changed since the last run.
+    root = CACHE / f"torch-{torch.__version__}"
+    src = root / "csrc" / "cuda"
+    wanted = {
+        Path("csrc") / p.relative_to(CSRC): p.read_text()
+        for p in CSRC.rglob("*")
+        if p.is_file() and p.suffix not in (".mm", ".metal", ".py")
+    }
+    for path in sources:
+        wanted[Path("csrc") / "cuda" / f"{path.stem}.emu.cpp"] = emulated_launches(path.read_text())
+    wanted[Path("csrc") / "cuda" / "emu_main.cpp"] = _MAIN
+    for relative, text in wanted.items():
+        target = root / relative
+        if not target.exists() or target.read_text() != text:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text)
+    (root / "build").mkdir(exist_ok=True)
+    _define_schemas()
+    cpp_extension.load(
+        name="opforge_cuda_emulation",
+        sources=[str(src / "emu_main.cpp"), *(str(src / f"{p.stem}.emu.cpp") for p in sources)],
+        extra_include_paths=[str(HERE / "stub"), str(HERE), str(src)],
+        extra_cflags=["-O1", "-g0", "-w", "-include", str(HERE / "prelude.h")],
+        build_directory=str(root / "build"),
+        is_python_module=False,
+        verbose=False,
+    )
+    return getattr(torch.ops, NAMESPACE)
