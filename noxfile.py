@@ -23,6 +23,7 @@ import opforge.nox  # noqa: E402
 from opforge.sessions import lint_commands  # noqa: E402
 
 MATRIX = opforge.nox.sessions(ROOT / "matrix.yaml")
+CXX_SUFFIXES = {".h", ".cpp", ".cu", ".cuh", ".mm"}  # what clang-format checks in extension/csrc
 
 nox.options.sessions = ["lint", "tests"]
 nox.options.reuse_venv = "yes"  # a second build reuses the env, so ninja reuses the objects
@@ -57,9 +58,11 @@ def compat(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff, matrix.yaml validation, and the workflow checks (actionlint, schema, drift)."""
+    """ruff, clang-format on extension/csrc, matrix.yaml validation, the workflow checks."""
     session.install("-e", ".[lint]")
     session.run("ruff", "check", "src", "tests", "noxfile.py", "benchmarks", "extension")
+    csrc = sorted(str(p) for p in (ROOT / "extension" / "csrc").rglob("*") if p.suffix in CXX_SUFFIXES)
+    session.run("clang-format", "--dry-run", "--Werror", *csrc)
     session.run("opforge", "matrix", "--check", "--file", str(MATRIX.path))
     for command in lint_commands(ROOT):
         session.run(*command)

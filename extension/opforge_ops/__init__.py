@@ -7,9 +7,9 @@ _load_library()
 
 from ._build_info import build_info  # noqa: E402
 from .ops.nms import batched_nms, nms  # noqa: E402
-from .ops.roi_align import RoIAlign, roi_align  # noqa: E402
 from .ops.ps_roi_align import PSRoIAlign, ps_roi_align  # noqa: E402
 from .ops.ps_roi_pool import PSRoIPool, ps_roi_pool  # noqa: E402
+from .ops.roi_align import RoIAlign, roi_align  # noqa: E402
 from .ops.roi_pool import RoIPool, roi_pool  # noqa: E402
 
 __all__ = [

@@ -28,6 +28,16 @@ ALL_FLOATS = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 METAL_FLOATS = (torch.float32, torch.float16)
 
 
+def backend_tolerance(dtype):
+    """A backend's result in `dtype` against a float64 reference of the same inputs."""
+    return {
+        torch.float64: dict(rtol=1e-7, atol=1e-7),
+        torch.float32: dict(rtol=1e-4, atol=1e-4),
+        torch.float16: dict(rtol=2e-2, atol=2e-2),
+        torch.bfloat16: dict(rtol=8e-2, atol=8e-2),
+    }[dtype]
+
+
 @contextlib.contextmanager
 def _metal_path_only():
     """The .mm kernels run their Metal kernels whatever the problem size."""

@@ -1,7 +1,11 @@
-"""Slow, obviously-correct references, written from the operators' definitions.
+"""Slow, obviously-correct references, written from the operators' definitions: the one
+reference per op that every backend (tests/backends.py) is compared with.
 
 They loop in Python over boxes, bins and sample points and use differentiable tensor
-indexing, so autograd through them gives the reference gradient too.
+indexing, so autograd through them gives the reference gradient too. Roi geometry (bin
+edges, sample positions) is computed in the precision the kernels use for it (_acc), so a
+float32 kernel and the reference agree on which pixels a bin covers; values are summed in
+the input's dtype (pass a float64 input for an exact reference).
 """
 
 import math
@@ -73,27 +77,28 @@ def _bilinear(plane, y, x):
 def roi_align(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned):
     """Average of bilinear samples on a regular grid inside each of the roi's bins."""
     num_rois, channels = rois.shape[0], input.shape[1]
+    acc = _acc(rois)
     rows = []
-    offset = 0.5 if aligned else 0.0
+    offset = acc(0.5 if aligned else 0.0)
     for roi in rois.double().tolist():
         plane = input[int(roi[0])]
-        x1, y1, x2, y2 = (v * spatial_scale - offset for v in roi[1:])
+        x1, y1, x2, y2 = (acc(v) * acc(spatial_scale) - offset for v in roi[1:])
         roi_w, roi_h = x2 - x1, y2 - y1
         if not aligned:
-            roi_w, roi_h = max(roi_w, 1.0), max(roi_h, 1.0)
-        bin_h, bin_w = roi_h / pooled_height, roi_w / pooled_width
-        grid_h = sampling_ratio if sampling_ratio > 0 else max(0, math.ceil(roi_h / pooled_height))
-        grid_w = sampling_ratio if sampling_ratio > 0 else max(0, math.ceil(roi_w / pooled_width))
+            roi_w, roi_h = max(roi_w, acc(1)), max(roi_h, acc(1))
+        bin_h, bin_w = roi_h / acc(pooled_height), roi_w / acc(pooled_width)
+        grid_h = sampling_ratio if sampling_ratio > 0 else max(0, math.ceil(bin_h))
+        grid_w = sampling_ratio if sampling_ratio > 0 else max(0, math.ceil(bin_w))
         count = max(grid_h * grid_w, 1)
         bins = []
         for ph in range(pooled_height):
             for pw in range(pooled_width):
                 total = input.new_zeros(channels)
                 for iy in range(grid_h):
-                    y = y1 + ph * bin_h + (iy + 0.5) * bin_h / grid_h
+                    y = y1 + acc(ph) * bin_h + (acc(iy) + acc(0.5)) * bin_h / acc(grid_h)
                     for ix in range(grid_w):
-                        x = x1 + pw * bin_w + (ix + 0.5) * bin_w / grid_w
-                        total = total + _bilinear(plane, y, x)
+                        x = x1 + acc(pw) * bin_w + (acc(ix) + acc(0.5)) * bin_w / acc(grid_w)
+                        total = total + _bilinear(plane, float(y), float(x))
                 bins.append(total / count)
         rows.append(torch.stack(bins, dim=1).reshape(channels, pooled_height, pooled_width))
     if not rows:
@@ -109,18 +114,19 @@ def roi_pool(input, rois, spatial_scale, pooled_height, pooled_width):
     output = input.new_zeros((num_rois, channels, pooled_height, pooled_width))
     argmax = torch.full(output.shape, -1, dtype=torch.int32)
     outputs = []
+    acc = _acc(rois)
     for n, roi in enumerate(rois.double().tolist()):
         plane = input[int(roi[0])]
-        x1, y1, x2, y2 = (_round_half_away(v * spatial_scale) for v in roi[1:])
+        x1, y1, x2, y2 = (_round_half_away(float(acc(v) * acc(spatial_scale))) for v in roi[1:])
         roi_w, roi_h = max(x2 - x1 + 1, 1), max(y2 - y1 + 1, 1)
-        bin_h, bin_w = roi_h / pooled_height, roi_w / pooled_width
+        bin_h, bin_w = acc(roi_h) / acc(pooled_height), acc(roi_w) / acc(pooled_width)
         bins = []
         for ph in range(pooled_height):
-            h0 = min(max(math.floor(ph * bin_h) + y1, 0), height)
-            h1 = min(max(math.ceil((ph + 1) * bin_h) + y1, 0), height)
+            h0 = min(max(math.floor(acc(ph) * bin_h) + y1, 0), height)
+            h1 = min(max(math.ceil(acc(ph + 1) * bin_h) + y1, 0), height)
             for pw in range(pooled_width):
-                w0 = min(max(math.floor(pw * bin_w) + x1, 0), width)
-                w1 = min(max(math.ceil((pw + 1) * bin_w) + x1, 0), width)
+                w0 = min(max(math.floor(acc(pw) * bin_w) + x1, 0), width)
+                w1 = min(max(math.ceil(acc(pw + 1) * bin_w) + x1, 0), width)
                 if h1 <= h0 or w1 <= w0:
                     bins.append(input.new_zeros(channels))
                     continue

@@ -8,10 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 from backends import ALL_FLOATS, BACKENDS
-from ops_inputs import random_rois
+from backends import backend_tolerance as tolerance
 from torch.library import opcheck
 
 import opforge_ops
+from ops_inputs import random_rois
 
 # spatial_scale, (pooled_height, pooled_width), sampling_ratio (ps_roi_align only), input H x W
 CASES = [
@@ -20,15 +21,6 @@ CASES = [
     (0.25, (1, 1), 0, (6, 7)),
     (2.0, (4, 2), 1, (8, 8)),
 ]
-
-
-def tolerance(dtype):
-    return {
-        torch.float64: dict(rtol=1e-7, atol=1e-7),
-        torch.float32: dict(rtol=1e-4, atol=1e-4),
-        torch.float16: dict(rtol=2e-2, atol=2e-2),
-        torch.bfloat16: dict(rtol=8e-2, atol=8e-2),
-    }[dtype]
 
 
 def case_inputs(case, dtype, rois=24, batch=2, channels_out=2, seed=0):

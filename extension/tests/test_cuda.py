@@ -9,9 +9,9 @@ import warnings
 
 import pytest
 import torch
+from ops_table import BACKWARD_OPS, FORWARD_OPS
 
 import opforge_ops
-from ops_table import BACKWARD_OPS, FORWARD_OPS
 
 ops = torch.ops.opforge
 
@@ -218,6 +218,7 @@ def test_nms_bad_input_names_the_problem():
 
 
 # -------------------------------------------------------------------------- roi_align
+# (every backend against the reference: test_roi_align.py; CUDA's particular concerns here)
 
 ROI_ALIGN_CASES = [
     # spatial_scale, output size, sampling_ratio, aligned
@@ -226,37 +227,6 @@ ROI_ALIGN_CASES = [
     (0.25, (2, 4), -1, False),
     (1.0, (1, 1), 0, True),
 ]
-
-
-@device_test
-@pytest.mark.parametrize("scale,size,ratio,aligned", ROI_ALIGN_CASES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_roi_align_forward_and_backward_match_cpu(scale, size, ratio, aligned, dtype):
-    x = feature_map((2, 3, 20, 17), dtype).requires_grad_()
-    rois = random_rois(40, 2, 20 / scale, 17 / scale, dtype)
-    xc = x.detach().cuda().requires_grad_()
-    expected = ops.roi_align(x, rois, scale, *size, ratio, aligned)
-    got = ops.roi_align(xc, rois.cuda(), scale, *size, ratio, aligned)
-    torch.testing.assert_close(got.cpu(), expected, **tolerance(dtype))
-    (g_cpu,) = grads_of(expected, [x])
-    (g_cuda,) = grads_of(got, [xc])
-    torch.testing.assert_close(g_cuda.cpu(), g_cpu, **tolerance(dtype))
-
-
-@device_test
-@pytest.mark.parametrize("dtype", HALF_TYPES)
-def test_roi_align_half_types_match_cpu_float(dtype):
-    x = feature_map((2, 4, 16, 16), dtype)
-    rois = random_rois(30, 2, 16, 16, dtype)
-    got = ops.roi_align(x.cuda(), rois.cuda(), 1.0, 4, 4, 2, True)
-    assert got.dtype == dtype
-    expected = ops.roi_align(x.float(), rois.float(), 1.0, 4, 4, 2, True)
-    torch.testing.assert_close(got.cpu().float(), expected, **tolerance(dtype))
-    grad = feature_map(got.shape, dtype, "cuda", seed=2)
-    g = ops._roi_align_backward(grad, rois.cuda(), 1.0, 4, 4, 2, 4, 16, 16, 2, True)
-    g_ref = ops._roi_align_backward(grad.cpu().float(), rois.float(), 1.0, 4, 4, 2, 4, 16, 16, 2, True)
-    assert g.dtype == dtype
-    torch.testing.assert_close(g.cpu().float(), g_ref, **tolerance(dtype))
 
 
 @device_test
@@ -339,35 +309,7 @@ def test_roi_align_input_past_2_31_elements():
 
 
 # --------------------------------------------------------------------------- roi_pool
-
-
-@device_test
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("scale,size", [(1.0, (7, 7)), (0.5, (3, 5)), (0.125, (2, 2))])
-def test_roi_pool_forward_and_backward_match_cpu(dtype, scale, size):
-    x = feature_map((2, 3, 18, 21), dtype).requires_grad_()
-    rois = random_rois(40, 2, 18 / scale, 21 / scale, dtype)
-    xc = x.detach().cuda().requires_grad_()
-    out, argmax = ops.roi_pool(x, rois, scale, *size)
-    out_c, argmax_c = ops.roi_pool(xc, rois.cuda(), scale, *size)
-    assert argmax_c.dtype == torch.int32
-    torch.testing.assert_close(out_c.cpu(), out, rtol=0, atol=0)
-    torch.testing.assert_close(argmax_c.cpu(), argmax, rtol=0, atol=0)
-    (g_cpu,) = grads_of(out, [x])
-    (g_cuda,) = grads_of(out_c, [xc])
-    torch.testing.assert_close(g_cuda.cpu(), g_cpu, **tolerance(dtype))
-
-
-@device_test
-@pytest.mark.parametrize("dtype", HALF_TYPES)
-def test_roi_pool_half_types_match_cpu(dtype):
-    x = feature_map((1, 4, 12, 12), dtype)
-    rois = random_rois(16, 1, 12, 12, dtype)
-    out, argmax = ops.roi_pool(x, rois, 1.0, 3, 3)
-    out_c, argmax_c = ops.roi_pool(x.cuda(), rois.cuda(), 1.0, 3, 3)
-    assert out_c.dtype == dtype
-    torch.testing.assert_close(out_c.cpu(), out, rtol=0, atol=0)
-    torch.testing.assert_close(argmax_c.cpu(), argmax, rtol=0, atol=0)
+# (every backend against the reference: test_roi_pool.py; CUDA's particular concerns here)
 
 
 @device_test
@@ -703,34 +645,6 @@ EMU_DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
 
 def emu_tolerance(dtype):
     return dict(rtol=1e-5, atol=1e-5) if dtype in (torch.float32, torch.float64) else {}
-
-
-@pytest.mark.parametrize("dtype", EMU_DTYPES)
-@pytest.mark.parametrize("scale,size,ratio,aligned", ROI_ALIGN_CASES[:3])
-def test_emulated_roi_align_kernels_match_cpu(emu, dtype, scale, size, ratio, aligned):
-    x = feature_map((2, 3, 20, 17), dtype)
-    rois = random_rois(40, 2, 20 / scale, 17 / scale, dtype)
-    out = emu.roi_align(x, rois, scale, *size, ratio, aligned)
-    torch.testing.assert_close(out, ops.roi_align(x, rois, scale, *size, ratio, aligned), **emu_tolerance(dtype))
-    grad = feature_map((40, 3, size[0], 2 * size[1]), dtype, seed=3)[..., ::2]  # strided, as autograd may pass
-    args = (rois, scale, *size, 2, 3, 20, 17, ratio, aligned)
-    torch.testing.assert_close(emu._roi_align_backward(grad, *args),
-                               ops._roi_align_backward(grad.contiguous(), *args), **emu_tolerance(dtype))
-
-
-@pytest.mark.parametrize("dtype", EMU_DTYPES)
-@pytest.mark.parametrize("scale,size", [(1.0, (7, 7)), (0.125, (2, 2))])
-def test_emulated_roi_pool_kernels_match_cpu(emu, dtype, scale, size):
-    x = feature_map((2, 3, 18, 21), dtype)
-    rois = random_rois(40, 2, 18 / scale, 21 / scale, dtype)
-    out, argmax = emu.roi_pool(x, rois, scale, *size)
-    expected, expected_argmax = ops.roi_pool(x, rois, scale, *size)
-    torch.testing.assert_close(out, expected, rtol=0, atol=0)
-    torch.testing.assert_close(argmax, expected_argmax, rtol=0, atol=0)
-    grad = feature_map(out.shape, dtype, seed=4)
-    args = (rois, argmax, scale, *size, 2, 3, 18, 21)
-    torch.testing.assert_close(emu._roi_pool_backward(grad, *args), ops._roi_pool_backward(grad, *args),
-                               **emu_tolerance(dtype))
 
 
 def test_emulated_roi_kernels_read_nothing_for_a_roi_the_cpu_rejects(emu):

@@ -12,7 +12,6 @@ runs the real thing.
 from __future__ import annotations
 
 import concurrent.futures
-import math
 import os
 import shutil
 
@@ -21,17 +20,12 @@ import pytest
 import torch
 from metal_emu import harness
 
+import opforge_ops  # noqa: F401  (its CPU kernels are the reference)
+
 pytestmark = pytest.mark.skipif(
     shutil.which(harness.CXX) is None, reason=f"needs a C++20 compiler ({harness.CXX})"
 )
 
-try:  # the built extension's CPU kernels are the reference when present
-    import opforge_ops  # noqa: F401
-
-    HAVE_OPFORGE = hasattr(torch.ops.opforge, "roi_align")
-except Exception:  # noqa: BLE001 - any import failure means "not built here"
-    HAVE_OPFORGE = False
-HAVE_OPFORGE_DEFORM = HAVE_OPFORGE and hasattr(torch.ops.opforge, "deform_conv2d")
 
 
 METAL_OPS = sorted(p.stem for p in harness.METAL_DIR.glob("*.metal"))
@@ -68,185 +62,24 @@ DTYPE = {torch.float32: "float", torch.float16: "half"}
 
 
 # ----------------------------------------------------------- references
+# The built extension's CPU kernels (conftest imports it); the slow references they are
+# themselves tested against live in ops_reference.py.
 def ref_roi_align(input, rois, scale, ph_, pw_, sampling, aligned):
-    """Straight transcription of roi_align, differentiable in `input` (float32)."""
-    if HAVE_OPFORGE:
-        return torch.ops.opforge.roi_align(input, rois, scale, ph_, pw_, sampling, aligned)
-    K = rois.shape[0]
-    _, C, H, W = input.shape
-    out = []
-    for k in range(K):
-        r = rois[k].tolist()
-        off = 0.5 if aligned else 0.0
-        f32 = np.float32
-        sw, sh = f32(r[1]) * f32(scale) - f32(off), f32(r[2]) * f32(scale) - f32(off)
-        ew, eh = f32(r[3]) * f32(scale) - f32(off), f32(r[4]) * f32(scale) - f32(off)
-        rw, rh = ew - sw, eh - sh
-        if not aligned:
-            rw, rh = max(rw, f32(1)), max(rh, f32(1))
-        bh, bw = f32(rh / f32(ph_)), f32(rw / f32(pw_))
-        gh = sampling if sampling > 0 else int(math.ceil(rh / f32(ph_)))
-        gw = sampling if sampling > 0 else int(math.ceil(rw / f32(pw_)))
-        count = max(gh * gw, 1)
-        plane = input[int(r[0])]
-        bins = torch.zeros(C, ph_, pw_, dtype=input.dtype)
-        for py in range(ph_):
-            for px in range(pw_):
-                acc = torch.zeros(C, dtype=input.dtype)
-                for iy in range(gh):
-                    y = sh + f32(py) * bh + (f32(iy) + f32(0.5)) * bh / f32(gh)
-                    for ix in range(gw):
-                        x = sw + f32(px) * bw + (f32(ix) + f32(0.5)) * bw / f32(gw)
-                        acc = acc + _bilinear_roi(plane, H, W, float(y), float(x))
-                bins[:, py, px] = acc / count
-        out.append(bins)
-    return torch.stack(out) if out else input.new_zeros(0, C, ph_, pw_)
-
-
-def _bilinear_roi(plane, H, W, y, x):
-    if y < -1.0 or y > H or x < -1.0 or x > W:
-        return plane.new_zeros(plane.shape[0])
-    y, x = max(y, 0.0), max(x, 0.0)
-    yl, xl = int(y), int(x)
-    if yl >= H - 1:
-        yh = yl = H - 1
-        y = float(yl)
-    else:
-        yh = yl + 1
-    if xl >= W - 1:
-        xh = xl = W - 1
-        x = float(xl)
-    else:
-        xh = xl + 1
-    ly, lx = y - yl, x - xl
-    hy, hx = 1 - ly, 1 - lx
-    return (
-        hy * hx * plane[:, yl, xl]
-        + hy * lx * plane[:, yl, xh]
-        + ly * hx * plane[:, yh, xl]
-        + ly * lx * plane[:, yh, xh]
-    )
+    return torch.ops.opforge.roi_align(input, rois, scale, ph_, pw_, sampling, aligned)
 
 
 def ref_roi_pool(input, rois, scale, ph_, pw_):
-    """(output, argmax) of roi_pool."""
-    if HAVE_OPFORGE:
-        return torch.ops.opforge.roi_pool(input, rois, scale, ph_, pw_)
-    K = rois.shape[0]
-    _, C, H, W = input.shape
-    out = torch.zeros(K, C, ph_, pw_, dtype=input.dtype)
-    arg = torch.full((K, C, ph_, pw_), -1, dtype=torch.int32)
-    f32 = np.float32
-    for k in range(K):
-        r = rois[k].tolist()
-        sw, sh = int(round(f32(r[1]) * f32(scale))), int(round(f32(r[2]) * f32(scale)))
-        ew, eh = int(round(f32(r[3]) * f32(scale))), int(round(f32(r[4]) * f32(scale)))
-        rw, rh = max(ew - sw + 1, 1), max(eh - sh + 1, 1)
-        bh, bw = f32(rh) / f32(ph_), f32(rw) / f32(pw_)
-        plane = input[int(r[0])]
-        for py in range(ph_):
-            for px in range(pw_):
-                hs = min(max(int(math.floor(f32(py) * bh)) + sh, 0), H)
-                he = min(max(int(math.ceil(f32(py + 1) * bh)) + sh, 0), H)
-                ws = min(max(int(math.floor(f32(px) * bw)) + sw, 0), W)
-                we = min(max(int(math.ceil(f32(px + 1) * bw)) + sw, 0), W)
-                if he <= hs or we <= ws:
-                    continue
-                region = plane[:, hs:he, ws:we].reshape(C, -1)
-                val, idx = region.max(dim=1)
-                out[k, :, py, px] = val
-                arg[k, :, py, px] = (hs + idx // (we - ws)) * W + ws + idx % (we - ws)
-    return out, arg
+    return torch.ops.opforge.roi_pool(input, rois, scale, ph_, pw_)
 
 
 def ref_nms(boxes, scores, thr):
-    if HAVE_OPFORGE:
-        return torch.ops.opforge.nms(boxes, scores, thr)
-    order = torch.argsort(scores, descending=True, stable=True).tolist()
-    b = boxes.double().tolist()
-    keep, dead = [], set()
-    for a, i in enumerate(order):
-        if i in dead:
-            continue
-        keep.append(i)
-        x1, y1, x2, y2 = b[i]
-        for j in order[a + 1 :]:
-            u1, v1, u2, v2 = b[j]
-            iw = max(min(x2, u2) - max(x1, u1), 0.0)
-            ih = max(min(y2, v2) - max(y1, v1), 0.0)
-            inter = iw * ih
-            union = (x2 - x1) * (y2 - y1) + (u2 - u1) * (v2 - v1) - inter
-            if union > 0 and inter / union > thr:
-                dead.add(j)
-    return torch.tensor(keep, dtype=torch.int64)
+    return torch.ops.opforge.nms(boxes, scores, thr)
 
 
 def ref_deform_conv2d(x, w, off, mask, bias, stride, pad, dil, groups, offset_groups, use_mask):
-    """Vectorised deformable convolution, differentiable in every input."""
-    if HAVE_OPFORGE_DEFORM:
-        return torch.ops.opforge.deform_conv2d(
-            x,
-            w,
-            off,
-            mask,
-            bias,
-            stride[0],
-            stride[1],
-            pad[0],
-            pad[1],
-            dil[0],
-            dil[1],
-            groups,
-            offset_groups,
-            use_mask,
-        )
-    B, C, H, W = x.shape
-    OC, _, KH, KW = w.shape
-    OH = (H + 2 * pad[0] - (dil[0] * (KH - 1) + 1)) // stride[0] + 1
-    OW = (W + 2 * pad[1] - (dil[1] * (KW - 1) + 1)) // stride[1] + 1
-    off = off.view(B, offset_groups, KH * KW, 2, OH, OW)
-    m = mask.view(B, offset_groups, KH * KW, OH, OW) if use_mask else None
-    base_y = (torch.arange(OH) * stride[0] - pad[0]).view(1, OH, 1) + (
-        torch.arange(KH) * dil[0]
-    ).repeat_interleave(KW).view(-1, 1, 1)
-    base_x = (torch.arange(OW) * stride[1] - pad[1]).view(1, 1, OW) + (
-        torch.arange(KW) * dil[1]
-    ).repeat(KH).view(-1, 1, 1)
-    cpg = C // offset_groups
-    cols = []
-    for g in range(offset_groups):
-        y = base_y + off[:, g, :, 0]  # [B, K, OH, OW]
-        xx = base_x + off[:, g, :, 1]
-        val = _bilinear_deform(x[:, g * cpg : (g + 1) * cpg], y, xx)  # [B, cpg, K, OH, OW]
-        if use_mask:
-            val = val * m[:, g].unsqueeze(1)
-        cols.append(val)
-    cols = torch.cat(cols, 1)  # [B, C, K, OH, OW]
-    cols = cols.view(B, groups, C // groups * KH * KW, OH * OW)
-    wg = w.view(groups, OC // groups, -1)
-    out = torch.einsum("gok,bgkp->bgop", wg, cols).reshape(B, OC, OH, OW)
-    return out + bias.view(1, -1, 1, 1)
-
-
-def _bilinear_deform(img, y, x):
-    B, C, H, W = img.shape
-    valid = (y > -1) & (y < H) & (x > -1) & (x < W)
-    y0, x0 = torch.floor(y), torch.floor(x)
-    ly, lx = y - y0, x - x0
-    flat = img.reshape(B, C, H * W)
-    out = 0
-    for dy, dx, wgt in (
-        (0, 0, (1 - ly) * (1 - lx)),
-        (0, 1, (1 - ly) * lx),
-        (1, 0, ly * (1 - lx)),
-        (1, 1, ly * lx),
-    ):
-        yy, xx = (y0 + dy).long(), (x0 + dx).long()
-        inside = valid & (yy >= 0) & (yy < H) & (xx >= 0) & (xx < W)
-        idx = (yy.clamp(0, H - 1) * W + xx.clamp(0, W - 1)).view(B, 1, -1).expand(B, C, -1)
-        v = torch.gather(flat, 2, idx).view(B, C, *y.shape[1:])
-        out = out + v * (wgt * inside).unsqueeze(1)
-    return out
+    return torch.ops.opforge.deform_conv2d(
+        x, w, off, mask, bias, *stride, *pad, *dil, groups, offset_groups, use_mask
+    )
 
 
 # --------------------------------------------------------- emulated ops
@@ -506,9 +339,8 @@ def test_roi_pool_backward_many_rois_many_threadgroups(geo):
             ok = a >= 0
             ref[b, c].index_add_(0, a[ok].long(), grad[k, c].flatten()[ok])
     torch.testing.assert_close(got, ref.view(B, C, H, W), rtol=1e-5, atol=1e-5)
-    if HAVE_OPFORGE:
-        cpu = torch.ops.opforge._roi_pool_backward(grad, rois, arg, 1.0, 3, 3, B, C, H, W)
-        torch.testing.assert_close(got, cpu, rtol=1e-5, atol=1e-5)
+    cpu = torch.ops.opforge._roi_pool_backward(grad, rois, arg, 1.0, 3, 3, B, C, H, W)
+    torch.testing.assert_close(got, cpu, rtol=1e-5, atol=1e-5)
 
 
 def test_roi_pool_half(geo):
@@ -777,14 +609,13 @@ def test_deform_conv2d_backward_matches_autograd_of_reference(geo, use_mask):
         torch.testing.assert_close(
             g_got, g_ref, rtol=1e-3, atol=1e-3, msg=lambda m, n=name: f"grad_{n}: {m}"
         )
-    if HAVE_OPFORGE_DEFORM:
-        cpu = torch.ops.opforge._deform_conv2d_backward(
-            grad, x, w, off, mask, bias, 1, 1, 1, 1, 1, 1, 2, 2, use_mask
-        )
-        for name, c, g_got in zip(names, cpu, got):
-            if name == "mask" and not use_mask:
-                continue
-            torch.testing.assert_close(g_got, c, rtol=1e-3, atol=1e-3)
+    cpu = torch.ops.opforge._deform_conv2d_backward(
+        grad, x, w, off, mask, bias, 1, 1, 1, 1, 1, 1, 2, 2, use_mask
+    )
+    for name, c, g_got in zip(names, cpu, got):
+        if name == "mask" and not use_mask:
+            continue
+        torch.testing.assert_close(g_got, c, rtol=1e-3, atol=1e-3)
 
 
 def test_deform_conv2d_half_backward_accumulates_in_float(geo):
@@ -1008,40 +839,6 @@ def metal_path(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_host_roi_align_forward_backward(host, metal_path, dtype):
-    gen = torch.Generator().manual_seed(20)
-    x = torch.randn(2, 3, 12, 11, generator=gen).to(dtype)
-    rois = make_rois(gen, 60, 2, 12, 11).to(dtype)
-    xf = x.float().requires_grad_()
-    ref = ref_roi_align(xf, rois.float(), 0.5, 4, 3, 2, True)
-    out = host.roi_align(x, rois, 0.5, 4, 3, 2, True)
-    assert out.dtype == dtype
-    t = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
-    torch.testing.assert_close(out.float(), ref, **t)
-    grad = torch.randn(4, 3, 3, 60, generator=gen).permute(3, 2, 0, 1).to(dtype)  # strided
-    (ref_grad,) = torch.autograd.grad(ref, xf, grad.float())
-    got = host._roi_align_backward(grad, rois, 0.5, 4, 3, 2, 3, 12, 11, 2, True)
-    assert got.dtype == dtype
-    t = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=1e-2, atol=2e-2)
-    torch.testing.assert_close(got.float(), ref_grad, **t)
-
-
-def test_host_roi_pool_forward_backward(host, metal_path):
-    gen = torch.Generator().manual_seed(21)
-    x = torch.randn(2, 3, 10, 9, generator=gen)
-    rois = make_rois(gen, 80, 2, 10, 9)
-    out, arg = host.roi_pool(x, rois, 1.0, 3, 2)
-    ref_out, ref_arg = ref_roi_pool(x, rois, 1.0, 3, 2)
-    assert arg.dtype == torch.int32
-    torch.testing.assert_close(out, ref_out)
-    torch.testing.assert_close(arg, ref_arg)
-    grad = torch.randn(out.shape, generator=gen)
-    got = host._roi_pool_backward(grad, rois, arg, 1.0, 3, 2, 2, 3, 10, 9)
-    emu_grad, _ = emu_roi_pool_backward(geo_singleton(), grad, rois, arg, 2, 3, 10, 9)
-    torch.testing.assert_close(got, emu_grad)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_host_nms(host, metal_path, dtype):
     gen = torch.Generator().manual_seed(22)
     boxes = random_boxes(gen, 400).to(dtype)
@@ -1080,9 +877,6 @@ def test_host_bad_input_is_one_clear_error(host, metal_path):
         host.roi_align(x.double(), torch.tensor([[0.0, 0, 0, 4, 4]]).double(), 1.0, 2, 2, 2, False)
 
 
-@pytest.mark.skipif(
-    not HAVE_OPFORGE, reason="the CPU route calls the built extension's CPU kernels"
-)
 def test_host_small_problem_routes_to_cpu_kernel(host, monkeypatch):
     monkeypatch.delenv("OPFORGE_MPS_CPU_BELOW", raising=False)
     monkeypatch.setenv("OPFORGE_MPS_CPU_BELOW_NMS", "1000")

@@ -2,12 +2,12 @@
 
 import pytest
 import torch
+from ops_table import BACKWARD_OPS, FORWARD_OPS
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.library import opcheck
 
 import opforge_ops
 from ops_inputs import random_boxes, random_rois
-from ops_table import BACKWARD_OPS, FORWARD_OPS
 
 FORWARD_KEYS = ("CPU", "Meta", "Autograd", "AutocastCPU")
 BACKWARD_KEYS = ("CPU", "Meta")

@@ -1,5 +1,6 @@
 import pytest
 import torch
+from backends import ALL_FLOATS, BACKENDS, backend_tolerance
 
 import opforge_ops
 import ops_reference as reference
@@ -253,3 +254,29 @@ def test_backward_op_rejects_a_mismatched_grad():
         torch.ops.opforge._roi_align_backward(
             torch.zeros(2, 1, 2, 2), torch.zeros(1, 5), 1.0, 2, 2, 1, 1, 4, 4, -1, False
         )
+
+
+# ---------------------------------------------------------------- every backend
+# The same cases on cpu, cuda, mps, cuda_emu and metal_emu (tests/backends.py), forward
+# and backward against the reference; grad is non-contiguous, as autograd may pass it.
+BACKEND_CASES = [(1.0, (7, 7), 2, False), (0.5, (5, 3), 0, True), (0.25, (2, 4), -1, False)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS, ids=str)
+@pytest.mark.parametrize("dtype", ALL_FLOATS, ids=str)
+@pytest.mark.parametrize("scale,size,ratio,aligned", BACKEND_CASES)
+def test_every_backend_matches_the_reference(backend, dtype, scale, size, ratio, aligned):
+    backend.skip_unless_runs(dtype)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 3, 13, 11, generator=g).to(dtype)
+    rois = random_rois(40, 2, 13, 11, scale=scale, generator=g).to(dtype)
+    out = backend.call("roi_align", x, rois, scale, *size, ratio, aligned)
+    x64 = x.double().requires_grad_()
+    expected = reference.roi_align(x64, rois, scale, *size, ratio, aligned)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.double(), expected, **backend_tolerance(dtype))
+    grad = torch.randn(expected.shape[::-1], generator=g).to(dtype).permute(3, 2, 1, 0)
+    (expected_grad,) = torch.autograd.grad(expected, x64, grad.double())
+    got = backend.call("_roi_align_backward", grad, rois, scale, *size, 2, 3, 13, 11, ratio, aligned)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.double(), expected_grad, **backend_tolerance(dtype))

@@ -1,5 +1,6 @@
 import pytest
 import torch
+from backends import ALL_FLOATS, BACKENDS, backend_tolerance
 
 import opforge_ops
 import ops_reference as reference
@@ -161,3 +162,27 @@ def test_backward_op_rejects_an_argmax_of_the_wrong_dtype():
             4,
             4,
         )
+
+
+# ---------------------------------------------------------------- every backend
+# The same cases on cpu, cuda, mps, cuda_emu and metal_emu (tests/backends.py): output and
+# argmax against the reference, the backward against autograd through it.
+@pytest.mark.parametrize("backend", BACKENDS, ids=str)
+@pytest.mark.parametrize("dtype", ALL_FLOATS, ids=str)
+@pytest.mark.parametrize("scale,size", [(1.0, (7, 7)), (0.5, (3, 5)), (0.125, (2, 2))])
+def test_every_backend_matches_the_reference(backend, dtype, scale, size):
+    backend.skip_unless_runs(dtype)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 3, 18, 21, generator=g).to(dtype)
+    rois = random_rois(40, 2, 18, 21, scale=scale, generator=g).to(dtype)
+    out, argmax = backend.call("roi_pool", x, rois, scale, *size)
+    x64 = x.double().requires_grad_()
+    expected, expected_argmax = reference.roi_pool(x64, rois, scale, *size)
+    assert out.dtype == dtype and argmax.dtype == torch.int32
+    torch.testing.assert_close(argmax, expected_argmax, rtol=0, atol=0)
+    torch.testing.assert_close(out.double(), expected, **backend_tolerance(dtype))
+    grad = torch.randn(expected.shape[::-1], generator=g).to(dtype).permute(3, 2, 1, 0)
+    (expected_grad,) = torch.autograd.grad(expected, x64, grad.double())
+    got = backend.call("_roi_pool_backward", grad, rois, argmax, scale, *size, 2, 3, 18, 21)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.double(), expected_grad, **backend_tolerance(dtype))

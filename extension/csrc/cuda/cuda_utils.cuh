@@ -12,8 +12,7 @@
 
 #include "../common.h"
 
-namespace opforge {
-namespace cuda {
+namespace opforge::cuda {
 
 // Threads per block for the element-wise kernels (roi_align, roi_pool, deform_conv2d).
 constexpr int kThreadsPerBlock = 256;
@@ -46,13 +45,14 @@ inline void check_cuda(const char* op, const char* name, const at::Tensor& t) {
       t.device());
 }
 
-// Device-side twin of check_rois_values: true when roi `r` can be sampled safely.
-template <typename acc_t>
-__device__ __forceinline__ bool roi_is_valid(
-    acc_t batch, acc_t x1, acc_t y1, acc_t x2, acc_t y2, int64_t batch_size) {
-  return batch >= acc_t(0) && batch < static_cast<acc_t>(batch_size) && isfinite(x1) &&
-      isfinite(y1) && isfinite(x2) && isfinite(y2);
+// Device-side twin of check_rois_values: true when roi [batch, x1, y1, x2, y2] can be
+// sampled safely (batch index in range, finite coordinates).
+template <typename scalar_t, typename acc_t>
+__device__ __forceinline__ bool roi_is_valid(const scalar_t* roi, int64_t batch_size) {
+  const acc_t batch = static_cast<acc_t>(roi[0]);
+  return batch >= acc_t(0) && batch < static_cast<acc_t>(batch_size) &&
+      isfinite(static_cast<acc_t>(roi[1])) && isfinite(static_cast<acc_t>(roi[2])) &&
+      isfinite(static_cast<acc_t>(roi[3])) && isfinite(static_cast<acc_t>(roi[4]));
 }
 
-}  // namespace cuda
-}  // namespace opforge
+}  // namespace opforge::cuda

@@ -21,8 +21,7 @@
 #include "../ops/deform_conv2d.h"
 #include "cuda_utils.cuh"
 
-namespace opforge {
-namespace cuda {
+namespace opforge::cuda {
 namespace {
 
 // Most images processed per chunk, and most elements in one columns buffer.
@@ -435,5 +434,4 @@ TORCH_LIBRARY_IMPL(opforge, CUDA, m) {
   m.impl("_deform_conv2d_backward", TORCH_FN(deform_conv2d_backward_cuda));
 }
 
-}  // namespace cuda
-}  // namespace opforge
+}  // namespace opforge::cuda

@@ -17,8 +17,7 @@
 
 #include "cuda_utils.cuh"
 
-namespace opforge {
-namespace cuda {
+namespace opforge::cuda {
 namespace {
 
 constexpr int kBoxesPerBlock = 64;  // one bit per box in a 64-bit word
@@ -226,5 +225,4 @@ TORCH_LIBRARY_IMPL(opforge, CUDA, m) {
   m.impl("nms", TORCH_FN(nms_cuda));
 }
 
-}  // namespace cuda
-}  // namespace opforge
+}  // namespace opforge::cuda

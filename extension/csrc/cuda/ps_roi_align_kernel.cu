@@ -17,56 +17,10 @@
 
 #include <limits>
 
-#include "bilinear.cuh"
-#include "cuda_utils.cuh"
+#include "roi_sampling.cuh"
 
 namespace opforge::cuda {
 namespace {
-
-// Past this many samples per roi (adaptive sampling of a huge roi) the roi contributes 0.
-constexpr double kMaxSamplesPerRoi = double(int64_t(1) << 24);
-
-// The sampling geometry of one roi (boxes shifted by -0.5 pixel, no minimum size).
-template <typename acc_t>
-struct PsGeometry {
-  bool valid;
-  int64_t batch;
-  acc_t start_y, start_x, bin_h, bin_w;
-  int64_t grid_h, grid_w;
-  acc_t count;  // torchvision's raw grid product: 0 (a NaN average) for an empty adaptive grid
-};
-
-template <typename scalar_t, typename acc_t>
-__device__ PsGeometry<acc_t> ps_geometry(
-    const scalar_t* __restrict__ roi, int64_t batch_size, acc_t spatial_scale, int64_t pooled_height,
-    int64_t pooled_width, int64_t sampling_ratio) {
-  PsGeometry<acc_t> g;
-  g.valid = roi_is_valid<acc_t>(
-      static_cast<acc_t>(roi[0]), static_cast<acc_t>(roi[1]), static_cast<acc_t>(roi[2]),
-      static_cast<acc_t>(roi[3]), static_cast<acc_t>(roi[4]), batch_size);
-  if (!g.valid) {
-    return g;
-  }
-  g.batch = static_cast<int64_t>(static_cast<acc_t>(roi[0]));
-  g.start_x = static_cast<acc_t>(roi[1]) * spatial_scale - acc_t(0.5);
-  g.start_y = static_cast<acc_t>(roi[2]) * spatial_scale - acc_t(0.5);
-  const acc_t roi_w = (static_cast<acc_t>(roi[3]) * spatial_scale - acc_t(0.5)) - g.start_x;
-  const acc_t roi_h = (static_cast<acc_t>(roi[4]) * spatial_scale - acc_t(0.5)) - g.start_y;
-  g.bin_h = roi_h / static_cast<acc_t>(pooled_height);
-  g.bin_w = roi_w / static_cast<acc_t>(pooled_width);
-  const double raw_h = sampling_ratio > 0 ? double(sampling_ratio) : ceil(static_cast<double>(g.bin_h));
-  const double raw_w = sampling_ratio > 0 ? double(sampling_ratio) : ceil(static_cast<double>(g.bin_w));
-  const double grid_h = fmax(0.0, raw_h);
-  const double grid_w = fmax(0.0, raw_w);
-  g.valid = grid_h * grid_w * double(pooled_height) * double(pooled_width) <= kMaxSamplesPerRoi;
-  if (!g.valid) {
-    return g;
-  }
-  g.grid_h = static_cast<int64_t>(grid_h);
-  g.grid_w = static_cast<int64_t>(grid_w);
-  g.count = (raw_h == 0.0 || raw_w == 0.0) ? acc_t(0) : static_cast<acc_t>(g.grid_h > 0 && g.grid_w > 0 ? g.grid_h * g.grid_w : 1);
-  return g;
-}
 
 template <typename scalar_t, typename acc_t>
 __global__ void ps_roi_align_forward_kernel(
@@ -92,23 +46,16 @@ __global__ void ps_roi_align_forward_kernel(
     const int64_t c_in = (c_out * pooled_height + ph) * pooled_width + pw;
     channel_mapping[index] = static_cast<int32_t>(c_in);
 
-    const PsGeometry<acc_t> g = ps_geometry<scalar_t, acc_t>(
-        rois + n * 5, batch_size, spatial_scale, pooled_height, pooled_width, sampling_ratio);
+    const RoiGeometry<acc_t> g = roi_geometry<scalar_t, acc_t>(
+        rois + n * 5, batch_size, spatial_scale, pooled_height, pooled_width, sampling_ratio,
+        /*aligned=*/true, /*empty_is_nan=*/true);
     if (!g.valid) {
       output[index] = static_cast<scalar_t>(0);
       continue;
     }
     const scalar_t* plane = input + (g.batch * channels + c_in) * height * width;
     acc_t sum = 0;
-    for (int64_t iy = 0; iy < g.grid_h; ++iy) {
-      const acc_t y = g.start_y + static_cast<acc_t>(ph) * g.bin_h +
-          (static_cast<acc_t>(iy) + acc_t(0.5)) * g.bin_h / static_cast<acc_t>(g.grid_h);
-      for (int64_t ix = 0; ix < g.grid_w; ++ix) {
-        const acc_t x = g.start_x + static_cast<acc_t>(pw) * g.bin_w +
-            (static_cast<acc_t>(ix) + acc_t(0.5)) * g.bin_w / static_cast<acc_t>(g.grid_w);
-        sum += bilinear_sample<scalar_t, acc_t>(plane, height, width, y, x);
-      }
-    }
+    for_each_sample(g, ph, pw, [&](acc_t y, acc_t x) { sum += bilinear_sample<scalar_t, acc_t>(plane, height, width, y, x); });
     output[index] = static_cast<scalar_t>(sum / g.count);
   }
 }
@@ -134,22 +81,15 @@ __global__ void ps_roi_align_backward_kernel(
     const int64_t ph = (index / pooled_width) % pooled_height;
     const int64_t n = index / (pooled_width * pooled_height * channels_out);
     const int64_t c_in = channel_mapping[index];
-    const PsGeometry<acc_t> g = ps_geometry<scalar_t, acc_t>(
-        rois + n * 5, batch_size, spatial_scale, pooled_height, pooled_width, sampling_ratio);
+    const RoiGeometry<acc_t> g = roi_geometry<scalar_t, acc_t>(
+        rois + n * 5, batch_size, spatial_scale, pooled_height, pooled_width, sampling_ratio,
+        /*aligned=*/true, /*empty_is_nan=*/true);
     if (!g.valid || c_in < 0 || c_in >= channels || g.grid_h <= 0 || g.grid_w <= 0) {
       continue;
     }
     const acc_t grad = static_cast<acc_t>(grad_output[index]) / g.count;
     acc_t* plane = grad_input + (g.batch * channels + c_in) * height * width;
-    for (int64_t iy = 0; iy < g.grid_h; ++iy) {
-      const acc_t y = g.start_y + static_cast<acc_t>(ph) * g.bin_h +
-          (static_cast<acc_t>(iy) + acc_t(0.5)) * g.bin_h / static_cast<acc_t>(g.grid_h);
-      for (int64_t ix = 0; ix < g.grid_w; ++ix) {
-        const acc_t x = g.start_x + static_cast<acc_t>(pw) * g.bin_w +
-            (static_cast<acc_t>(ix) + acc_t(0.5)) * g.bin_w / static_cast<acc_t>(g.grid_w);
-        bilinear_scatter<acc_t>(plane, height, width, y, x, grad);
-      }
-    }
+    for_each_sample(g, ph, pw, [&](acc_t y, acc_t x) { bilinear_scatter<acc_t>(plane, height, width, y, x, grad); });
   }
 }
 

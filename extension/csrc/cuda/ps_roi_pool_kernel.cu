@@ -79,9 +79,7 @@ __global__ void ps_roi_pool_forward_kernel(
     const int64_t c_in = (c_out * pooled_height + ph) * pooled_width + pw;
     channel_mapping[index] = static_cast<int32_t>(c_in);
     const scalar_t* roi = rois + n * 5;
-    if (!roi_is_valid<acc_t>(
-            static_cast<acc_t>(roi[0]), static_cast<acc_t>(roi[1]), static_cast<acc_t>(roi[2]),
-            static_cast<acc_t>(roi[3]), static_cast<acc_t>(roi[4]), batch_size)) {
+    if (!roi_is_valid<scalar_t, acc_t>(roi, batch_size)) {
       output[index] = static_cast<scalar_t>(0);
       continue;
     }
@@ -123,9 +121,7 @@ __global__ void ps_roi_pool_backward_kernel(
     const int64_t c_in = channel_mapping[index];
     const scalar_t* roi = rois + n * 5;
     if (c_in < 0 || c_in >= channels ||
-        !roi_is_valid<acc_t>(
-            static_cast<acc_t>(roi[0]), static_cast<acc_t>(roi[1]), static_cast<acc_t>(roi[2]),
-            static_cast<acc_t>(roi[3]), static_cast<acc_t>(roi[4]), batch_size)) {
+        !roi_is_valid<scalar_t, acc_t>(roi, batch_size)) {
       continue;
     }
     const PsBin b = ps_bin<scalar_t, acc_t>(roi, spatial_scale, height, width, pooled_height, pooled_width, ph, pw);

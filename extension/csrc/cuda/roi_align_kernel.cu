@@ -17,71 +17,10 @@
 #include <algorithm>
 #include <cmath>
 
-#include "bilinear.cuh"
-#include "cuda_utils.cuh"
+#include "roi_sampling.cuh"
 
-namespace opforge {
-namespace cuda {
+namespace opforge::cuda {
 namespace {
-
-// Adaptive sampling of a huge roi would keep the GPU busy for hours: past this many
-// samples per roi (the CPU kernel's bound, where it raises) the roi contributes 0.
-constexpr int64_t kMaxSamplesPerRoi = int64_t(1) << 24;
-
-// Geometry of one roi, shared by forward and backward.
-template <typename acc_t>
-struct RoiGeometry {
-  bool valid;  // batch index in range, finite coordinates, a bounded sample count
-  int64_t batch;
-  acc_t start_y, start_x, bin_h, bin_w;
-  int64_t grid_h, grid_w;
-  acc_t count;
-};
-
-template <typename scalar_t, typename acc_t>
-__device__ RoiGeometry<acc_t> roi_geometry(
-    const scalar_t* __restrict__ roi, int64_t batch_size, acc_t spatial_scale,
-    int64_t pooled_height, int64_t pooled_width, int64_t sampling_ratio, bool aligned) {
-  RoiGeometry<acc_t> g;
-  g.valid = roi_is_valid<acc_t>(
-      static_cast<acc_t>(roi[0]), static_cast<acc_t>(roi[1]), static_cast<acc_t>(roi[2]),
-      static_cast<acc_t>(roi[3]), static_cast<acc_t>(roi[4]), batch_size);
-  if (!g.valid) {
-    return g;
-  }
-  g.batch = static_cast<int64_t>(static_cast<acc_t>(roi[0]));
-  const acc_t offset = aligned ? acc_t(0.5) : acc_t(0);
-  g.start_x = static_cast<acc_t>(roi[1]) * spatial_scale - offset;
-  g.start_y = static_cast<acc_t>(roi[2]) * spatial_scale - offset;
-  const acc_t end_x = static_cast<acc_t>(roi[3]) * spatial_scale - offset;
-  const acc_t end_y = static_cast<acc_t>(roi[4]) * spatial_scale - offset;
-  acc_t roi_w = end_x - g.start_x;
-  acc_t roi_h = end_y - g.start_y;
-  if (!aligned) {
-    // Legacy behaviour: malformed rois are forced to be 1x1.
-    roi_w = roi_w > acc_t(1) ? roi_w : acc_t(1);
-    roi_h = roi_h > acc_t(1) ? roi_h : acc_t(1);
-  }
-  g.bin_h = roi_h / static_cast<acc_t>(pooled_height);
-  g.bin_w = roi_w / static_cast<acc_t>(pooled_width);
-  // Adaptive sampling: about one sample per input pixel in each bin (0 for empty rois).
-  // Counted in double first, so a huge roi is refused before any integer conversion.
-  const double grid_h = sampling_ratio > 0
-      ? double(sampling_ratio)
-      : fmax(0.0, ceil(static_cast<double>(roi_h / static_cast<acc_t>(pooled_height))));
-  const double grid_w = sampling_ratio > 0
-      ? double(sampling_ratio)
-      : fmax(0.0, ceil(static_cast<double>(roi_w / static_cast<acc_t>(pooled_width))));
-  g.valid = grid_h * grid_w * double(pooled_height) * double(pooled_width) <= double(kMaxSamplesPerRoi);
-  if (!g.valid) {
-    return g;
-  }
-  g.grid_h = static_cast<int64_t>(grid_h);
-  g.grid_w = static_cast<int64_t>(grid_w);
-  const int64_t samples = g.grid_h * g.grid_w;
-  g.count = static_cast<acc_t>(samples > 1 ? samples : 1);
-  return g;
-}
 
 template <typename scalar_t, typename acc_t>
 __global__ void roi_align_forward_kernel(
@@ -106,7 +45,7 @@ __global__ void roi_align_forward_kernel(
 
     const RoiGeometry<acc_t> g = roi_geometry<scalar_t, acc_t>(
         rois + n * 5, batch_size, spatial_scale, pooled_height, pooled_width, sampling_ratio,
-        aligned);
+        aligned, /*empty_is_nan=*/false);
     if (!g.valid) {
       output[index] = static_cast<scalar_t>(0);
       continue;
@@ -114,15 +53,7 @@ __global__ void roi_align_forward_kernel(
     const scalar_t* plane = input + (g.batch * channels + c) * height * width;
 
     acc_t sum = 0;
-    for (int64_t iy = 0; iy < g.grid_h; ++iy) {
-      const acc_t y = g.start_y + static_cast<acc_t>(ph) * g.bin_h +
-          (static_cast<acc_t>(iy) + acc_t(0.5)) * g.bin_h / static_cast<acc_t>(g.grid_h);
-      for (int64_t ix = 0; ix < g.grid_w; ++ix) {
-        const acc_t x = g.start_x + static_cast<acc_t>(pw) * g.bin_w +
-            (static_cast<acc_t>(ix) + acc_t(0.5)) * g.bin_w / static_cast<acc_t>(g.grid_w);
-        sum += bilinear_sample<scalar_t, acc_t>(plane, height, width, y, x);
-      }
-    }
+    for_each_sample(g, ph, pw, [&](acc_t y, acc_t x) { sum += bilinear_sample<scalar_t, acc_t>(plane, height, width, y, x); });
     output[index] = static_cast<scalar_t>(sum / g.count);
   }
 }
@@ -154,7 +85,7 @@ __global__ void roi_align_backward_kernel(
 
     const RoiGeometry<acc_t> g = roi_geometry<scalar_t, acc_t>(
         rois + n * 5, batch_size, spatial_scale, pooled_height, pooled_width, sampling_ratio,
-        aligned);
+        aligned, /*empty_is_nan=*/false);
     if (!g.valid) {
       continue;
     }
@@ -162,15 +93,7 @@ __global__ void roi_align_backward_kernel(
         n * grad_stride_n + c * grad_stride_c + ph * grad_stride_h + pw * grad_stride_w]) /
         g.count;
     acc_t* plane = grad_input + (g.batch * channels + c) * height * width;
-    for (int64_t iy = 0; iy < g.grid_h; ++iy) {
-      const acc_t y = g.start_y + static_cast<acc_t>(ph) * g.bin_h +
-          (static_cast<acc_t>(iy) + acc_t(0.5)) * g.bin_h / static_cast<acc_t>(g.grid_h);
-      for (int64_t ix = 0; ix < g.grid_w; ++ix) {
-        const acc_t x = g.start_x + static_cast<acc_t>(pw) * g.bin_w +
-            (static_cast<acc_t>(ix) + acc_t(0.5)) * g.bin_w / static_cast<acc_t>(g.grid_w);
-        bilinear_scatter<acc_t>(plane, height, width, y, x, grad);
-      }
-    }
+    for_each_sample(g, ph, pw, [&](acc_t y, acc_t x) { bilinear_scatter<acc_t>(plane, height, width, y, x, grad); });
   }
 }
 
@@ -282,5 +205,4 @@ TORCH_LIBRARY_IMPL(opforge, CUDA, m) {
   m.impl("_roi_align_backward", TORCH_FN(roi_align_backward_cuda));
 }
 
-}  // namespace cuda
-}  // namespace opforge
+}  // namespace opforge::cuda

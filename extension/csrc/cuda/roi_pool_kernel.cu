@@ -17,8 +17,7 @@
 
 #include "cuda_utils.cuh"
 
-namespace opforge {
-namespace cuda {
+namespace opforge::cuda {
 namespace {
 
 // Rounds a roi coordinate to the input grid; the clamp keeps far-away rois finite in int64.
@@ -47,9 +46,7 @@ __global__ void roi_pool_forward_kernel(
     const int64_t n = index / (pooled_width * pooled_height * channels);
 
     const scalar_t* roi = rois + n * 5;
-    if (!roi_is_valid<acc_t>(
-            static_cast<acc_t>(roi[0]), static_cast<acc_t>(roi[1]), static_cast<acc_t>(roi[2]),
-            static_cast<acc_t>(roi[3]), static_cast<acc_t>(roi[4]), batch_size)) {
+    if (!roi_is_valid<scalar_t, acc_t>(roi, batch_size)) {
       output[index] = static_cast<scalar_t>(0);
       argmax[index] = -1;
       continue;
@@ -227,5 +224,4 @@ TORCH_LIBRARY_IMPL(opforge, CUDA, m) {
   m.impl("_roi_pool_backward", TORCH_FN(roi_pool_backward_cuda));
 }
 
-}  // namespace cuda
-}  // namespace opforge
+}  // namespace opforge::cuda

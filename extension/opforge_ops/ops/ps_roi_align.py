@@ -1,6 +1,5 @@
 """ps_roi_align and PSRoIAlign (torch.ops.opforge.ps_roi_align): position-sensitive RoIAlign."""
 
-from typing import List, Union
 
 import torch
 from torch import Tensor, nn
@@ -14,7 +13,7 @@ from .roi_align import _check_roi_inputs
 
 def ps_roi_align(
     input: Tensor,
-    boxes: Union[Tensor, List[Tensor]],
+    boxes: Tensor | list[Tensor],
     output_size: BroadcastingList2[int],
     spatial_scale: float = 1.0,
     sampling_ratio: int = -1,
@@ -50,7 +49,7 @@ class PSRoIAlign(nn.Module):
         self.spatial_scale = spatial_scale
         self.sampling_ratio = sampling_ratio
 
-    def forward(self, input: Tensor, rois: Union[Tensor, List[Tensor]]) -> Tensor:
+    def forward(self, input: Tensor, rois: Tensor | list[Tensor]) -> Tensor:
         return ps_roi_align(input, rois, self.output_size, self.spatial_scale, self.sampling_ratio)
 
     def __repr__(self) -> str:

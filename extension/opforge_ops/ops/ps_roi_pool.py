@@ -1,6 +1,5 @@
 """ps_roi_pool and PSRoIPool (torch.ops.opforge.ps_roi_pool): position-sensitive RoIPool."""
 
-from typing import List, Union
 
 import torch
 from torch import Tensor, nn
@@ -14,7 +13,7 @@ from .ps_roi_align import _check_ps_roi_inputs, _ps_roi_backward_fake, _ps_roi_o
 
 def ps_roi_pool(
     input: Tensor,
-    boxes: Union[Tensor, List[Tensor]],
+    boxes: Tensor | list[Tensor],
     output_size: BroadcastingList2[int],
     spatial_scale: float = 1.0,
 ) -> Tensor:
@@ -45,7 +44,7 @@ class PSRoIPool(nn.Module):
         self.output_size = output_size
         self.spatial_scale = spatial_scale
 
-    def forward(self, input: Tensor, rois: Union[Tensor, List[Tensor]]) -> Tensor:
+    def forward(self, input: Tensor, rois: Tensor | list[Tensor]) -> Tensor:
         return ps_roi_pool(input, rois, self.output_size, self.spatial_scale)
 
     def __repr__(self) -> str:
