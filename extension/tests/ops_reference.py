@@ -130,7 +130,7 @@ def roi_pool(input, rois, spatial_scale, pooled_height, pooled_width):
                 if h1 <= h0 or w1 <= w0:
                     bins.append(input.new_zeros(channels))
                     continue
-                region = plane[:, h0:h1, w0:w1].reshape(channels, -1)
+                region = plane[:, h0:h1, w0:w1].reshape(channels, (h1 - h0) * (w1 - w0))
                 values, where = region.max(dim=1)
                 bins.append(values)
                 rows_, cols_ = where // (w1 - w0) + h0, where % (w1 - w0) + w0
