@@ -163,6 +163,10 @@ inline void check_ps_roi_inputs(
     int64_t pooled_width) {
   check_roi_inputs(op, input, rois, pooled_height, pooled_width);
   TORCH_CHECK(
+      pooled_height > 0 && pooled_width > 0,
+      op, ": output_size (pooled_height, pooled_width) must be positive, got (",
+      pooled_height, ", ", pooled_width, ")");
+  TORCH_CHECK(
       input.size(1) % (pooled_height * pooled_width) == 0,
       op, ": input channels (", input.size(1),
       ") must be a multiple of pooled_height * pooled_width (",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.fx
 from backends import ALL_FLOATS, BACKENDS
 from backends import backend_tolerance as tolerance
 from torch.library import opcheck
@@ -152,6 +153,27 @@ class PsRoiOpTester:
         module = self.make_module(2, 0.5, 2)
         torch.testing.assert_close(module(x, boxes), self.api_call(x, rois, (2, 2), 0.5, 2))
         assert repr(module).startswith(type(module).__name__ + "(output_size=2, spatial_scale=0.5")
+
+    def test_scripted_function_and_module_compute_what_eager_computes(self):
+        x, rois, scale, ph, pw, ratio = case_inputs(CASES[0], torch.float32, rois=8)
+        boxes = [rois[rois[:, 0] == i, 1:] for i in range(2)]
+        eager = self.api_call(x, boxes, (ph, pw), scale, ratio)
+        module = self.make_module((ph, pw), scale, ratio)
+        torch.testing.assert_close(torch.jit.script(module)(x, boxes), eager)
+        torch.testing.assert_close(torch.jit.script(module)(x, rois), module(x, rois))
+
+    def test_symbolic_trace_keeps_the_function_as_one_leaf(self):
+        x, rois, scale, ph, pw, ratio = case_inputs(CASES[0], torch.float32, rois=8)
+        tester = self
+
+        class Head(torch.nn.Module):
+            def forward(self, features, r):
+                return tester.api_call(features.relu(), r, (ph, pw), scale, ratio) * 2
+
+        graph_module = torch.fx.symbolic_trace(Head())
+        targets = [n.target for n in graph_module.graph.nodes if n.op == "call_function"]
+        assert getattr(opforge_ops, self.op) in targets
+        torch.testing.assert_close(graph_module(x, rois), Head()(x, rois))
 
     def test_double_backward_is_a_clear_error(self):
         x = torch.randn(1, 4, 6, 6, dtype=torch.float64, requires_grad=True)

@@ -17,11 +17,13 @@ from opforge_ops import (
     batched_nms,
     deform_conv2d,
     nms,
+    ps_roi_align,
+    ps_roi_pool,
     roi_align,
     roi_pool,
 )
 
-FUNCTIONS = [nms, batched_nms, roi_align, roi_pool, deform_conv2d]
+FUNCTIONS = [nms, batched_nms, roi_align, roi_pool, ps_roi_align, ps_roi_pool, deform_conv2d]
 
 
 def boxes(n):

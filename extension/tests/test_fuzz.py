@@ -173,7 +173,7 @@ ROI_DEFECTS = {
     "rois with 4 columns": (lambda x, r, p: (x, r[:, 1:], p), r"rois \(boxes\) must have shape \[K, 5\]"),
     "rois in another dtype": (lambda x, r, p: (x, _other_dtype(r), p), "input and rois must have the same dtype"),
     "integer input": (lambda x, r, p: (x.long(), r.long(), p), "input must be a floating point tensor"),
-    "zero output height": (lambda x, r, p: (x, r, (0, p[1])), "must be positive"),
+    "negative output height": (lambda x, r, p: (x, r, (-1, p[1])), "must not be negative"),
     "batch index past the batch": (
         lambda x, r, p: (x, torch.cat([r[:, :1] + x.shape[0], r[:, 1:]], 1), p),
         "is not a batch index of input",
@@ -203,6 +203,14 @@ def test_roi_op_of_broken_input_names_the_problem(name, defect):
             op(x, rois, scale, pooled, ratio, aligned)
 
     check()
+
+
+@pytest.mark.parametrize("name", ["ps_roi_align", "ps_roi_pool"])
+def test_ps_roi_op_of_an_empty_output_size_names_the_problem(name):
+    # roi_align / roi_pool give an empty output; C / (PH * PW) has no meaning for 0 bins
+    op, _, _ = ROI_OPS[name]
+    with pytest.raises(RuntimeError, match=rf"{name}: output_size \(pooled_height, pooled_width\) must be positive"):
+        op(torch.zeros(1, 4, 5, 5), torch.tensor([[0.0, 0, 0, 2, 2]]), 1.0, (0, 2), 1, False)
 
 
 @pytest.mark.parametrize("name", ["ps_roi_align", "ps_roi_pool"])

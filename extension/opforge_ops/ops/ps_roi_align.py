@@ -2,15 +2,17 @@
 
 
 import torch
+import torch.fx
 from torch import Tensor, nn
 from torch.jit.annotations import BroadcastingList2
 from torch.nn.modules.utils import _pair
 
 from ._first_order import forbid_double_backward
-from ._utils import check_roi_boxes_shape, convert_boxes_to_roi_format
+from ._utils import fx_leaf_call, rois_from_boxes
 from .roi_align import _check_roi_inputs
 
 
+@torch.fx.wrap
 def ps_roi_align(
     input: Tensor,
     boxes: Tensor | list[Tensor],
@@ -24,14 +26,16 @@ def ps_roi_align(
     boxes: Tensor[K, 5] (batch index, x1, y1, x2, y2) or a list of Tensor[L, 4], one per image.
     Output channel c of bin (i, j) averages bilinear samples of input channel
     (c * output_size[0] + i) * output_size[1] + j inside that bin (boxes shifted by -0.5 pixel).
-    sampling_ratio: samples per bin side (<= 0: adaptive, ceil(roi size / output size)).
+    sampling_ratio: samples per bin side (<= 0: adaptive, ceil(roi size / output size); a box
+    with no adaptive sample along a side averages to NaN, as in torchvision).
     Returns Tensor[K, C / (output_size[0] * output_size[1]), output_size[0], output_size[1]].
     """
-    check_roi_boxes_shape(boxes)
-    rois = boxes
+    if not torch.jit.is_scripting():
+        leaf = fx_leaf_call(ps_roi_align, (input, boxes, output_size, spatial_scale, sampling_ratio))
+        if leaf is not None:
+            return leaf
+    rois = rois_from_boxes(boxes)
     output_size = _pair(output_size)
-    if not isinstance(rois, torch.Tensor):
-        rois = convert_boxes_to_roi_format(rois)
     output, _ = torch.ops.opforge.ps_roi_align(
         input, rois, spatial_scale, output_size[0], output_size[1], sampling_ratio
     )
@@ -62,6 +66,13 @@ class PSRoIAlign(nn.Module):
 def _check_ps_roi_inputs(op, input, rois, pooled_height, pooled_width):
     """The fake kernels' twin of common.h check_ps_roi_inputs (same messages)."""
     _check_roi_inputs(op, input, rois, pooled_height, pooled_width)
+    torch._check(
+        pooled_height > 0 and pooled_width > 0,
+        lambda: (
+            f"{op}: output_size (pooled_height, pooled_width) must be positive, "
+            f"got ({pooled_height}, {pooled_width})"
+        ),
+    )
     bins = pooled_height * pooled_width
     torch._check(
         input.size(1) % bins == 0,

@@ -2,15 +2,17 @@
 
 
 import torch
+import torch.fx
 from torch import Tensor, nn
 from torch.jit.annotations import BroadcastingList2
 from torch.nn.modules.utils import _pair
 
 from ._first_order import forbid_double_backward
-from ._utils import check_roi_boxes_shape, convert_boxes_to_roi_format
+from ._utils import fx_leaf_call, rois_from_boxes
 from .ps_roi_align import _check_ps_roi_inputs, _ps_roi_backward_fake, _ps_roi_outputs
 
 
+@torch.fx.wrap
 def ps_roi_pool(
     input: Tensor,
     boxes: Tensor | list[Tensor],
@@ -25,14 +27,13 @@ def ps_roi_pool(
     output_size[1] + j over that bin. As in torchvision, bins stop before the input's last row
     and column. Returns Tensor[K, C / (output_size[0] * output_size[1]), *output_size].
     """
-    check_roi_boxes_shape(boxes)
-    rois = boxes
+    if not torch.jit.is_scripting():
+        leaf = fx_leaf_call(ps_roi_pool, (input, boxes, output_size, spatial_scale))
+        if leaf is not None:
+            return leaf
+    rois = rois_from_boxes(boxes)
     output_size = _pair(output_size)
-    if not isinstance(rois, torch.Tensor):
-        rois = convert_boxes_to_roi_format(rois)
-    output, _ = torch.ops.opforge.ps_roi_pool(
-        input, rois, spatial_scale, output_size[0], output_size[1]
-    )
+    output, _ = torch.ops.opforge.ps_roi_pool(input, rois, spatial_scale, output_size[0], output_size[1])
     return output
 
 

@@ -229,6 +229,89 @@ def _roi_common_cases(op: str, call) -> Iterator[Case]:
         yield Case(op, name, make, fn)
 
 
+# --- ps_roi_align / ps_roi_pool and their modules -----------------------------------------
+
+
+def _ps_inputs(dtype, form, memory, bins, channels_out=2, interior=False, k=6, batch=2, height=9, width=11):
+    """Inputs with channels_out * bins channels. interior: boxes that stay off the last row and
+    column (where torchvision's ps_roi_pool backward is not the gradient of its forward)."""
+    x = layout(torch.rand(batch, channels_out * bins, height, width, dtype=dtype), memory)
+    if interior:
+        xy = torch.rand(k, 2) * torch.tensor([width / 2, height / 2])
+        wh = torch.rand(k, 2) * torch.tensor([width / 3, height / 3])
+        index = torch.randint(0, batch, (k, 1)).to(torch.float64)
+        r = torch.cat([index, xy, xy + wh], dim=1).to(dtype)
+    else:
+        r = rois(k, batch, height, width, dtype)
+    if form == "list":
+        return x, [r[r[:, 0] == i, 1:] for i in range(batch)]
+    if form == "tuple":
+        return x, tuple(r[r[:, 0] == i, 1:] for i in range(batch))
+    if form == "strided":
+        return x, layout(r, "strided")
+    return x, r
+
+
+def _bins(size) -> int:
+    return size * size if isinstance(size, int) else size[0] * size[1]
+
+
+def ps_roi_align_cases() -> Iterator[Case]:
+    forms = ("tensor", "list", "tuple", "strided")
+    memories = ("contiguous", "channels_last", "strided")
+    for dtype, form, memory in itertools.product(FLOAT_DTYPES + (torch.float16,), forms, memories):
+        for size, scale, ratio in ((2, 1.0, -1), ((3, 2), 0.5, 2), ([1, 4], 2.0, 0)):
+            yield Case(
+                "ps_roi_align", f"{dtype}-{form}-{memory}-{size}-{scale}-{ratio}",
+                lambda dtype=dtype, form=form, memory=memory, size=size: _ps_inputs(
+                    dtype, form, memory, _bins(size)),
+                lambda ns, a, size=size, scale=scale, ratio=ratio: ns.ps_roi_align(a[0], a[1], size, scale, ratio),
+                grad=dtype == torch.float64,
+            )
+    yield from _ps_common_cases("ps_roi_align", lambda ns, a, size=1: ns.ps_roi_align(a[0], a[1], size, 1.0, -1))
+    yield Case("ps_roi_align", "keyword-arguments", lambda: _ps_inputs(torch.float32, "tensor", "contiguous", 4),
+               lambda ns, a: ns.ps_roi_align(input=a[0], boxes=a[1], output_size=(2, 2), spatial_scale=0.5,
+                                             sampling_ratio=3))
+    yield Case("ps_roi_align", "defaults", lambda: _ps_inputs(torch.float32, "tensor", "contiguous", 9),
+               lambda ns, a: ns.ps_roi_align(a[0], a[1], 3))
+    yield Case("ps_roi_align", "module", lambda: _ps_inputs(torch.float64, "list", "contiguous", 6),
+               lambda ns, a: ns.PSRoIAlign((2, 3), 0.5, 2)(a[0], a[1]), grad=True)
+    yield Case("ps_roi_align", "module-repr", lambda: (), lambda ns, a: repr(ns.PSRoIAlign((2, 3), 0.5, 2)))
+
+
+def ps_roi_pool_cases() -> Iterator[Case]:
+    forms = ("tensor", "list", "tuple", "strided")
+    memories = ("contiguous", "channels_last", "strided")
+    for dtype, form, memory in itertools.product(FLOAT_DTYPES, forms, memories):
+        for size, scale in ((2, 1.0), ((3, 2), 0.5), ([1, 4], 2.0)):
+            yield Case(
+                "ps_roi_pool", f"{dtype}-{form}-{memory}-{size}-{scale}",
+                lambda dtype=dtype, form=form, memory=memory, size=size: _ps_inputs(
+                    dtype, form, memory, _bins(size)),
+                lambda ns, a, size=size, scale=scale: ns.ps_roi_pool(a[0], a[1], size, scale),
+            )
+            if scale <= 1.0:  # the gradient, on boxes off the last row and column
+                yield Case(
+                    "ps_roi_pool", f"{dtype}-{form}-{memory}-{size}-{scale}-interior",
+                    lambda dtype=dtype, form=form, memory=memory, size=size: _ps_inputs(
+                        dtype, form, memory, _bins(size), interior=True),
+                    lambda ns, a, size=size, scale=scale: ns.ps_roi_pool(a[0], a[1], size, scale),
+                    grad=dtype == torch.float64,
+                )
+    yield from _ps_common_cases("ps_roi_pool", lambda ns, a, size=1: ns.ps_roi_pool(a[0], a[1], size, 1.0))
+    yield Case("ps_roi_pool", "module", lambda: _ps_inputs(torch.float64, "list", "contiguous", 6, interior=True),
+               lambda ns, a: ns.PSRoIPool((2, 3), 0.5)(a[0], a[1]), grad=True)
+    yield Case("ps_roi_pool", "module-repr", lambda: (), lambda ns, a: repr(ns.PSRoIPool((2, 3), 0.5)))
+
+
+def _ps_common_cases(op: str, call) -> Iterator[Case]:
+    """The roi ops' empty, degenerate and malformed inputs (one bin, so any channel count is
+    valid), and the channel count the bins do not divide."""
+    yield from _roi_common_cases(op, call)
+    yield Case(op, "channels-not-a-multiple-of-bins", lambda: (torch.rand(2, 6, 8, 8), rois(3, 2, 8, 8)),
+               lambda ns, a: call(ns, a, (2, 2)))
+
+
 # --- deform_conv2d and DeformConv2d ------------------------------------------------------
 
 
@@ -377,6 +460,8 @@ CASES: dict[str, Callable[[], Iterator[Case]]] = {
     "batched_nms": batched_nms_cases,
     "roi_align": roi_align_cases,
     "roi_pool": roi_pool_cases,
+    "ps_roi_align": ps_roi_align_cases,
+    "ps_roi_pool": ps_roi_pool_cases,
     "deform_conv2d": deform_conv2d_cases,
     "quantized": quantized_cases,
 }
@@ -385,7 +470,7 @@ CASES: dict[str, Callable[[], Iterator[Case]]] = {
 # RuntimeError naming the problem. Each is listed in extension/README.md.
 DIFFERENCES: dict[str, str] = {
     f"{op}-{name}": reason
-    for op in ("roi_align", "roi_pool")
+    for op in ("roi_align", "roi_pool", "ps_roi_align", "ps_roi_pool")
     for name, reason in {
         "batch-index-out-of-range": "a roi's batch index past the batch reads outside the input",
         "batch-index-negative": "a negative batch index reads before the input",
@@ -400,6 +485,12 @@ DIFFERENCES: dict[str, str] = {
 TORCHVISION_CRASHES: dict[str, str] = {
     "roi_align-input-zero-height": "zeros",  # torchvision: segmentation fault
     "roi_align-input-zero-width": "zeros",
+    "ps_roi_align-input-zero-height": "zeros",  # torchvision: reads before the input
+    "ps_roi_align-input-zero-width": "zeros",
+    "ps_roi_align-output-size-0": "RuntimeError",  # torchvision: SIGFPE (channels % 0)
+    "ps_roi_align-output-size-0-by-2": "RuntimeError",
+    "ps_roi_pool-output-size-0": "RuntimeError",
+    "ps_roi_pool-output-size-0-by-2": "RuntimeError",
     "deform_conv2d-stride-zero": "RuntimeError",  # torchvision: SIGFPE (division by zero)
 }
 
