@@ -4,7 +4,8 @@
 #include <Python.h>
 
 static struct PyModuleDef opforge_c_module = {
-    PyModuleDef_HEAD_INIT, "_C", "opforge_ops compiled operators (registered in torch.ops.opforge)", -1, nullptr};
+    PyModuleDef_HEAD_INIT, "_C", "opforge_ops compiled operators (registered in torch.ops.opforge)",
+    -1, nullptr};
 
 PyMODINIT_FUNC PyInit__C(void) {
   return PyModule_Create(&opforge_c_module);

@@ -14,25 +14,25 @@ at::Tensor to_float(const at::Tensor& t) {
   return at::autocast::cached_cast(at::kFloat, t, device);
 }
 
-} // namespace opforge::autocast
+}  // namespace opforge::autocast
 
 // Registers `fn<key, device>` (a template over the autocast key and its device) as
 // the autocast kernel of `op` for CPU, and for CUDA / MPS when the wheel has them.
-#define OPFORGE_AUTOCAST_CPU_(op, fn)                                       \
-  TORCH_LIBRARY_IMPL(opforge, AutocastCPU, m) {                             \
+#define OPFORGE_AUTOCAST_CPU_(op, fn)                                                \
+  TORCH_LIBRARY_IMPL(opforge, AutocastCPU, m) {                                      \
     m.impl(op, TORCH_FN((fn<c10::DispatchKey::AutocastCPU, c10::DeviceType::CPU>))); \
   }
 #ifdef WITH_CUDA
-#define OPFORGE_AUTOCAST_CUDA_(op, fn)                                      \
-  TORCH_LIBRARY_IMPL(opforge, AutocastCUDA, m) {                            \
+#define OPFORGE_AUTOCAST_CUDA_(op, fn)                                                 \
+  TORCH_LIBRARY_IMPL(opforge, AutocastCUDA, m) {                                       \
     m.impl(op, TORCH_FN((fn<c10::DispatchKey::AutocastCUDA, c10::DeviceType::CUDA>))); \
   }
 #else
 #define OPFORGE_AUTOCAST_CUDA_(op, fn)
 #endif
 #ifdef WITH_MPS
-#define OPFORGE_AUTOCAST_MPS_(op, fn)                                       \
-  TORCH_LIBRARY_IMPL(opforge, AutocastMPS, m) {                             \
+#define OPFORGE_AUTOCAST_MPS_(op, fn)                                                \
+  TORCH_LIBRARY_IMPL(opforge, AutocastMPS, m) {                                      \
     m.impl(op, TORCH_FN((fn<c10::DispatchKey::AutocastMPS, c10::DeviceType::MPS>))); \
   }
 #else

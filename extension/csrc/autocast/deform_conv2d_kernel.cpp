@@ -6,21 +6,12 @@ namespace {
 
 // Runs in float32 (float64 stays float64) and returns the input's dtype.
 template <c10::DispatchKey key, c10::DeviceType device>
-at::Tensor deform_conv2d_autocast(
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    const at::Tensor& offset,
-    const at::Tensor& mask,
-    const at::Tensor& bias,
-    c10::SymInt stride_h,
-    c10::SymInt stride_w,
-    c10::SymInt pad_h,
-    c10::SymInt pad_w,
-    c10::SymInt dilation_h,
-    c10::SymInt dilation_w,
-    c10::SymInt groups,
-    c10::SymInt offset_groups,
-    bool use_mask) {
+at::Tensor deform_conv2d_autocast(const at::Tensor& input, const at::Tensor& weight,
+                                  const at::Tensor& offset, const at::Tensor& mask,
+                                  const at::Tensor& bias, c10::SymInt stride_h,
+                                  c10::SymInt stride_w, c10::SymInt pad_h, c10::SymInt pad_w,
+                                  c10::SymInt dilation_h, c10::SymInt dilation_w,
+                                  c10::SymInt groups, c10::SymInt offset_groups, bool use_mask) {
   c10::impl::ExcludeDispatchKeyGuard no_autocast(key);
   return ops::deform_conv2d(
              to_float<device>(input), to_float<device>(weight), to_float<device>(offset),
@@ -30,8 +21,8 @@ at::Tensor deform_conv2d_autocast(
       .to(input.scalar_type());
 }
 
-} // namespace
+}  // namespace
 
 OPFORGE_AUTOCAST_IMPL("deform_conv2d", deform_conv2d_autocast)
 
-} // namespace opforge::autocast
+}  // namespace opforge::autocast

@@ -10,8 +10,8 @@ at::Tensor nms_autocast(const at::Tensor& dets, const at::Tensor& scores, double
   return ops::nms(to_float<device>(dets), to_float<device>(scores), iou_threshold);
 }
 
-} // namespace
+}  // namespace
 
 OPFORGE_AUTOCAST_IMPL("nms", nms_autocast)
 
-} // namespace opforge::autocast
+}  // namespace opforge::autocast

@@ -14,10 +14,10 @@ at::Tensor nms_autograd(const at::Tensor& dets, const at::Tensor& scores, double
   return ops::nms(dets, scores, iou_threshold);
 }
 
-} // namespace
+}  // namespace
 
 TORCH_LIBRARY_IMPL(opforge, Autograd, m) {
   m.impl("nms", TORCH_FN(nms_autograd));
 }
 
-} // namespace opforge::autograd
+}  // namespace opforge::autograd

@@ -50,7 +50,7 @@ struct Corners {
   // Fractional parts, needed for coordinate gradients.
   scalar_t ly, lx;
   bool inside;  // false when the point samples 0 as a whole
-  bool nan;  // a coordinate is NaN: the sample and its coordinate gradients are NaN
+  bool nan;     // a coordinate is NaN: the sample and its coordinate gradients are NaN
 };
 
 template <typename scalar_t>
@@ -108,14 +108,18 @@ void compute_block_corners(const Geometry& g, const scalar_t* offset, const scal
   for (int64_t p = p_begin; p < p_end; ++p) {
     const int64_t oh = p / g.out_w;
     const int64_t ow = p % g.out_w;
-    const scalar_t y = static_cast<scalar_t>(oh * g.stride_h - g.pad_h + i * g.dilation_h) + off_y[p];
-    const scalar_t x = static_cast<scalar_t>(ow * g.stride_w - g.pad_w + j * g.dilation_w) + off_x[p];
+    const scalar_t y =
+        static_cast<scalar_t>(oh * g.stride_h - g.pad_h + i * g.dilation_h) + off_y[p];
+    const scalar_t x =
+        static_cast<scalar_t>(ow * g.stride_w - g.pad_w + j * g.dilation_w) + off_x[p];
     compute_corners(y, x, g.height, g.width, corners[p - p_begin]);
     masks[p - p_begin] = msk ? msk[p] : scalar_t(1);
   }
 }
 
-inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+inline int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
 
 // columns[(c * kk + tap), local_image * out_size + p] =
 //     mask * bilinear(input[image, c], y(p, tap), x(p, tap))
@@ -228,10 +232,9 @@ void deformable_col2im(const Geometry& g, const scalar_t* grad_columns, const sc
 // Gradients with respect to the sampling coordinates (hence the offsets) and
 // the mask. One task owns one (image, offset group, tap, position block).
 template <typename scalar_t>
-void deformable_col2im_coord(const Geometry& g, const scalar_t* grad_columns,
-                             const scalar_t* input, const scalar_t* offset, const scalar_t* mask,
-                             int64_t first_image, int64_t n_images, scalar_t* grad_offset,
-                             scalar_t* grad_mask) {
+void deformable_col2im_coord(const Geometry& g, const scalar_t* grad_columns, const scalar_t* input,
+                             const scalar_t* offset, const scalar_t* mask, int64_t first_image,
+                             int64_t n_images, scalar_t* grad_offset, scalar_t* grad_mask) {
   const int64_t kk = g.kernel_size();
   const int64_t out_size = g.out_size();
   const int64_t plane = g.height * g.width;
@@ -284,7 +287,8 @@ void deformable_col2im_coord(const Geometry& g, const scalar_t* grad_columns,
       scalar_t* goff_x = goff_y + out_size;
       for (int64_t p = p0; p < p1; ++p) {
         if (corners[p - p0].nan) {
-          acc_y[p - p0] = acc_x[p - p0] = acc_v[p - p0] = std::numeric_limits<scalar_t>::quiet_NaN();
+          acc_y[p - p0] = acc_x[p - p0] = acc_v[p - p0] =
+              std::numeric_limits<scalar_t>::quiet_NaN();
         }
         goff_y[p] = masks[p - p0] * acc_y[p - p0];
         goff_x[p] = masks[p - p0] * acc_x[p - p0];
@@ -299,25 +303,26 @@ void deformable_col2im_coord(const Geometry& g, const scalar_t* grad_columns,
   });
 }
 
-bool is_reduced_float(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
+bool is_reduced_float(at::ScalarType t) {
+  return t == at::kHalf || t == at::kBFloat16;
+}
 
 // Weight viewed as (groups, out_channels / groups, in_channels / groups * kk).
 at::Tensor grouped_weight(const at::Tensor& weight, const Geometry& g) {
-  return weight.reshape({g.groups, g.out_channels / g.groups,
-                         g.channels / g.groups * g.kernel_size()});
+  return weight.reshape(
+      {g.groups, g.out_channels / g.groups, g.channels / g.groups * g.kernel_size()});
 }
 
 at::Tensor forward_impl(const at::Tensor& input_, const at::Tensor& weight_,
-                        const at::Tensor& offset_, const at::Tensor& mask_,
-                        const at::Tensor& bias_, const Geometry& g) {
+                        const at::Tensor& offset_, const at::Tensor& mask_, const at::Tensor& bias_,
+                        const Geometry& g) {
   const at::Tensor input = input_.contiguous();
   const at::Tensor weight = weight_.contiguous();
   const at::Tensor offset = offset_.contiguous();
   const at::Tensor mask = g.use_mask ? mask_.contiguous() : mask_;
   const at::Tensor bias = bias_.contiguous();
 
-  at::Tensor output =
-      at::zeros({g.batch, g.out_channels, g.out_h, g.out_w}, input.options());
+  at::Tensor output = at::zeros({g.batch, g.out_channels, g.out_h, g.out_w}, input.options());
   if (g.batch == 0) {
     return output;
   }
@@ -331,7 +336,8 @@ at::Tensor forward_impl(const at::Tensor& input_, const at::Tensor& weight_,
     for (int64_t b0 = 0; b0 < g.batch; b0 += chunk) {
       const int64_t n = std::min(chunk, g.batch - b0);
       // A prefix of the flat buffer, so a short last chunk stays contiguous.
-      at::Tensor cols = columns.view({-1}).narrow(0, 0, rows * n * out_size).view({rows, n * out_size});
+      at::Tensor cols =
+          columns.view({-1}).narrow(0, 0, rows * n * out_size).view({rows, n * out_size});
       deformable_im2col<scalar_t>(g, input.data_ptr<scalar_t>(), offset.data_ptr<scalar_t>(),
                                   g.use_mask ? mask.data_ptr<scalar_t>() : nullptr, b0, n,
                                   cols.data_ptr<scalar_t>());
@@ -384,8 +390,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_
                                 .transpose(0, 1)
                                 .contiguous()
                                 .view({g.groups, g.out_channels / g.groups, n_cols});
-      at::Tensor gcols =
-          grad_columns.view({-1}).narrow(0, 0, rows * n_cols).view({g.groups, rows / g.groups, n_cols});
+      at::Tensor gcols = grad_columns.view({-1})
+                             .narrow(0, 0, rows * n_cols)
+                             .view({g.groups, rows / g.groups, n_cols});
       at::bmm_out(gcols, w_t, go);
       const scalar_t* gcols_ptr = gcols.data_ptr<scalar_t>();
       const scalar_t* mask_ptr = g.use_mask ? mask.data_ptr<scalar_t>() : nullptr;
@@ -393,8 +400,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_
                                   grad_input.data_ptr<scalar_t>());
       deformable_col2im_coord<scalar_t>(
           g, gcols_ptr, input.data_ptr<scalar_t>(), offset.data_ptr<scalar_t>(), mask_ptr, b0, n,
-          grad_offset.data_ptr<scalar_t>(),
-          g.use_mask ? grad_mask.data_ptr<scalar_t>() : nullptr);
+          grad_offset.data_ptr<scalar_t>(), g.use_mask ? grad_mask.data_ptr<scalar_t>() : nullptr);
 
       at::Tensor cols = columns.view({-1}).narrow(0, 0, rows * n_cols).view({rows, n_cols});
       deformable_im2col<scalar_t>(g, input.data_ptr<scalar_t>(), offset.data_ptr<scalar_t>(),
@@ -408,13 +414,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_
 
 at::Tensor deform_conv2d_forward_kernel(const at::Tensor& input, const at::Tensor& weight,
                                         const at::Tensor& offset, const at::Tensor& mask,
-                                        const at::Tensor& bias, int64_t stride_h,
-                                        int64_t stride_w, int64_t pad_h, int64_t pad_w,
-                                        int64_t dilation_h, int64_t dilation_w, int64_t groups,
-                                        int64_t offset_groups, bool use_mask) {
-  const Geometry g = check_deform_conv2d_args(c10::DeviceType::CPU, input, weight, offset, mask, bias, stride_h, stride_w,
-                                        pad_h, pad_w, dilation_h, dilation_w, groups,
-                                        offset_groups, use_mask);
+                                        const at::Tensor& bias, int64_t stride_h, int64_t stride_w,
+                                        int64_t pad_h, int64_t pad_w, int64_t dilation_h,
+                                        int64_t dilation_w, int64_t groups, int64_t offset_groups,
+                                        bool use_mask) {
+  const Geometry g = check_deform_conv2d_args(c10::DeviceType::CPU, input, weight, offset, mask,
+                                              bias, stride_h, stride_w, pad_h, pad_w, dilation_h,
+                                              dilation_w, groups, offset_groups, use_mask);
   if (is_reduced_float(input.scalar_type())) {
     // Sampling and accumulation in float32, like the autocast path.
     return forward_impl(input.to(at::kFloat), weight.to(at::kFloat), offset.to(at::kFloat),
@@ -431,9 +437,9 @@ deform_conv2d_backward_kernel(const at::Tensor& grad, const at::Tensor& input,
                               int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h,
                               int64_t dilation_w, int64_t groups, int64_t offset_groups,
                               bool use_mask) {
-  const Geometry g = check_deform_conv2d_args(c10::DeviceType::CPU, input, weight, offset, mask, bias, stride_h, stride_w,
-                                        pad_h, pad_w, dilation_h, dilation_w, groups,
-                                        offset_groups, use_mask);
+  const Geometry g = check_deform_conv2d_args(c10::DeviceType::CPU, input, weight, offset, mask,
+                                              bias, stride_h, stride_w, pad_h, pad_w, dilation_h,
+                                              dilation_w, groups, offset_groups, use_mask);
   TORCH_CHECK(grad.device().is_cpu(), "deform_conv2d backward: grad must be a CPU tensor, got ",
               grad.device());
   TORCH_CHECK(grad.scalar_type() == input.scalar_type(),
@@ -457,8 +463,7 @@ deform_conv2d_backward_kernel(const at::Tensor& grad, const at::Tensor& input,
 
 TORCH_LIBRARY_IMPL(opforge, CPU, m) {
   m.impl("deform_conv2d", TORCH_FN(deform_conv2d_forward_kernel));
-  m.impl("_deform_conv2d_backward",
-         TORCH_FN(deform_conv2d_backward_kernel));
+  m.impl("_deform_conv2d_backward", TORCH_FN(deform_conv2d_backward_kernel));
 }
 
-} // namespace opforge::ops
+}  // namespace opforge::ops

@@ -17,7 +17,8 @@ at::Tensor nms_impl(const at::Tensor& dets, const at::Tensor& scores, double iou
   using acc_t = at::opmath_type<scalar_t>;
   const int64_t n = dets.size(0);
   // Stable so that equal scores keep their input order, as a reader expects.
-  const at::Tensor order = std::get<1>(scores.sort(/*stable=*/true, /*dim=*/0, /*descending=*/true));
+  const at::Tensor order =
+      std::get<1>(scores.sort(/*stable=*/true, /*dim=*/0, /*descending=*/true));
   const int64_t* order_p = order.data_ptr<int64_t>();
   const at::Tensor boxes = dets.contiguous();
   const scalar_t* b = boxes.data_ptr<scalar_t>();
@@ -51,7 +52,8 @@ at::Tensor nms_impl(const at::Tensor& dets, const at::Tensor& scores, double iou
       suppressed[j] |= static_cast<uint8_t>(iou > threshold);
     }
   }
-  at::Tensor result = at::empty({static_cast<int64_t>(keep.size())}, dets.options().dtype(at::kLong));
+  at::Tensor result =
+      at::empty({static_cast<int64_t>(keep.size())}, dets.options().dtype(at::kLong));
   std::copy(keep.begin(), keep.end(), result.data_ptr<int64_t>());
   return result;
 }
@@ -63,16 +65,15 @@ at::Tensor nms_kernel(const at::Tensor& dets, const at::Tensor& scores, double i
   }
   at::Tensor result;
   AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, dets.scalar_type(), "opforge_nms_cpu", [&] {
-        result = nms_impl<scalar_t>(dets, scores, iou_threshold);
-      });
+      at::kHalf, at::kBFloat16, dets.scalar_type(), "opforge_nms_cpu",
+      [&] { result = nms_impl<scalar_t>(dets, scores, iou_threshold); });
   return result;
 }
 
-} // namespace
+}  // namespace
 
 TORCH_LIBRARY_IMPL(opforge, CPU, m) {
   m.impl("nms", TORCH_FN(nms_kernel));
 }
 
-} // namespace opforge::cpu
+}  // namespace opforge::cpu

@@ -22,23 +22,19 @@ namespace {
 // torchvision divides by the raw adaptive grid product: a roi whose adaptive grid is
 // 0 along a side (its size in (-PH, 0]) averages 0 samples over 0, which is NaN.
 template <typename acc_t>
-bool averages_nothing(const RoiGrid<acc_t>& grid, int64_t pooled_h, int64_t pooled_w, int64_t sampling_ratio) {
+bool averages_nothing(const RoiGrid<acc_t>& grid, int64_t pooled_h, int64_t pooled_w,
+                      int64_t sampling_ratio) {
   if (sampling_ratio > 0) {
     return false;
   }
-  return std::ceil(double(grid.roi_h / pooled_h)) == 0.0 || std::ceil(double(grid.roi_w / pooled_w)) == 0.0;
+  return std::ceil(double(grid.roi_h / pooled_h)) == 0.0 ||
+         std::ceil(double(grid.roi_w / pooled_w)) == 0.0;
 }
 
 template <typename scalar_t>
-void ps_roi_align_forward_impl(
-    const at::Tensor& input,
-    const at::Tensor& rois,
-    at::Tensor& output,
-    at::Tensor& channel_mapping,
-    double spatial_scale,
-    int64_t pooled_h,
-    int64_t pooled_w,
-    int64_t sampling_ratio) {
+void ps_roi_align_forward_impl(const at::Tensor& input, const at::Tensor& rois, at::Tensor& output,
+                               at::Tensor& channel_mapping, double spatial_scale, int64_t pooled_h,
+                               int64_t pooled_w, int64_t sampling_ratio) {
   using acc_t = at::opmath_type<scalar_t>;
   const int64_t channels = input.size(1);
   const int64_t height = input.size(2);
@@ -60,9 +56,9 @@ void ps_roi_align_forward_impl(
       const int64_t n = index / channels_out;
       const int64_t c_out = index % channels_out;
       if (n != current) {
-        compute_roi_grid<scalar_t, acc_t>(
-            "ps_roi_align", grid, roi_p + n * 5, static_cast<acc_t>(spatial_scale), height, width,
-            pooled_h, pooled_w, sampling_ratio, /*aligned=*/true);
+        compute_roi_grid<scalar_t, acc_t>("ps_roi_align", grid, roi_p + n * 5,
+                                          static_cast<acc_t>(spatial_scale), height, width,
+                                          pooled_h, pooled_w, sampling_ratio, /*aligned=*/true);
         nan_roi = averages_nothing(grid, pooled_h, pooled_w, sampling_ratio);
         current = n;
       }
@@ -73,11 +69,13 @@ void ps_roi_align_forward_impl(
         acc_t sum = 0;
         for (int64_t t = grid.bin_begin[bin]; t < grid.bin_begin[bin + 1]; ++t) {
           const Tap<acc_t>& tap = grid.taps[t];
-          sum += tap.w[0] * static_cast<acc_t>(p[tap.pos[0]]) + tap.w[1] * static_cast<acc_t>(p[tap.pos[1]]) +
-              tap.w[2] * static_cast<acc_t>(p[tap.pos[2]]) + tap.w[3] * static_cast<acc_t>(p[tap.pos[3]]);
+          sum += tap.w[0] * static_cast<acc_t>(p[tap.pos[0]]) +
+                 tap.w[1] * static_cast<acc_t>(p[tap.pos[1]]) +
+                 tap.w[2] * static_cast<acc_t>(p[tap.pos[2]]) +
+                 tap.w[3] * static_cast<acc_t>(p[tap.pos[3]]);
         }
-        out[index * bins + bin] =
-            static_cast<scalar_t>(nan_roi ? std::numeric_limits<acc_t>::quiet_NaN() : sum / grid.count);
+        out[index * bins + bin] = static_cast<scalar_t>(
+            nan_roi ? std::numeric_limits<acc_t>::quiet_NaN() : sum / grid.count);
         mapping[index * bins + bin] = static_cast<int32_t>(c_first + bin);
       }
     }
@@ -85,15 +83,10 @@ void ps_roi_align_forward_impl(
 }
 
 template <typename scalar_t>
-void ps_roi_align_backward_impl(
-    const at::Tensor& grad,
-    const at::Tensor& rois,
-    const at::Tensor& channel_mapping,
-    at::Tensor& grad_input,
-    double spatial_scale,
-    int64_t pooled_h,
-    int64_t pooled_w,
-    int64_t sampling_ratio) {
+void ps_roi_align_backward_impl(const at::Tensor& grad, const at::Tensor& rois,
+                                const at::Tensor& channel_mapping, at::Tensor& grad_input,
+                                double spatial_scale, int64_t pooled_h, int64_t pooled_w,
+                                int64_t sampling_ratio) {
   using acc_t = at::opmath_type<scalar_t>;
   const int64_t num_rois = rois.size(0);
   const int64_t channels = grad_input.size(1);
@@ -118,9 +111,9 @@ void ps_roi_align_backward_impl(
           continue;
         }
         if (!built) {
-          compute_roi_grid<scalar_t, acc_t>(
-              "_ps_roi_align_backward", grid, roi_p + n * 5, static_cast<acc_t>(spatial_scale), height,
-              width, pooled_h, pooled_w, sampling_ratio, /*aligned=*/true);
+          compute_roi_grid<scalar_t, acc_t>("_ps_roi_align_backward", grid, roi_p + n * 5,
+                                            static_cast<acc_t>(spatial_scale), height, width,
+                                            pooled_h, pooled_w, sampling_ratio, /*aligned=*/true);
           built = true;
         }
         const int64_t bin = e % bins;
@@ -138,12 +131,8 @@ void ps_roi_align_backward_impl(
 }
 
 std::tuple<at::Tensor, at::Tensor> ps_roi_align_forward_kernel(
-    const at::Tensor& input,
-    const at::Tensor& rois,
-    double spatial_scale,
-    int64_t pooled_height,
-    int64_t pooled_width,
-    int64_t sampling_ratio) {
+    const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t pooled_height,
+    int64_t pooled_width, int64_t sampling_ratio) {
   check_ps_roi_inputs("ps_roi_align", input, rois, pooled_height, pooled_width);
   check_plane_fits_int32("ps_roi_align", input.size(2), input.size(3));
   const int64_t channels_out = input.size(1) / (pooled_height * pooled_width);
@@ -157,32 +146,26 @@ std::tuple<at::Tensor, at::Tensor> ps_roi_align_forward_kernel(
   const at::Tensor rois_c = rois.contiguous();
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kHalf, at::kBFloat16, input.scalar_type(), "opforge_ps_roi_align_forward_cpu", [&] {
-        check_rois_values("ps_roi_align", rois_c.const_data_ptr<scalar_t>(), rois_c.size(0), input.size(0));
-        ps_roi_align_forward_impl<scalar_t>(
-            input_c, rois_c, output, channel_mapping, spatial_scale, pooled_height, pooled_width,
-            sampling_ratio);
+        check_rois_values("ps_roi_align", rois_c.const_data_ptr<scalar_t>(), rois_c.size(0),
+                          input.size(0));
+        ps_roi_align_forward_impl<scalar_t>(input_c, rois_c, output, channel_mapping, spatial_scale,
+                                            pooled_height, pooled_width, sampling_ratio);
       });
   return {output, channel_mapping};
 }
 
-at::Tensor ps_roi_align_backward_kernel(
-    const at::Tensor& grad,
-    const at::Tensor& rois,
-    const at::Tensor& channel_mapping,
-    double spatial_scale,
-    int64_t pooled_height,
-    int64_t pooled_width,
-    int64_t sampling_ratio,
-    int64_t batch_size,
-    int64_t channels,
-    int64_t height,
-    int64_t width) {
+at::Tensor ps_roi_align_backward_kernel(const at::Tensor& grad, const at::Tensor& rois,
+                                        const at::Tensor& channel_mapping, double spatial_scale,
+                                        int64_t pooled_height, int64_t pooled_width,
+                                        int64_t sampling_ratio, int64_t batch_size,
+                                        int64_t channels, int64_t height, int64_t width) {
   constexpr const char* op = "_ps_roi_align_backward";
-  check_ps_roi_backward_inputs(
-      op, grad, rois, channel_mapping, pooled_height, pooled_width, batch_size, channels, height, width);
+  check_ps_roi_backward_inputs(op, grad, rois, channel_mapping, pooled_height, pooled_width,
+                               batch_size, channels, height, width);
   check_plane_fits_int32(op, height, width);
   const auto acc_dtype = at::toOpMathType(grad.scalar_type());
-  at::Tensor grad_input = at::zeros({batch_size, channels, height, width}, grad.options().dtype(acc_dtype));
+  at::Tensor grad_input =
+      at::zeros({batch_size, channels, height, width}, grad.options().dtype(acc_dtype));
   if (grad.numel() == 0 || grad_input.numel() == 0) {
     return grad_input.to(grad.scalar_type());
   }
@@ -193,17 +176,17 @@ at::Tensor ps_roi_align_backward_kernel(
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kHalf, at::kBFloat16, grad.scalar_type(), "opforge_ps_roi_align_backward_cpu", [&] {
         check_rois_values(op, rois_c.const_data_ptr<scalar_t>(), rois_c.size(0), batch_size);
-        ps_roi_align_backward_impl<scalar_t>(
-            grad_c, rois_c, mapping_c, grad_input, spatial_scale, pooled_height, pooled_width, sampling_ratio);
+        ps_roi_align_backward_impl<scalar_t>(grad_c, rois_c, mapping_c, grad_input, spatial_scale,
+                                             pooled_height, pooled_width, sampling_ratio);
       });
   return grad_input.to(grad.scalar_type());
 }
 
-} // namespace
+}  // namespace
 
 TORCH_LIBRARY_IMPL(opforge, CPU, m) {
   m.impl("ps_roi_align", TORCH_FN(ps_roi_align_forward_kernel));
   m.impl("_ps_roi_align_backward", TORCH_FN(ps_roi_align_backward_kernel));
 }
 
-} // namespace opforge::cpu
+}  // namespace opforge::cpu

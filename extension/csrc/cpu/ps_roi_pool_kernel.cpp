@@ -32,14 +32,8 @@ inline int64_t round_coordinate(double value) {
 }
 
 template <typename scalar_t>
-void compute_ps_bins(
-    PsBins& bins,
-    const scalar_t* roi,
-    double spatial_scale,
-    int64_t height,
-    int64_t width,
-    int64_t pooled_h,
-    int64_t pooled_w) {
+void compute_ps_bins(PsBins& bins, const scalar_t* roi, double spatial_scale, int64_t height,
+                     int64_t width, int64_t pooled_h, int64_t pooled_w) {
   using acc_t = at::opmath_type<scalar_t>;
   const acc_t scale = static_cast<acc_t>(spatial_scale);
   bins.batch_index = static_cast<int64_t>(roi[0]);
@@ -48,10 +42,12 @@ void compute_ps_bins(
   const int64_t end_w = round_coordinate(static_cast<acc_t>(roi[3]) * scale);
   const int64_t end_h = round_coordinate(static_cast<acc_t>(roi[4]) * scale);
   // Malformed rois are forced to be at least 1x1.
-  const acc_t bin_h = static_cast<acc_t>(std::max<int64_t>(end_h - start_h, 1)) / static_cast<acc_t>(pooled_h);
-  const acc_t bin_w = static_cast<acc_t>(std::max<int64_t>(end_w - start_w, 1)) / static_cast<acc_t>(pooled_w);
-  auto fill = [](std::vector<int64_t>& lo, std::vector<int64_t>& hi, int64_t pooled, acc_t bin, int64_t start,
-                 int64_t last) {
+  const acc_t bin_h =
+      static_cast<acc_t>(std::max<int64_t>(end_h - start_h, 1)) / static_cast<acc_t>(pooled_h);
+  const acc_t bin_w =
+      static_cast<acc_t>(std::max<int64_t>(end_w - start_w, 1)) / static_cast<acc_t>(pooled_w);
+  auto fill = [](std::vector<int64_t>& lo, std::vector<int64_t>& hi, int64_t pooled, acc_t bin,
+                 int64_t start, int64_t last) {
     lo.resize(pooled);
     hi.resize(pooled);
     for (int64_t p = 0; p < pooled; ++p) {
@@ -66,14 +62,9 @@ void compute_ps_bins(
 }
 
 template <typename scalar_t>
-void ps_roi_pool_forward_impl(
-    const at::Tensor& input,
-    const at::Tensor& rois,
-    at::Tensor& output,
-    at::Tensor& channel_mapping,
-    double spatial_scale,
-    int64_t pooled_h,
-    int64_t pooled_w) {
+void ps_roi_pool_forward_impl(const at::Tensor& input, const at::Tensor& rois, at::Tensor& output,
+                              at::Tensor& channel_mapping, double spatial_scale, int64_t pooled_h,
+                              int64_t pooled_w) {
   using acc_t = at::opmath_type<scalar_t>;
   const int64_t channels = input.size(1);
   const int64_t height = input.size(2);
@@ -111,7 +102,8 @@ void ps_roi_pool_forward_impl(
             }
           }
           const bool empty = rows <= 0 || cols <= 0;
-          out[index * bins + bin] = empty ? scalar_t(0) : static_cast<scalar_t>(sum / static_cast<acc_t>(rows * cols));
+          out[index * bins + bin] =
+              empty ? scalar_t(0) : static_cast<scalar_t>(sum / static_cast<acc_t>(rows * cols));
           mapping[index * bins + bin] = static_cast<int32_t>(c_in);
         }
       }
@@ -120,14 +112,9 @@ void ps_roi_pool_forward_impl(
 }
 
 template <typename scalar_t>
-void ps_roi_pool_backward_impl(
-    const at::Tensor& grad,
-    const at::Tensor& rois,
-    const at::Tensor& channel_mapping,
-    at::Tensor& grad_input,
-    double spatial_scale,
-    int64_t pooled_h,
-    int64_t pooled_w) {
+void ps_roi_pool_backward_impl(const at::Tensor& grad, const at::Tensor& rois,
+                               const at::Tensor& channel_mapping, at::Tensor& grad_input,
+                               double spatial_scale, int64_t pooled_h, int64_t pooled_w) {
   using acc_t = at::opmath_type<scalar_t>;
   const int64_t num_rois = rois.size(0);
   const int64_t channels = grad_input.size(1);
@@ -160,7 +147,8 @@ void ps_roi_pool_backward_impl(
         if (rows <= 0 || cols <= 0) {
           continue;
         }
-        const acc_t value = static_cast<acc_t>(g[n * per_roi + e]) / static_cast<acc_t>(rows * cols);
+        const acc_t value =
+            static_cast<acc_t>(g[n * per_roi + e]) / static_cast<acc_t>(rows * cols);
         acc_t* plane = gi + (b.batch_index * channels + c_in) * height * width;
         for (int64_t h = b.h_start[ph]; h < b.h_end[ph]; ++h) {
           for (int64_t w = b.w_start[pw]; w < b.w_end[pw]; ++w) {
@@ -172,12 +160,11 @@ void ps_roi_pool_backward_impl(
   });
 }
 
-std::tuple<at::Tensor, at::Tensor> ps_roi_pool_forward_kernel(
-    const at::Tensor& input,
-    const at::Tensor& rois,
-    double spatial_scale,
-    int64_t pooled_height,
-    int64_t pooled_width) {
+std::tuple<at::Tensor, at::Tensor> ps_roi_pool_forward_kernel(const at::Tensor& input,
+                                                              const at::Tensor& rois,
+                                                              double spatial_scale,
+                                                              int64_t pooled_height,
+                                                              int64_t pooled_width) {
   check_ps_roi_inputs("ps_roi_pool", input, rois, pooled_height, pooled_width);
   const int64_t channels_out = input.size(1) / (pooled_height * pooled_width);
   const std::vector<int64_t> shape{rois.size(0), channels_out, pooled_height, pooled_width};
@@ -190,29 +177,25 @@ std::tuple<at::Tensor, at::Tensor> ps_roi_pool_forward_kernel(
   const at::Tensor rois_c = rois.contiguous();
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kHalf, at::kBFloat16, input.scalar_type(), "opforge_ps_roi_pool_forward_cpu", [&] {
-        check_rois_values("ps_roi_pool", rois_c.const_data_ptr<scalar_t>(), rois_c.size(0), input.size(0));
-        ps_roi_pool_forward_impl<scalar_t>(
-            input_c, rois_c, output, channel_mapping, spatial_scale, pooled_height, pooled_width);
+        check_rois_values("ps_roi_pool", rois_c.const_data_ptr<scalar_t>(), rois_c.size(0),
+                          input.size(0));
+        ps_roi_pool_forward_impl<scalar_t>(input_c, rois_c, output, channel_mapping, spatial_scale,
+                                           pooled_height, pooled_width);
       });
   return {output, channel_mapping};
 }
 
-at::Tensor ps_roi_pool_backward_kernel(
-    const at::Tensor& grad,
-    const at::Tensor& rois,
-    const at::Tensor& channel_mapping,
-    double spatial_scale,
-    int64_t pooled_height,
-    int64_t pooled_width,
-    int64_t batch_size,
-    int64_t channels,
-    int64_t height,
-    int64_t width) {
+at::Tensor ps_roi_pool_backward_kernel(const at::Tensor& grad, const at::Tensor& rois,
+                                       const at::Tensor& channel_mapping, double spatial_scale,
+                                       int64_t pooled_height, int64_t pooled_width,
+                                       int64_t batch_size, int64_t channels, int64_t height,
+                                       int64_t width) {
   constexpr const char* op = "_ps_roi_pool_backward";
-  check_ps_roi_backward_inputs(
-      op, grad, rois, channel_mapping, pooled_height, pooled_width, batch_size, channels, height, width);
+  check_ps_roi_backward_inputs(op, grad, rois, channel_mapping, pooled_height, pooled_width,
+                               batch_size, channels, height, width);
   const auto acc_dtype = at::toOpMathType(grad.scalar_type());
-  at::Tensor grad_input = at::zeros({batch_size, channels, height, width}, grad.options().dtype(acc_dtype));
+  at::Tensor grad_input =
+      at::zeros({batch_size, channels, height, width}, grad.options().dtype(acc_dtype));
   if (grad.numel() == 0 || grad_input.numel() == 0) {
     return grad_input.to(grad.scalar_type());
   }
@@ -223,17 +206,17 @@ at::Tensor ps_roi_pool_backward_kernel(
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kHalf, at::kBFloat16, grad.scalar_type(), "opforge_ps_roi_pool_backward_cpu", [&] {
         check_rois_values(op, rois_c.const_data_ptr<scalar_t>(), rois_c.size(0), batch_size);
-        ps_roi_pool_backward_impl<scalar_t>(
-            grad_c, rois_c, mapping_c, grad_input, spatial_scale, pooled_height, pooled_width);
+        ps_roi_pool_backward_impl<scalar_t>(grad_c, rois_c, mapping_c, grad_input, spatial_scale,
+                                            pooled_height, pooled_width);
       });
   return grad_input.to(grad.scalar_type());
 }
 
-} // namespace
+}  // namespace
 
 TORCH_LIBRARY_IMPL(opforge, CPU, m) {
   m.impl("ps_roi_pool", TORCH_FN(ps_roi_pool_forward_kernel));
   m.impl("_ps_roi_pool_backward", TORCH_FN(ps_roi_pool_backward_kernel));
 }
 
-} // namespace opforge::cpu
+}  // namespace opforge::cpu

@@ -22,20 +22,18 @@ namespace {
 // Output bins of `block` consecutive channels of one roi: each tap is loaded once
 // and applied to every channel plane of the block.
 template <int block, typename scalar_t, typename acc_t>
-void pool_channels(
-    const RoiGrid<acc_t>& grid,
-    const scalar_t* plane,
-    int64_t plane_size,
-    scalar_t* out,
-    int64_t bins) {
+void pool_channels(const RoiGrid<acc_t>& grid, const scalar_t* plane, int64_t plane_size,
+                   scalar_t* out, int64_t bins) {
   for (int64_t bin = 0; bin < bins; ++bin) {
     acc_t sum[block] = {};
     for (int64_t t = grid.bin_begin[bin]; t < grid.bin_begin[bin + 1]; ++t) {
       const Tap<acc_t>& tap = grid.taps[t];
       for (int k = 0; k < block; ++k) {
         const scalar_t* p = plane + k * plane_size;
-        sum[k] += tap.w[0] * static_cast<acc_t>(p[tap.pos[0]]) + tap.w[1] * static_cast<acc_t>(p[tap.pos[1]]) +
-            tap.w[2] * static_cast<acc_t>(p[tap.pos[2]]) + tap.w[3] * static_cast<acc_t>(p[tap.pos[3]]);
+        sum[k] += tap.w[0] * static_cast<acc_t>(p[tap.pos[0]]) +
+                  tap.w[1] * static_cast<acc_t>(p[tap.pos[1]]) +
+                  tap.w[2] * static_cast<acc_t>(p[tap.pos[2]]) +
+                  tap.w[3] * static_cast<acc_t>(p[tap.pos[3]]);
       }
     }
     for (int k = 0; k < block; ++k) {
@@ -45,15 +43,9 @@ void pool_channels(
 }
 
 template <typename scalar_t>
-void roi_align_forward_impl(
-    const at::Tensor& input,
-    const at::Tensor& rois,
-    at::Tensor& output,
-    double spatial_scale,
-    int64_t pooled_h,
-    int64_t pooled_w,
-    int64_t sampling_ratio,
-    bool aligned) {
+void roi_align_forward_impl(const at::Tensor& input, const at::Tensor& rois, at::Tensor& output,
+                            double spatial_scale, int64_t pooled_h, int64_t pooled_w,
+                            int64_t sampling_ratio, bool aligned) {
   using acc_t = at::opmath_type<scalar_t>;
   const int64_t num_rois = rois.size(0);
   const int64_t channels = input.size(1);
@@ -74,9 +66,9 @@ void roi_align_forward_impl(
     while (index < end) {
       const int64_t n = index / channels;
       const int64_t c = index % channels;
-      compute_roi_grid<scalar_t, acc_t>(
-          "roi_align", grid, roi_p + n * 5, static_cast<acc_t>(spatial_scale), height, width, pooled_h,
-          pooled_w, sampling_ratio, aligned);
+      compute_roi_grid<scalar_t, acc_t>("roi_align", grid, roi_p + n * 5,
+                                        static_cast<acc_t>(spatial_scale), height, width, pooled_h,
+                                        pooled_w, sampling_ratio, aligned);
       // The channels of roi n that fall in this thread's range.
       const int64_t c_end = std::min(channels, c + (end - index));
       const scalar_t* plane = in + (grid.batch_index * channels + c) * plane_size;
@@ -94,15 +86,9 @@ void roi_align_forward_impl(
 }
 
 template <typename scalar_t>
-void roi_align_backward_impl(
-    const at::Tensor& grad,
-    const at::Tensor& rois,
-    at::Tensor& grad_input,
-    double spatial_scale,
-    int64_t pooled_h,
-    int64_t pooled_w,
-    int64_t sampling_ratio,
-    bool aligned) {
+void roi_align_backward_impl(const at::Tensor& grad, const at::Tensor& rois, at::Tensor& grad_input,
+                             double spatial_scale, int64_t pooled_h, int64_t pooled_w,
+                             int64_t sampling_ratio, bool aligned) {
   using acc_t = at::opmath_type<scalar_t>;
   const int64_t num_rois = rois.size(0);
   const int64_t channels = grad_input.size(1);
@@ -117,9 +103,9 @@ void roi_align_backward_impl(
   at::parallel_for(0, channels, 1, [&](int64_t c_begin, int64_t c_end) {
     RoiGrid<acc_t> grid;
     for (int64_t n = 0; n < num_rois; ++n) {
-      compute_roi_grid<scalar_t, acc_t>(
-          "_roi_align_backward", grid, roi_p + n * 5, static_cast<acc_t>(spatial_scale), height,
-          width, pooled_h, pooled_w, sampling_ratio, aligned);
+      compute_roi_grid<scalar_t, acc_t>("_roi_align_backward", grid, roi_p + n * 5,
+                                        static_cast<acc_t>(spatial_scale), height, width, pooled_h,
+                                        pooled_w, sampling_ratio, aligned);
       for (int64_t c = c_begin; c < c_end; ++c) {
         const scalar_t* g_plane = g + (n * channels + c) * bins;
         acc_t* gi_plane = gi + (grid.batch_index * channels + c) * height * width;
@@ -137,20 +123,15 @@ void roi_align_backward_impl(
   });
 }
 
-at::Tensor roi_align_forward_kernel(
-    const at::Tensor& input,
-    const at::Tensor& rois,
-    double spatial_scale,
-    int64_t pooled_height,
-    int64_t pooled_width,
-    int64_t sampling_ratio,
-    bool aligned) {
+at::Tensor roi_align_forward_kernel(const at::Tensor& input, const at::Tensor& rois,
+                                    double spatial_scale, int64_t pooled_height,
+                                    int64_t pooled_width, int64_t sampling_ratio, bool aligned) {
   check_roi_inputs("roi_align", input, rois, pooled_height, pooled_width);
-  TORCH_CHECK(
-      input.size(2) * input.size(3) <= std::numeric_limits<int32_t>::max(),
-      "roi_align: input planes (H * W) of more than 2^31 - 1 elements are not supported on the CPU");
-  at::Tensor output = at::empty(
-      {rois.size(0), input.size(1), pooled_height, pooled_width}, input.options());
+  TORCH_CHECK(input.size(2) * input.size(3) <= std::numeric_limits<int32_t>::max(),
+              "roi_align: input planes (H * W) of more than 2^31 - 1 elements are not supported on "
+              "the CPU");
+  at::Tensor output =
+      at::empty({rois.size(0), input.size(1), pooled_height, pooled_width}, input.options());
   if (output.numel() == 0) {
     return output;
   }
@@ -159,31 +140,22 @@ at::Tensor roi_align_forward_kernel(
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kHalf, at::kBFloat16, input.scalar_type(), "opforge_roi_align_forward_cpu", [&] {
         check_rois_values("roi_align", rois_c.data_ptr<scalar_t>(), rois_c.size(0), input.size(0));
-        roi_align_forward_impl<scalar_t>(
-            input_c, rois_c, output, spatial_scale, pooled_height, pooled_width,
-            sampling_ratio, aligned);
+        roi_align_forward_impl<scalar_t>(input_c, rois_c, output, spatial_scale, pooled_height,
+                                         pooled_width, sampling_ratio, aligned);
       });
   return output;
 }
 
-at::Tensor roi_align_backward_kernel(
-    const at::Tensor& grad,
-    const at::Tensor& rois,
-    double spatial_scale,
-    int64_t pooled_height,
-    int64_t pooled_width,
-    int64_t batch_size,
-    int64_t channels,
-    int64_t height,
-    int64_t width,
-    int64_t sampling_ratio,
-    bool aligned) {
-  TORCH_CHECK(
-      height * width <= std::numeric_limits<int32_t>::max(),
-      "_roi_align_backward: input planes (height * width) of more than 2^31 - 1 elements are not supported on the CPU");
-  check_roi_backward_inputs(
-      "_roi_align_backward", grad, rois, pooled_height, pooled_width, batch_size,
-      channels, height, width);
+at::Tensor roi_align_backward_kernel(const at::Tensor& grad, const at::Tensor& rois,
+                                     double spatial_scale, int64_t pooled_height,
+                                     int64_t pooled_width, int64_t batch_size, int64_t channels,
+                                     int64_t height, int64_t width, int64_t sampling_ratio,
+                                     bool aligned) {
+  TORCH_CHECK(height * width <= std::numeric_limits<int32_t>::max(),
+              "_roi_align_backward: input planes (height * width) of more than 2^31 - 1 elements "
+              "are not supported on the CPU");
+  check_roi_backward_inputs("_roi_align_backward", grad, rois, pooled_height, pooled_width,
+                            batch_size, channels, height, width);
   const auto acc_dtype = at::toOpMathType(grad.scalar_type());
   at::Tensor grad_input =
       at::zeros({batch_size, channels, height, width}, grad.options().dtype(acc_dtype));
@@ -194,19 +166,19 @@ at::Tensor roi_align_backward_kernel(
   const at::Tensor rois_c = rois.contiguous();
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kHalf, at::kBFloat16, grad.scalar_type(), "opforge_roi_align_backward_cpu", [&] {
-        check_rois_values("_roi_align_backward", rois_c.data_ptr<scalar_t>(), rois_c.size(0), batch_size);
-        roi_align_backward_impl<scalar_t>(
-            grad_c, rois_c, grad_input, spatial_scale, pooled_height, pooled_width,
-            sampling_ratio, aligned);
+        check_rois_values("_roi_align_backward", rois_c.data_ptr<scalar_t>(), rois_c.size(0),
+                          batch_size);
+        roi_align_backward_impl<scalar_t>(grad_c, rois_c, grad_input, spatial_scale, pooled_height,
+                                          pooled_width, sampling_ratio, aligned);
       });
   return grad_input.to(grad.scalar_type());
 }
 
-} // namespace
+}  // namespace
 
 TORCH_LIBRARY_IMPL(opforge, CPU, m) {
   m.impl("roi_align", TORCH_FN(roi_align_forward_kernel));
   m.impl("_roi_align_backward", TORCH_FN(roi_align_backward_kernel));
 }
 
-} // namespace opforge::cpu
+}  // namespace opforge::cpu

@@ -22,7 +22,7 @@ constexpr int64_t kMaxSamplesPerAxis = int64_t(1) << 24;
 template <typename acc_t>
 struct AxisSample {
   int64_t low, high;  // neighbouring rows (columns)
-  acc_t l, h;  // weights of high and low
+  acc_t l, h;         // weights of high and low
 };
 
 struct AxisRange {
@@ -40,7 +40,7 @@ struct Tap {
 template <typename acc_t>
 struct RoiGrid {
   int64_t batch_index = 0;
-  acc_t count = 1;  // samples averaged per bin, valid or not
+  acc_t count = 1;             // samples averaged per bin, valid or not
   acc_t roi_h = 0, roi_w = 0;  // roi size in input pixels, as sampled
   std::vector<AxisSample<acc_t>> ys, xs;
   std::vector<AxisRange> y_range, x_range;  // one per output row / column
@@ -51,14 +51,8 @@ struct RoiGrid {
 // Appends the valid samples of one axis, following the Detectron border rule:
 // outside [-1, size] a sample is zero; below 0 it clamps to 0; past size-1 to size-1.
 template <typename acc_t>
-void fill_axis(
-    std::vector<AxisSample<acc_t>>& samples,
-    std::vector<AxisRange>& ranges,
-    acc_t start,
-    acc_t bin,
-    int64_t pooled,
-    int64_t grid,
-    int64_t size) {
+void fill_axis(std::vector<AxisSample<acc_t>>& samples, std::vector<AxisRange>& ranges, acc_t start,
+               acc_t bin, int64_t pooled, int64_t grid, int64_t size) {
   samples.clear();
   ranges.resize(pooled);
   for (int64_t p = 0; p < pooled; ++p) {
@@ -86,17 +80,9 @@ void fill_axis(
 }
 
 template <typename scalar_t, typename acc_t>
-void compute_roi_grid(
-    const char* op,
-    RoiGrid<acc_t>& grid,
-    const scalar_t* roi,
-    acc_t spatial_scale,
-    int64_t height,
-    int64_t width,
-    int64_t pooled_h,
-    int64_t pooled_w,
-    int64_t sampling_ratio,
-    bool aligned) {
+void compute_roi_grid(const char* op, RoiGrid<acc_t>& grid, const scalar_t* roi,
+                      acc_t spatial_scale, int64_t height, int64_t width, int64_t pooled_h,
+                      int64_t pooled_w, int64_t sampling_ratio, bool aligned) {
   const acc_t offset = aligned ? acc_t(0.5) : acc_t(0);
   grid.batch_index = static_cast<int64_t>(roi[0]);
   const acc_t start_w = static_cast<acc_t>(roi[1]) * spatial_scale - offset;
@@ -115,13 +101,16 @@ void compute_roi_grid(
   const acc_t bin_h = roi_h / static_cast<acc_t>(pooled_h);
   const acc_t bin_w = roi_w / static_cast<acc_t>(pooled_w);
   // Adaptive sampling: about one sample per input pixel in each bin.
-  const double grid_h = sampling_ratio > 0 ? sampling_ratio : std::max(0.0, std::ceil(double(roi_h / pooled_h)));
-  const double grid_w = sampling_ratio > 0 ? sampling_ratio : std::max(0.0, std::ceil(double(roi_w / pooled_w)));
-  TORCH_CHECK(
-      grid_h * pooled_h <= double(kMaxSamplesPerAxis) && grid_w * pooled_w <= double(kMaxSamplesPerAxis),
-      op, ": a roi of ", double(roi_h), " x ", double(roi_w), " (after spatial_scale) with sampling_ratio ",
-      sampling_ratio, " needs more than ", kMaxSamplesPerAxis,
-      " samples along one side; check the rois or pass a small positive sampling_ratio");
+  const double grid_h =
+      sampling_ratio > 0 ? sampling_ratio : std::max(0.0, std::ceil(double(roi_h / pooled_h)));
+  const double grid_w =
+      sampling_ratio > 0 ? sampling_ratio : std::max(0.0, std::ceil(double(roi_w / pooled_w)));
+  TORCH_CHECK(grid_h * pooled_h <= double(kMaxSamplesPerAxis) &&
+                  grid_w * pooled_w <= double(kMaxSamplesPerAxis),
+              op, ": a roi of ", double(roi_h), " x ", double(roi_w),
+              " (after spatial_scale) with sampling_ratio ", sampling_ratio, " needs more than ",
+              kMaxSamplesPerAxis,
+              " samples along one side; check the rois or pass a small positive sampling_ratio");
   grid.count = static_cast<acc_t>(std::max<int64_t>(int64_t(grid_h) * int64_t(grid_w), 1));
   fill_axis(grid.ys, grid.y_range, start_h, bin_h, pooled_h, int64_t(grid_h), height);
   fill_axis(grid.xs, grid.x_range, start_w, bin_w, pooled_w, int64_t(grid_w), width);
@@ -136,10 +125,11 @@ void compute_roi_grid(
         const AxisSample<acc_t>& y = grid.ys[iy];
         for (int64_t ix = xr.begin; ix < xr.end; ++ix) {
           const AxisSample<acc_t>& x = grid.xs[ix];
-          grid.taps.push_back(
-              {{static_cast<int32_t>(y.low * width + x.low), static_cast<int32_t>(y.low * width + x.high),
-                static_cast<int32_t>(y.high * width + x.low), static_cast<int32_t>(y.high * width + x.high)},
-               {y.h * x.h, y.h * x.l, y.l * x.h, y.l * x.l}});
+          grid.taps.push_back({{static_cast<int32_t>(y.low * width + x.low),
+                                static_cast<int32_t>(y.low * width + x.high),
+                                static_cast<int32_t>(y.high * width + x.low),
+                                static_cast<int32_t>(y.high * width + x.high)},
+                               {y.h * x.h, y.h * x.l, y.l * x.h, y.l * x.l}});
         }
       }
       grid.bin_begin.push_back(static_cast<int64_t>(grid.taps.size()));
@@ -147,4 +137,4 @@ void compute_roi_grid(
   }
 }
 
-} // namespace opforge::cpu
+}  // namespace opforge::cpu

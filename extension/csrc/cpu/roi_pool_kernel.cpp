@@ -29,14 +29,8 @@ inline int64_t round_coordinate(double value) {
 }
 
 template <typename scalar_t>
-void compute_bins(
-    RoiBins& bins,
-    const scalar_t* roi,
-    double spatial_scale,
-    int64_t height,
-    int64_t width,
-    int64_t pooled_h,
-    int64_t pooled_w) {
+void compute_bins(RoiBins& bins, const scalar_t* roi, double spatial_scale, int64_t height,
+                  int64_t width, int64_t pooled_h, int64_t pooled_w) {
   using acc_t = at::opmath_type<scalar_t>;
   const acc_t scale = static_cast<acc_t>(spatial_scale);
   const int64_t start_w = round_coordinate(static_cast<acc_t>(roi[1]) * scale);
@@ -48,8 +42,8 @@ void compute_bins(
   const int64_t roi_h = std::max<int64_t>(end_h - start_h + 1, 1);
   const acc_t bin_h = static_cast<acc_t>(roi_h) / static_cast<acc_t>(pooled_h);
   const acc_t bin_w = static_cast<acc_t>(roi_w) / static_cast<acc_t>(pooled_w);
-  auto fill = [](std::vector<int64_t>& lo, std::vector<int64_t>& hi, int64_t pooled,
-                 acc_t bin, int64_t start, int64_t limit) {
+  auto fill = [](std::vector<int64_t>& lo, std::vector<int64_t>& hi, int64_t pooled, acc_t bin,
+                 int64_t start, int64_t limit) {
     lo.resize(pooled);
     hi.resize(pooled);
     for (int64_t p = 0; p < pooled; ++p) {
@@ -64,14 +58,9 @@ void compute_bins(
 }
 
 template <typename scalar_t>
-void roi_pool_forward_impl(
-    const at::Tensor& input,
-    const at::Tensor& rois,
-    at::Tensor& output,
-    at::Tensor& argmax,
-    double spatial_scale,
-    int64_t pooled_h,
-    int64_t pooled_w) {
+void roi_pool_forward_impl(const at::Tensor& input, const at::Tensor& rois, at::Tensor& output,
+                           at::Tensor& argmax, double spatial_scale, int64_t pooled_h,
+                           int64_t pooled_w) {
   const int64_t num_rois = rois.size(0);
   const int64_t channels = input.size(1);
   const int64_t height = input.size(2);
@@ -102,7 +91,8 @@ void roi_pool_forward_impl(
       int32_t* arg_plane = arg + index * bins_per_plane;
       for (int64_t ph = 0; ph < pooled_h; ++ph) {
         for (int64_t pw = 0; pw < pooled_w; ++pw) {
-          const bool empty = bins.h_end[ph] <= bins.h_start[ph] || bins.w_end[pw] <= bins.w_start[pw];
+          const bool empty =
+              bins.h_end[ph] <= bins.h_start[ph] || bins.w_end[pw] <= bins.w_start[pw];
           // An empty bin outputs 0 with argmax -1; NaN never wins the comparison.
           scalar_t best = empty ? scalar_t(0) : std::numeric_limits<scalar_t>::lowest();
           int64_t best_index = -1;
@@ -124,11 +114,8 @@ void roi_pool_forward_impl(
 }
 
 template <typename scalar_t>
-void roi_pool_backward_impl(
-    const at::Tensor& grad,
-    const at::Tensor& rois,
-    const at::Tensor& argmax,
-    at::Tensor& grad_input) {
+void roi_pool_backward_impl(const at::Tensor& grad, const at::Tensor& rois,
+                            const at::Tensor& argmax, at::Tensor& grad_input) {
   using acc_t = at::opmath_type<scalar_t>;
   const int64_t num_rois = rois.size(0);
   const int64_t channels = grad_input.size(1);
@@ -150,10 +137,8 @@ void roi_pool_backward_impl(
           if (i == -1) {
             continue;
           }
-          TORCH_CHECK(
-              i >= 0 && i < plane_size,
-              "_roi_pool_backward: argmax holds ", i, ", outside an input plane of ",
-              plane_size, " elements");
+          TORCH_CHECK(i >= 0 && i < plane_size, "_roi_pool_backward: argmax holds ", i,
+                      ", outside an input plane of ", plane_size, " elements");
           gi_plane[i] += static_cast<acc_t>(g[plane * bins + bin]);
         }
       }
@@ -161,12 +146,11 @@ void roi_pool_backward_impl(
   });
 }
 
-std::tuple<at::Tensor, at::Tensor> roi_pool_forward_kernel(
-    const at::Tensor& input,
-    const at::Tensor& rois,
-    double spatial_scale,
-    int64_t pooled_height,
-    int64_t pooled_width) {
+std::tuple<at::Tensor, at::Tensor> roi_pool_forward_kernel(const at::Tensor& input,
+                                                           const at::Tensor& rois,
+                                                           double spatial_scale,
+                                                           int64_t pooled_height,
+                                                           int64_t pooled_width) {
   check_roi_inputs("roi_pool", input, rois, pooled_height, pooled_width);
   const std::vector<int64_t> shape{rois.size(0), input.size(1), pooled_height, pooled_width};
   at::Tensor output = at::empty(shape, input.options());
@@ -179,26 +163,18 @@ std::tuple<at::Tensor, at::Tensor> roi_pool_forward_kernel(
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kHalf, at::kBFloat16, input.scalar_type(), "opforge_roi_pool_forward_cpu", [&] {
         check_rois_values("roi_pool", rois_c.data_ptr<scalar_t>(), rois_c.size(0), input.size(0));
-        roi_pool_forward_impl<scalar_t>(
-            input_c, rois_c, output, argmax, spatial_scale, pooled_height, pooled_width);
+        roi_pool_forward_impl<scalar_t>(input_c, rois_c, output, argmax, spatial_scale,
+                                        pooled_height, pooled_width);
       });
   return {output, argmax};
 }
 
-at::Tensor roi_pool_backward_kernel(
-    const at::Tensor& grad,
-    const at::Tensor& rois,
-    const at::Tensor& argmax,
-    double spatial_scale,
-    int64_t pooled_height,
-    int64_t pooled_width,
-    int64_t batch_size,
-    int64_t channels,
-    int64_t height,
-    int64_t width) {
-  check_roi_backward_inputs(
-      "_roi_pool_backward", grad, rois, pooled_height, pooled_width, batch_size,
-      channels, height, width);
+at::Tensor roi_pool_backward_kernel(const at::Tensor& grad, const at::Tensor& rois,
+                                    const at::Tensor& argmax, double spatial_scale,
+                                    int64_t pooled_height, int64_t pooled_width, int64_t batch_size,
+                                    int64_t channels, int64_t height, int64_t width) {
+  check_roi_backward_inputs("_roi_pool_backward", grad, rois, pooled_height, pooled_width,
+                            batch_size, channels, height, width);
   check_int32_like_grad("_roi_pool_backward", "argmax", argmax, grad);
   (void)spatial_scale;  // argmax already says where each bin's maximum came from
   const auto acc_dtype = at::toOpMathType(grad.scalar_type());
@@ -212,17 +188,18 @@ at::Tensor roi_pool_backward_kernel(
   const at::Tensor argmax_c = argmax.contiguous();
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kHalf, at::kBFloat16, grad.scalar_type(), "opforge_roi_pool_backward_cpu", [&] {
-        check_rois_values("_roi_pool_backward", rois_c.data_ptr<scalar_t>(), rois_c.size(0), batch_size);
+        check_rois_values("_roi_pool_backward", rois_c.data_ptr<scalar_t>(), rois_c.size(0),
+                          batch_size);
         roi_pool_backward_impl<scalar_t>(grad_c, rois_c, argmax_c, grad_input);
       });
   return grad_input.to(grad.scalar_type());
 }
 
-} // namespace
+}  // namespace
 
 TORCH_LIBRARY_IMPL(opforge, CPU, m) {
   m.impl("roi_pool", TORCH_FN(roi_pool_forward_kernel));
   m.impl("_roi_pool_backward", TORCH_FN(roi_pool_backward_kernel));
 }
 
-} // namespace opforge::cpu
+}  // namespace opforge::cpu

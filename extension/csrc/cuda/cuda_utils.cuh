@@ -32,17 +32,16 @@ inline unsigned int capped_blocks(int64_t n, int threads = kThreadsPerBlock) {
 // Grid-stride loop over [0, n) with 64-bit indices: every launched thread starts at its
 // global id and strides by the total number of launched threads, so each index is
 // visited exactly once whatever the grid size.
-#define OPFORGE_CUDA_KERNEL_LOOP(i, n)                                              \
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x,    \
-               _opforge_stride = static_cast<int64_t>(blockDim.x) * gridDim.x;     \
+#define OPFORGE_CUDA_KERNEL_LOOP(i, n)                                          \
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x, \
+               _opforge_stride = static_cast<int64_t>(blockDim.x) * gridDim.x;  \
        i < (n); i += _opforge_stride)
 
 // Checks that `t` (the op's first tensor) is a CUDA tensor; the shared checks in
 // common.h then compare the other tensors' devices and dtypes with it.
 inline void check_cuda(const char* op, const char* name, const at::Tensor& t) {
-  TORCH_CHECK(
-      t.is_cuda(), op, ": expected ", name, " to be a CUDA tensor, got a tensor on ",
-      t.device());
+  TORCH_CHECK(t.is_cuda(), op, ": expected ", name, " to be a CUDA tensor, got a tensor on ",
+              t.device());
 }
 
 // Device-side twin of check_rois_values: true when roi [batch, x1, y1, x2, y2] can be
@@ -51,8 +50,8 @@ template <typename scalar_t, typename acc_t>
 __device__ __forceinline__ bool roi_is_valid(const scalar_t* roi, int64_t batch_size) {
   const acc_t batch = static_cast<acc_t>(roi[0]);
   return batch >= acc_t(0) && batch < static_cast<acc_t>(batch_size) &&
-      isfinite(static_cast<acc_t>(roi[1])) && isfinite(static_cast<acc_t>(roi[2])) &&
-      isfinite(static_cast<acc_t>(roi[3])) && isfinite(static_cast<acc_t>(roi[4]));
+         isfinite(static_cast<acc_t>(roi[1])) && isfinite(static_cast<acc_t>(roi[2])) &&
+         isfinite(static_cast<acc_t>(roi[3])) && isfinite(static_cast<acc_t>(roi[4]));
 }
 
 }  // namespace opforge::cuda

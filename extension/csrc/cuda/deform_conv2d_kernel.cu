@@ -46,8 +46,8 @@ __device__ __forceinline__ bool samples_inside(acc_t h, acc_t w, int64_t height,
 // Bilinear sample of one plane at a point inside (samples_inside); corners outside the
 // plane count as 0.
 template <typename scalar_t, typename acc_t>
-__device__ acc_t deform_sample(
-    const scalar_t* __restrict__ plane, int64_t height, int64_t width, acc_t h, acc_t w) {
+__device__ acc_t deform_sample(const scalar_t* __restrict__ plane, int64_t height, int64_t width,
+                               acc_t h, acc_t w) {
   const int64_t h_low = static_cast<int64_t>(floor(h));
   const int64_t w_low = static_cast<int64_t>(floor(w));
   const int64_t h_high = h_low + 1;
@@ -67,9 +67,9 @@ __device__ acc_t deform_sample(
 
 // Value and partial derivatives (d/dh, d/dw) of deform_sample at a point inside.
 template <typename scalar_t, typename acc_t>
-__device__ void deform_sample_grad(
-    const scalar_t* __restrict__ plane, int64_t height, int64_t width, acc_t h, acc_t w,
-    acc_t& value, acc_t& d_h, acc_t& d_w) {
+__device__ void deform_sample_grad(const scalar_t* __restrict__ plane, int64_t height,
+                                   int64_t width, acc_t h, acc_t w, acc_t& value, acc_t& d_h,
+                                   acc_t& d_w) {
   const int64_t h_low = static_cast<int64_t>(floor(h));
   const int64_t w_low = static_cast<int64_t>(floor(w));
   const int64_t h_high = h_low + 1;
@@ -91,10 +91,11 @@ __device__ void deform_sample_grad(
 
 // Where kernel tap (i, j) of output pixel (y, x) of image b samples, and its mask.
 template <typename scalar_t, typename acc_t>
-__device__ __forceinline__ void tap_position(
-    const DeformGeometry& g, const scalar_t* __restrict__ offset,
-    const scalar_t* __restrict__ mask, int64_t b, int64_t group, int64_t i, int64_t j,
-    int64_t y, int64_t x, acc_t& h, acc_t& w, acc_t& m) {
+__device__ __forceinline__ void tap_position(const DeformGeometry& g,
+                                             const scalar_t* __restrict__ offset,
+                                             const scalar_t* __restrict__ mask, int64_t b,
+                                             int64_t group, int64_t i, int64_t j, int64_t y,
+                                             int64_t x, acc_t& h, acc_t& w, acc_t& m) {
   const int64_t taps = g.kernel_h * g.kernel_w;
   const int64_t plane = g.out_h * g.out_w;
   const int64_t pixel = y * g.out_w + x;
@@ -105,16 +106,17 @@ __device__ __forceinline__ void tap_position(
   h = static_cast<acc_t>(y * g.stride_h - g.pad_h + i * g.dilation_h) + off_h;
   w = static_cast<acc_t>(x * g.stride_w - g.pad_w + j * g.dilation_w) + off_w;
   m = g.use_mask
-      ? static_cast<acc_t>(mask[((b * g.offset_groups + group) * taps + tap) * plane + pixel])
-      : acc_t(1);
+          ? static_cast<acc_t>(mask[((b * g.offset_groups + group) * taps + tap) * plane + pixel])
+          : acc_t(1);
 }
 
 // columns[(c * taps + tap), (b - b0) * plane + pixel] for images b0 .. b0 + images - 1.
 template <typename scalar_t, typename acc_t>
-__global__ void deform_im2col_kernel(
-    int64_t total, DeformGeometry g, int64_t b0, int64_t images,
-    const scalar_t* __restrict__ input, const scalar_t* __restrict__ offset,
-    const scalar_t* __restrict__ mask, scalar_t* __restrict__ columns) {
+__global__ void deform_im2col_kernel(int64_t total, DeformGeometry g, int64_t b0, int64_t images,
+                                     const scalar_t* __restrict__ input,
+                                     const scalar_t* __restrict__ offset,
+                                     const scalar_t* __restrict__ mask,
+                                     scalar_t* __restrict__ columns) {
   const int64_t plane = g.out_h * g.out_w;
   const int64_t taps = g.kernel_h * g.kernel_w;
   const int64_t col_width = images * plane;
@@ -133,8 +135,8 @@ __global__ void deform_im2col_kernel(
         tap_position<scalar_t, acc_t>(g, offset, mask, b, group, i, j, y, x, h, w, m);
         // Outside: 0; a NaN coordinate: NaN (as on the CPU), whatever the mask.
         const acc_t v = samples_inside(h, w, g.height, g.width)
-            ? m * deform_sample<scalar_t, acc_t>(in_plane, g.height, g.width, h, w)
-            : (isnan(h) || isnan(w) ? acc_t(NAN) : acc_t(0));
+                            ? m * deform_sample<scalar_t, acc_t>(in_plane, g.height, g.width, h, w)
+                            : (isnan(h) || isnan(w) ? acc_t(NAN) : acc_t(0));
         col[(i * g.kernel_w + j) * col_width] = static_cast<scalar_t>(v);
       }
     }
@@ -143,10 +145,11 @@ __global__ void deform_im2col_kernel(
 
 // Scatters columns_grad * mask into grad_input (atomic adds; one thread per column entry).
 template <typename scalar_t, typename acc_t>
-__global__ void deform_col2im_kernel(
-    int64_t total, DeformGeometry g, int64_t b0, int64_t images,
-    const scalar_t* __restrict__ columns_grad, const scalar_t* __restrict__ offset,
-    const scalar_t* __restrict__ mask, acc_t* __restrict__ grad_input) {
+__global__ void deform_col2im_kernel(int64_t total, DeformGeometry g, int64_t b0, int64_t images,
+                                     const scalar_t* __restrict__ columns_grad,
+                                     const scalar_t* __restrict__ offset,
+                                     const scalar_t* __restrict__ mask,
+                                     acc_t* __restrict__ grad_input) {
   const int64_t plane = g.out_h * g.out_w;
   const int64_t taps = g.kernel_h * g.kernel_w;
   OPFORGE_CUDA_KERNEL_LOOP(index, total) {
@@ -158,8 +161,8 @@ __global__ void deform_col2im_kernel(
     const int64_t b = b0 + bl;
     const int64_t group = c / g.channels_per_offset_group;
     acc_t h, w, m;
-    tap_position<scalar_t, acc_t>(
-        g, offset, mask, b, group, tap / g.kernel_w, tap % g.kernel_w, y, x, h, w, m);
+    tap_position<scalar_t, acc_t>(g, offset, mask, b, group, tap / g.kernel_w, tap % g.kernel_w, y,
+                                  x, h, w, m);
     if (!samples_inside(h, w, g.height, g.width)) {
       continue;  // outside, or a NaN coordinate: no input pixel was read
     }
@@ -172,12 +175,14 @@ __global__ void deform_col2im_kernel(
 #pragma unroll
     for (int dy = 0; dy < 2; ++dy) {
       const int64_t yy = h_low + dy;
-      if (yy < 0 || yy >= g.height) continue;
+      if (yy < 0 || yy >= g.height)
+        continue;
       const acc_t wy = dy ? lh : acc_t(1) - lh;
 #pragma unroll
       for (int dx = 0; dx < 2; ++dx) {
         const int64_t xx = w_low + dx;
-        if (xx < 0 || xx >= g.width) continue;
+        if (xx < 0 || xx >= g.width)
+          continue;
         const acc_t wx = dx ? lw : acc_t(1) - lw;
         gpuAtomicAdd(in_plane + yy * g.width + xx, grad * wy * wx);
       }
@@ -188,11 +193,13 @@ __global__ void deform_col2im_kernel(
 // One thread per (image, offset group, tap, pixel): sums over the group's channels to get
 // d/d offset_h, d/d offset_w and d/d mask. Each output element is written once.
 template <typename scalar_t, typename acc_t>
-__global__ void deform_coord_grad_kernel(
-    int64_t total, DeformGeometry g, int64_t b0, int64_t images,
-    const scalar_t* __restrict__ columns_grad, const scalar_t* __restrict__ input,
-    const scalar_t* __restrict__ offset, const scalar_t* __restrict__ mask,
-    scalar_t* __restrict__ grad_offset, scalar_t* __restrict__ grad_mask) {
+__global__ void deform_coord_grad_kernel(int64_t total, DeformGeometry g, int64_t b0,
+                                         int64_t images, const scalar_t* __restrict__ columns_grad,
+                                         const scalar_t* __restrict__ input,
+                                         const scalar_t* __restrict__ offset,
+                                         const scalar_t* __restrict__ mask,
+                                         scalar_t* __restrict__ grad_offset,
+                                         scalar_t* __restrict__ grad_mask) {
   const int64_t plane = g.out_h * g.out_w;
   const int64_t taps = g.kernel_h * g.kernel_w;
   const int64_t col_width = images * plane;
@@ -204,8 +211,8 @@ __global__ void deform_coord_grad_kernel(
     const int64_t bl = index / (plane * taps * g.offset_groups);
     const int64_t b = b0 + bl;
     acc_t h, w, m;
-    tap_position<scalar_t, acc_t>(
-        g, offset, mask, b, group, tap / g.kernel_w, tap % g.kernel_w, y, x, h, w, m);
+    tap_position<scalar_t, acc_t>(g, offset, mask, b, group, tap / g.kernel_w, tap % g.kernel_w, y,
+                                  x, h, w, m);
     acc_t grad_h = 0, grad_w = 0, grad_m = 0;
     const int64_t c_begin = group * g.channels_per_offset_group;
     const bool inside = samples_inside(h, w, g.height, g.width);
@@ -213,9 +220,8 @@ __global__ void deform_coord_grad_kernel(
       const acc_t cg = static_cast<acc_t>(
           columns_grad[(c * taps + tap) * col_width + bl * plane + y * g.out_w + x]);
       acc_t v, d_h, d_w;
-      deform_sample_grad<scalar_t, acc_t>(
-          input + (b * g.channels + c) * g.height * g.width, g.height, g.width, h, w, v, d_h,
-          d_w);
+      deform_sample_grad<scalar_t, acc_t>(input + (b * g.channels + c) * g.height * g.width,
+                                          g.height, g.width, h, w, v, d_h, d_w);
       grad_h += cg * d_h;
       grad_w += cg * d_w;
       grad_m += cg * v;
@@ -241,14 +247,14 @@ struct Checked {
 
 // The shared argument checks (ops/deform_conv2d.h, the same messages on every backend),
 // turned into the geometry the kernels take.
-Checked check_deform_args(
-    const at::Tensor& input, const at::Tensor& weight, const at::Tensor& offset,
-    const at::Tensor& mask, const at::Tensor& bias, int64_t stride_h, int64_t stride_w,
-    int64_t pad_h, int64_t pad_w, int64_t dilation_h, int64_t dilation_w, int64_t groups,
-    int64_t offset_groups, bool use_mask) {
+Checked check_deform_args(const at::Tensor& input, const at::Tensor& weight,
+                          const at::Tensor& offset, const at::Tensor& mask, const at::Tensor& bias,
+                          int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w,
+                          int64_t dilation_h, int64_t dilation_w, int64_t groups,
+                          int64_t offset_groups, bool use_mask) {
   const ops::DeformConv2dGeometry s = ops::check_deform_conv2d_args(
-      c10::DeviceType::CUDA, input, weight, offset, mask, bias, stride_h, stride_w, pad_h,
-      pad_w, dilation_h, dilation_w, groups, offset_groups, use_mask);
+      c10::DeviceType::CUDA, input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w,
+      dilation_h, dilation_w, groups, offset_groups, use_mask);
   DeformGeometry g;
   g.channels = s.channels;
   g.height = s.height;
@@ -279,26 +285,28 @@ int64_t images_per_chunk(const DeformGeometry& g, int64_t batch) {
 }
 
 template <typename scalar_t>
-void launch_im2col(
-    const DeformGeometry& g, int64_t b0, int64_t images, const at::Tensor& input,
-    const at::Tensor& offset, const at::Tensor& mask, at::Tensor& columns, cudaStream_t stream) {
+void launch_im2col(const DeformGeometry& g, int64_t b0, int64_t images, const at::Tensor& input,
+                   const at::Tensor& offset, const at::Tensor& mask, at::Tensor& columns,
+                   cudaStream_t stream) {
   using acc_t = at::acc_type<scalar_t, /*is_cuda=*/true>;
   const int64_t total = g.channels * images * g.out_h * g.out_w;
-  if (total == 0) return;
+  if (total == 0)
+    return;
   deform_im2col_kernel<scalar_t, acc_t><<<capped_blocks(total), kThreadsPerBlock, 0, stream>>>(
       total, g, b0, images, input.const_data_ptr<scalar_t>(), offset.const_data_ptr<scalar_t>(),
       g.use_mask ? mask.const_data_ptr<scalar_t>() : nullptr, columns.data_ptr<scalar_t>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-at::Tensor deform_conv2d_forward_cuda(
-    const at::Tensor& input, const at::Tensor& weight, const at::Tensor& offset,
-    const at::Tensor& mask, const at::Tensor& bias, int64_t stride_h, int64_t stride_w,
-    int64_t pad_h, int64_t pad_w, int64_t dilation_h, int64_t dilation_w, int64_t groups,
-    int64_t offset_groups, bool use_mask) {
-  const auto checked = check_deform_args(
-      input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w, dilation_h,
-      dilation_w, groups, offset_groups, use_mask);
+at::Tensor deform_conv2d_forward_cuda(const at::Tensor& input, const at::Tensor& weight,
+                                      const at::Tensor& offset, const at::Tensor& mask,
+                                      const at::Tensor& bias, int64_t stride_h, int64_t stride_w,
+                                      int64_t pad_h, int64_t pad_w, int64_t dilation_h,
+                                      int64_t dilation_w, int64_t groups, int64_t offset_groups,
+                                      bool use_mask) {
+  const auto checked =
+      check_deform_args(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w,
+                        dilation_h, dilation_w, groups, offset_groups, use_mask);
   const DeformGeometry& g = checked.geometry;
   const c10::cuda::CUDAGuard device_guard(input.device());
   auto output = at::zeros({checked.batch, checked.out_channels, g.out_h, g.out_w}, input.options());
@@ -310,8 +318,8 @@ at::Tensor deform_conv2d_forward_cuda(
   const auto mask_c = use_mask ? mask.contiguous() : mask;
   const int64_t taps = g.kernel_h * g.kernel_w;
   const int64_t plane = g.out_h * g.out_w;
-  const auto weight_g =
-      weight.contiguous().view({groups, checked.out_channels / groups, -1});  // (g, Cout/g, Cin/g*taps)
+  const auto weight_g = weight.contiguous().view(
+      {groups, checked.out_channels / groups, -1});  // (g, Cout/g, Cin/g*taps)
   const int64_t chunk = images_per_chunk(g, checked.batch);
   auto columns = at::empty({g.channels * taps, chunk * plane}, input.options());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
@@ -319,8 +327,8 @@ at::Tensor deform_conv2d_forward_cuda(
   for (int64_t b0 = 0; b0 < checked.batch; b0 += chunk) {
     const int64_t images = std::min(chunk, checked.batch - b0);
     // The last chunk may hold fewer images; it gets its own (contiguous) buffer.
-    auto cols = images == chunk ? columns
-                                : at::empty({g.channels * taps, images * plane}, input.options());
+    auto cols =
+        images == chunk ? columns : at::empty({g.channels * taps, images * plane}, input.options());
     AT_DISPATCH_FLOATING_TYPES_AND2(
         at::ScalarType::Half, at::ScalarType::BFloat16, input.scalar_type(),
         "opforge_deform_conv2d_forward_cuda",
@@ -335,31 +343,27 @@ at::Tensor deform_conv2d_forward_cuda(
   return output;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-deform_conv2d_backward_cuda(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_conv2d_backward_cuda(
     const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& weight,
     const at::Tensor& offset, const at::Tensor& mask, const at::Tensor& bias, int64_t stride_h,
     int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h, int64_t dilation_w,
     int64_t groups, int64_t offset_groups, bool use_mask) {
-  const auto checked = check_deform_args(
-      input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w, dilation_h,
-      dilation_w, groups, offset_groups, use_mask);
+  const auto checked =
+      check_deform_args(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w,
+                        dilation_h, dilation_w, groups, offset_groups, use_mask);
   const DeformGeometry& g = checked.geometry;
   // The CPU kernel's messages, with CUDA for CPU.
-  TORCH_CHECK(
-      grad_out.device() == input.device(),
-      "deform_conv2d backward: grad must be a CUDA tensor on the device of input (",
-      input.device(), "), got ", grad_out.device());
-  TORCH_CHECK(
-      grad_out.scalar_type() == input.scalar_type(),
-      "deform_conv2d backward: expected grad to have the same dtype as input (",
-      input.scalar_type(), "), got ", grad_out.scalar_type());
-  TORCH_CHECK(
-      grad_out.dim() == 4 && grad_out.size(0) == checked.batch &&
-          grad_out.size(1) == checked.out_channels && grad_out.size(2) == g.out_h &&
-          grad_out.size(3) == g.out_w,
-      "deform_conv2d backward: grad must have the output shape (", checked.batch, ", ",
-      checked.out_channels, ", ", g.out_h, ", ", g.out_w, "), got ", grad_out.sizes());
+  TORCH_CHECK(grad_out.device() == input.device(),
+              "deform_conv2d backward: grad must be a CUDA tensor on the device of input (",
+              input.device(), "), got ", grad_out.device());
+  TORCH_CHECK(grad_out.scalar_type() == input.scalar_type(),
+              "deform_conv2d backward: expected grad to have the same dtype as input (",
+              input.scalar_type(), "), got ", grad_out.scalar_type());
+  TORCH_CHECK(grad_out.dim() == 4 && grad_out.size(0) == checked.batch &&
+                  grad_out.size(1) == checked.out_channels && grad_out.size(2) == g.out_h &&
+                  grad_out.size(3) == g.out_w,
+              "deform_conv2d backward: grad must have the output shape (", checked.batch, ", ",
+              checked.out_channels, ", ", g.out_h, ", ", g.out_w, "), got ", grad_out.sizes());
 
   const c10::cuda::CUDAGuard device_guard(input.device());
   const auto acc_dtype = at::toAccumulateType(input.scalar_type(), /*is_cuda=*/true);
@@ -368,8 +372,8 @@ deform_conv2d_backward_cuda(
   const int64_t cout_g = checked.out_channels / groups;
 
   auto grad_input_acc = at::zeros(input.sizes(), input.options().dtype(acc_dtype));
-  auto grad_weight_acc = at::zeros(
-      {groups, cout_g, (g.channels / groups) * taps}, weight.options().dtype(acc_dtype));
+  auto grad_weight_acc =
+      at::zeros({groups, cout_g, (g.channels / groups) * taps}, weight.options().dtype(acc_dtype));
   auto grad_offset = at::zeros(offset.sizes(), offset.options());
   auto grad_mask = at::zeros(mask.sizes(), mask.options());
   auto grad_bias = grad_out.sum({0, 2, 3});

@@ -53,9 +53,8 @@ __device__ __forceinline__ T iou(const T* a, const T* b) {
 
 template <typename scalar_t>
 __global__ void nms_mask_kernel(
-    int64_t n_boxes,
-    double iou_threshold,
-    const scalar_t* __restrict__ boxes,  // sorted by score, (n_boxes, 4) contiguous
+    int64_t n_boxes, double iou_threshold,
+    const scalar_t* __restrict__ boxes,     // sorted by score, (n_boxes, 4) contiguous
     unsigned long long* __restrict__ mask,  // (n_boxes, col_blocks)
     int64_t col_blocks) {
   using opmath_t = at::opmath_type<scalar_t>;
@@ -105,11 +104,9 @@ __global__ void nms_mask_kernel(
 // shared memory), write their indices, then OR the rows of the kept boxes into the
 // shared "removed" words of all later groups, in parallel over the words.
 __global__ void nms_reduce_kernel(
-    int64_t n_boxes,
-    int64_t col_blocks,
-    const unsigned long long* __restrict__ mask,
+    int64_t n_boxes, int64_t col_blocks, const unsigned long long* __restrict__ mask,
     const int64_t* __restrict__ order,  // sorted position -> original box index
-    int64_t* __restrict__ keep,  // (n_boxes,), the first *num_kept entries are written
+    int64_t* __restrict__ keep,         // (n_boxes,), the first *num_kept entries are written
     int64_t* __restrict__ num_kept) {
   extern __shared__ unsigned long long removed[];  // col_blocks words
   __shared__ unsigned long long diag[kBoxesPerBlock];
@@ -174,18 +171,15 @@ at::Tensor nms_cuda(const at::Tensor& dets, const at::Tensor& scores, double iou
     return at::empty({0}, dets.options().dtype(at::kLong));
   }
   const int64_t col_blocks = ceil_div(n_boxes, kBoxesPerBlock);
-  TORCH_CHECK(
-      col_blocks <= 65535,
-      "nms: at most ", 65535 * int64_t(kBoxesPerBlock),
-      " boxes are supported on CUDA, got ", n_boxes);
+  TORCH_CHECK(col_blocks <= 65535, "nms: at most ", 65535 * int64_t(kBoxesPerBlock),
+              " boxes are supported on CUDA, got ", n_boxes);
 
   const int64_t shared_bytes = col_blocks * int64_t(sizeof(unsigned long long));
   const auto* props = at::cuda::getCurrentDeviceProperties();
-  TORCH_CHECK(
-      shared_bytes <= static_cast<int64_t>(props->sharedMemPerBlockOptin) - 1024,
-      "nms: ", n_boxes, " boxes need ", shared_bytes,
-      " bytes of shared memory for the suppression bitmask, more than this device allows (",
-      props->sharedMemPerBlockOptin, ")");
+  TORCH_CHECK(shared_bytes <= static_cast<int64_t>(props->sharedMemPerBlockOptin) - 1024,
+              "nms: ", n_boxes, " boxes need ", shared_bytes,
+              " bytes of shared memory for the suppression bitmask, more than this device allows (",
+              props->sharedMemPerBlockOptin, ")");
 
   const auto order = std::get<1>(scores.sort(/*stable=*/true, /*dim=*/0, /*descending=*/true));
   const auto sorted_boxes = dets.index_select(0, order).contiguous();
@@ -196,8 +190,7 @@ at::Tensor nms_cuda(const at::Tensor& dets, const at::Tensor& scores, double iou
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const dim3 mask_grid(col_blocks, col_blocks);
   AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::ScalarType::Half, at::ScalarType::BFloat16, dets.scalar_type(), "opforge_nms_cuda",
-      [&] {
+      at::ScalarType::Half, at::ScalarType::BFloat16, dets.scalar_type(), "opforge_nms_cuda", [&] {
         nms_mask_kernel<scalar_t><<<mask_grid, kBoxesPerBlock, 0, stream>>>(
             n_boxes, iou_threshold, sorted_boxes.const_data_ptr<scalar_t>(),
             reinterpret_cast<unsigned long long*>(mask.data_ptr<int64_t>()), col_blocks);
@@ -205,12 +198,13 @@ at::Tensor nms_cuda(const at::Tensor& dets, const at::Tensor& scores, double iou
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
   if (shared_bytes > 48 * 1024) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(
-        nms_reduce_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-        static_cast<int>(shared_bytes)));
+    C10_CUDA_CHECK(cudaFuncSetAttribute(nms_reduce_kernel,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(shared_bytes)));
   }
   nms_reduce_kernel<<<1, kReduceThreads, shared_bytes, stream>>>(
-      n_boxes, col_blocks, reinterpret_cast<const unsigned long long*>(mask.const_data_ptr<int64_t>()),
+      n_boxes, col_blocks,
+      reinterpret_cast<const unsigned long long*>(mask.const_data_ptr<int64_t>()),
       order.const_data_ptr<int64_t>(), keep.data_ptr<int64_t>(), num_kept.data_ptr<int64_t>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 

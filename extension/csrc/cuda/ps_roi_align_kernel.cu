@@ -23,21 +23,13 @@ namespace opforge::cuda {
 namespace {
 
 template <typename scalar_t, typename acc_t>
-__global__ void ps_roi_align_forward_kernel(
-    int64_t total,
-    const scalar_t* __restrict__ input,
-    const scalar_t* __restrict__ rois,
-    int64_t batch_size,
-    acc_t spatial_scale,
-    int64_t channels,
-    int64_t height,
-    int64_t width,
-    int64_t pooled_height,
-    int64_t pooled_width,
-    int64_t sampling_ratio,
-    int64_t channels_out,
-    scalar_t* __restrict__ output,
-    int32_t* __restrict__ channel_mapping) {
+__global__ void ps_roi_align_forward_kernel(int64_t total, const scalar_t* __restrict__ input,
+                                            const scalar_t* __restrict__ rois, int64_t batch_size,
+                                            acc_t spatial_scale, int64_t channels, int64_t height,
+                                            int64_t width, int64_t pooled_height,
+                                            int64_t pooled_width, int64_t sampling_ratio,
+                                            int64_t channels_out, scalar_t* __restrict__ output,
+                                            int32_t* __restrict__ channel_mapping) {
   OPFORGE_CUDA_KERNEL_LOOP(index, total) {
     const int64_t pw = index % pooled_width;
     const int64_t ph = (index / pooled_width) % pooled_height;
@@ -55,7 +47,9 @@ __global__ void ps_roi_align_forward_kernel(
     }
     const scalar_t* plane = input + (g.batch * channels + c_in) * height * width;
     acc_t sum = 0;
-    for_each_sample(g, ph, pw, [&](acc_t y, acc_t x) { sum += bilinear_sample<scalar_t, acc_t>(plane, height, width, y, x); });
+    for_each_sample(g, ph, pw, [&](acc_t y, acc_t x) {
+      sum += bilinear_sample<scalar_t, acc_t>(plane, height, width, y, x);
+    });
     output[index] = static_cast<scalar_t>(sum / g.count);
   }
 }
@@ -64,17 +58,9 @@ template <typename scalar_t, typename acc_t>
 __global__ void ps_roi_align_backward_kernel(
     int64_t total,
     const scalar_t* __restrict__ grad_output,  // contiguous [K, C_out, PH, PW]
-    const int32_t* __restrict__ channel_mapping,
-    const scalar_t* __restrict__ rois,
-    int64_t batch_size,
-    acc_t spatial_scale,
-    int64_t channels,
-    int64_t height,
-    int64_t width,
-    int64_t pooled_height,
-    int64_t pooled_width,
-    int64_t sampling_ratio,
-    int64_t channels_out,
+    const int32_t* __restrict__ channel_mapping, const scalar_t* __restrict__ rois,
+    int64_t batch_size, acc_t spatial_scale, int64_t channels, int64_t height, int64_t width,
+    int64_t pooled_height, int64_t pooled_width, int64_t sampling_ratio, int64_t channels_out,
     acc_t* __restrict__ grad_input) {
   OPFORGE_CUDA_KERNEL_LOOP(index, total) {
     const int64_t pw = index % pooled_width;
@@ -89,23 +75,22 @@ __global__ void ps_roi_align_backward_kernel(
     }
     const acc_t grad = static_cast<acc_t>(grad_output[index]) / g.count;
     acc_t* plane = grad_input + (g.batch * channels + c_in) * height * width;
-    for_each_sample(g, ph, pw, [&](acc_t y, acc_t x) { bilinear_scatter<acc_t>(plane, height, width, y, x, grad); });
+    for_each_sample(g, ph, pw, [&](acc_t y, acc_t x) {
+      bilinear_scatter<acc_t>(plane, height, width, y, x, grad);
+    });
   }
 }
 
 std::tuple<at::Tensor, at::Tensor> ps_roi_align_forward_cuda(
-    const at::Tensor& input,
-    const at::Tensor& rois,
-    double spatial_scale,
-    int64_t pooled_height,
-    int64_t pooled_width,
-    int64_t sampling_ratio) {
+    const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t pooled_height,
+    int64_t pooled_width, int64_t sampling_ratio) {
   constexpr const char* op = "ps_roi_align";
   check_cuda(op, "input", input);
   check_ps_roi_inputs(op, input, rois, pooled_height, pooled_width);
   const c10::cuda::CUDAGuard device_guard(input.device());
   const int64_t channels_out = input.size(1) / (pooled_height * pooled_width);
-  auto output = at::empty({rois.size(0), channels_out, pooled_height, pooled_width}, input.options());
+  auto output =
+      at::empty({rois.size(0), channels_out, pooled_height, pooled_width}, input.options());
   auto channel_mapping = at::empty(output.sizes(), input.options().dtype(at::kInt));
   const int64_t total = output.numel();
   if (total == 0) {
@@ -115,35 +100,29 @@ std::tuple<at::Tensor, at::Tensor> ps_roi_align_forward_cuda(
   const auto rois_c = rois.contiguous();
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::ScalarType::Half, at::ScalarType::BFloat16, input.scalar_type(), "opforge_ps_roi_align_forward_cuda",
-      [&] {
+      at::ScalarType::Half, at::ScalarType::BFloat16, input.scalar_type(),
+      "opforge_ps_roi_align_forward_cuda", [&] {
         using acc_t = at::acc_type<scalar_t, /*is_cuda=*/true>;
-        ps_roi_align_forward_kernel<scalar_t, acc_t><<<capped_blocks(total), kThreadsPerBlock, 0, stream>>>(
-            total, input_c.const_data_ptr<scalar_t>(), rois_c.const_data_ptr<scalar_t>(), input.size(0),
-            static_cast<acc_t>(spatial_scale), input.size(1), input.size(2), input.size(3), pooled_height,
-            pooled_width, sampling_ratio, channels_out, output.data_ptr<scalar_t>(),
-            channel_mapping.data_ptr<int32_t>());
+        ps_roi_align_forward_kernel<scalar_t, acc_t>
+            <<<capped_blocks(total), kThreadsPerBlock, 0, stream>>>(
+                total, input_c.const_data_ptr<scalar_t>(), rois_c.const_data_ptr<scalar_t>(),
+                input.size(0), static_cast<acc_t>(spatial_scale), input.size(1), input.size(2),
+                input.size(3), pooled_height, pooled_width, sampling_ratio, channels_out,
+                output.data_ptr<scalar_t>(), channel_mapping.data_ptr<int32_t>());
       });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {output, channel_mapping};
 }
 
-at::Tensor ps_roi_align_backward_cuda(
-    const at::Tensor& grad,
-    const at::Tensor& rois,
-    const at::Tensor& channel_mapping,
-    double spatial_scale,
-    int64_t pooled_height,
-    int64_t pooled_width,
-    int64_t sampling_ratio,
-    int64_t batch_size,
-    int64_t channels,
-    int64_t height,
-    int64_t width) {
+at::Tensor ps_roi_align_backward_cuda(const at::Tensor& grad, const at::Tensor& rois,
+                                      const at::Tensor& channel_mapping, double spatial_scale,
+                                      int64_t pooled_height, int64_t pooled_width,
+                                      int64_t sampling_ratio, int64_t batch_size, int64_t channels,
+                                      int64_t height, int64_t width) {
   constexpr const char* op = "_ps_roi_align_backward";
   check_cuda(op, "grad", grad);
-  check_ps_roi_backward_inputs(
-      op, grad, rois, channel_mapping, pooled_height, pooled_width, batch_size, channels, height, width);
+  check_ps_roi_backward_inputs(op, grad, rois, channel_mapping, pooled_height, pooled_width,
+                               batch_size, channels, height, width);
   const c10::cuda::CUDAGuard device_guard(grad.device());
   const int64_t total = grad.numel();
   if (total == 0 || batch_size * channels * height * width == 0) {
@@ -154,26 +133,30 @@ at::Tensor ps_roi_align_backward_cuda(
   const auto rois_c = rois.contiguous();
   const auto mapping_c = channel_mapping.contiguous();
   const auto acc_dtype = at::toAccumulateType(grad.scalar_type(), /*is_cuda=*/true);
-  auto grad_input = at::zeros({batch_size, channels, height, width}, grad.options().dtype(acc_dtype));
+  auto grad_input =
+      at::zeros({batch_size, channels, height, width}, grad.options().dtype(acc_dtype));
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::ScalarType::Half, at::ScalarType::BFloat16, grad.scalar_type(), "opforge_ps_roi_align_backward_cuda",
-      [&] {
+      at::ScalarType::Half, at::ScalarType::BFloat16, grad.scalar_type(),
+      "opforge_ps_roi_align_backward_cuda", [&] {
         using acc_t = at::acc_type<scalar_t, /*is_cuda=*/true>;
-        ps_roi_align_backward_kernel<scalar_t, acc_t><<<capped_blocks(total), kThreadsPerBlock, 0, stream>>>(
-            total, grad_c.const_data_ptr<scalar_t>(), mapping_c.const_data_ptr<int32_t>(),
-            rois_c.const_data_ptr<scalar_t>(), batch_size, static_cast<acc_t>(spatial_scale), channels, height,
-            width, pooled_height, pooled_width, sampling_ratio, grad.size(1), grad_input.data_ptr<acc_t>());
+        ps_roi_align_backward_kernel<scalar_t, acc_t>
+            <<<capped_blocks(total), kThreadsPerBlock, 0, stream>>>(
+                total, grad_c.const_data_ptr<scalar_t>(), mapping_c.const_data_ptr<int32_t>(),
+                rois_c.const_data_ptr<scalar_t>(), batch_size, static_cast<acc_t>(spatial_scale),
+                channels, height, width, pooled_height, pooled_width, sampling_ratio, grad.size(1),
+                grad_input.data_ptr<acc_t>());
       });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return grad_input.scalar_type() == grad.scalar_type() ? grad_input : grad_input.to(grad.scalar_type());
+  return grad_input.scalar_type() == grad.scalar_type() ? grad_input
+                                                        : grad_input.to(grad.scalar_type());
 }
 
-} // namespace
+}  // namespace
 
 TORCH_LIBRARY_IMPL(opforge, CUDA, m) {
   m.impl("ps_roi_align", TORCH_FN(ps_roi_align_forward_cuda));
   m.impl("_ps_roi_align_backward", TORCH_FN(ps_roi_align_backward_cuda));
 }
 
-} // namespace opforge::cuda
+}  // namespace opforge::cuda

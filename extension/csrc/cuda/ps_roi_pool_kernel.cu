@@ -35,9 +35,9 @@ struct PsBin {
 };
 
 template <typename scalar_t, typename acc_t>
-__device__ PsBin ps_bin(
-    const scalar_t* __restrict__ roi, acc_t spatial_scale, int64_t height, int64_t width, int64_t pooled_height,
-    int64_t pooled_width, int64_t ph, int64_t pw) {
+__device__ PsBin ps_bin(const scalar_t* __restrict__ roi, acc_t spatial_scale, int64_t height,
+                        int64_t width, int64_t pooled_height, int64_t pooled_width, int64_t ph,
+                        int64_t pw) {
   PsBin b;
   b.batch = static_cast<int64_t>(static_cast<acc_t>(roi[0]));
   const int64_t start_w = round_to_pixel(static_cast<acc_t>(roi[1]) * spatial_scale);
@@ -45,8 +45,10 @@ __device__ PsBin ps_bin(
   const int64_t end_w = round_to_pixel(static_cast<acc_t>(roi[3]) * spatial_scale);
   const int64_t end_h = round_to_pixel(static_cast<acc_t>(roi[4]) * spatial_scale);
   // Malformed rois are forced to be at least 1x1.
-  const acc_t bin_h = static_cast<acc_t>(end_h - start_h > 1 ? end_h - start_h : 1) / static_cast<acc_t>(pooled_height);
-  const acc_t bin_w = static_cast<acc_t>(end_w - start_w > 1 ? end_w - start_w : 1) / static_cast<acc_t>(pooled_width);
+  const acc_t bin_h = static_cast<acc_t>(end_h - start_h > 1 ? end_h - start_h : 1) /
+                      static_cast<acc_t>(pooled_height);
+  const acc_t bin_w = static_cast<acc_t>(end_w - start_w > 1 ? end_w - start_w : 1) /
+                      static_cast<acc_t>(pooled_width);
   const int64_t last_h = height > 0 ? height - 1 : 0;
   const int64_t last_w = width > 0 ? width - 1 : 0;
   b.h0 = clamp_to(static_cast<int64_t>(floor(static_cast<acc_t>(ph) * bin_h)) + start_h, last_h);
@@ -57,20 +59,13 @@ __device__ PsBin ps_bin(
 }
 
 template <typename scalar_t, typename acc_t>
-__global__ void ps_roi_pool_forward_kernel(
-    int64_t total,
-    const scalar_t* __restrict__ input,
-    const scalar_t* __restrict__ rois,
-    int64_t batch_size,
-    acc_t spatial_scale,
-    int64_t channels,
-    int64_t height,
-    int64_t width,
-    int64_t pooled_height,
-    int64_t pooled_width,
-    int64_t channels_out,
-    scalar_t* __restrict__ output,
-    int32_t* __restrict__ channel_mapping) {
+__global__ void ps_roi_pool_forward_kernel(int64_t total, const scalar_t* __restrict__ input,
+                                           const scalar_t* __restrict__ rois, int64_t batch_size,
+                                           acc_t spatial_scale, int64_t channels, int64_t height,
+                                           int64_t width, int64_t pooled_height,
+                                           int64_t pooled_width, int64_t channels_out,
+                                           scalar_t* __restrict__ output,
+                                           int32_t* __restrict__ channel_mapping) {
   OPFORGE_CUDA_KERNEL_LOOP(index, total) {
     const int64_t pw = index % pooled_width;
     const int64_t ph = (index / pooled_width) % pooled_height;
@@ -83,7 +78,8 @@ __global__ void ps_roi_pool_forward_kernel(
       output[index] = static_cast<scalar_t>(0);
       continue;
     }
-    const PsBin b = ps_bin<scalar_t, acc_t>(roi, spatial_scale, height, width, pooled_height, pooled_width, ph, pw);
+    const PsBin b = ps_bin<scalar_t, acc_t>(roi, spatial_scale, height, width, pooled_height,
+                                            pooled_width, ph, pw);
     if (b.h1 <= b.h0 || b.w1 <= b.w0) {
       output[index] = static_cast<scalar_t>(0);
       continue;
@@ -103,16 +99,9 @@ template <typename scalar_t, typename acc_t>
 __global__ void ps_roi_pool_backward_kernel(
     int64_t total,
     const scalar_t* __restrict__ grad_output,  // contiguous [K, C_out, PH, PW]
-    const int32_t* __restrict__ channel_mapping,
-    const scalar_t* __restrict__ rois,
-    int64_t batch_size,
-    acc_t spatial_scale,
-    int64_t channels,
-    int64_t height,
-    int64_t width,
-    int64_t pooled_height,
-    int64_t pooled_width,
-    int64_t channels_out,
+    const int32_t* __restrict__ channel_mapping, const scalar_t* __restrict__ rois,
+    int64_t batch_size, acc_t spatial_scale, int64_t channels, int64_t height, int64_t width,
+    int64_t pooled_height, int64_t pooled_width, int64_t channels_out,
     acc_t* __restrict__ grad_input) {
   OPFORGE_CUDA_KERNEL_LOOP(index, total) {
     const int64_t pw = index % pooled_width;
@@ -120,15 +109,16 @@ __global__ void ps_roi_pool_backward_kernel(
     const int64_t n = index / (pooled_width * pooled_height * channels_out);
     const int64_t c_in = channel_mapping[index];
     const scalar_t* roi = rois + n * 5;
-    if (c_in < 0 || c_in >= channels ||
-        !roi_is_valid<scalar_t, acc_t>(roi, batch_size)) {
+    if (c_in < 0 || c_in >= channels || !roi_is_valid<scalar_t, acc_t>(roi, batch_size)) {
       continue;
     }
-    const PsBin b = ps_bin<scalar_t, acc_t>(roi, spatial_scale, height, width, pooled_height, pooled_width, ph, pw);
+    const PsBin b = ps_bin<scalar_t, acc_t>(roi, spatial_scale, height, width, pooled_height,
+                                            pooled_width, ph, pw);
     if (b.h1 <= b.h0 || b.w1 <= b.w0) {
       continue;
     }
-    const acc_t grad = static_cast<acc_t>(grad_output[index]) / static_cast<acc_t>((b.h1 - b.h0) * (b.w1 - b.w0));
+    const acc_t grad =
+        static_cast<acc_t>(grad_output[index]) / static_cast<acc_t>((b.h1 - b.h0) * (b.w1 - b.w0));
     acc_t* plane = grad_input + (b.batch * channels + c_in) * height * width;
     for (int64_t h = b.h0; h < b.h1; ++h) {
       for (int64_t w = b.w0; w < b.w1; ++w) {
@@ -138,18 +128,18 @@ __global__ void ps_roi_pool_backward_kernel(
   }
 }
 
-std::tuple<at::Tensor, at::Tensor> ps_roi_pool_forward_cuda(
-    const at::Tensor& input,
-    const at::Tensor& rois,
-    double spatial_scale,
-    int64_t pooled_height,
-    int64_t pooled_width) {
+std::tuple<at::Tensor, at::Tensor> ps_roi_pool_forward_cuda(const at::Tensor& input,
+                                                            const at::Tensor& rois,
+                                                            double spatial_scale,
+                                                            int64_t pooled_height,
+                                                            int64_t pooled_width) {
   constexpr const char* op = "ps_roi_pool";
   check_cuda(op, "input", input);
   check_ps_roi_inputs(op, input, rois, pooled_height, pooled_width);
   const c10::cuda::CUDAGuard device_guard(input.device());
   const int64_t channels_out = input.size(1) / (pooled_height * pooled_width);
-  auto output = at::empty({rois.size(0), channels_out, pooled_height, pooled_width}, input.options());
+  auto output =
+      at::empty({rois.size(0), channels_out, pooled_height, pooled_width}, input.options());
   auto channel_mapping = at::empty(output.sizes(), input.options().dtype(at::kInt));
   const int64_t total = output.numel();
   if (total == 0) {
@@ -159,33 +149,29 @@ std::tuple<at::Tensor, at::Tensor> ps_roi_pool_forward_cuda(
   const auto rois_c = rois.contiguous();
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::ScalarType::Half, at::ScalarType::BFloat16, input.scalar_type(), "opforge_ps_roi_pool_forward_cuda",
-      [&] {
+      at::ScalarType::Half, at::ScalarType::BFloat16, input.scalar_type(),
+      "opforge_ps_roi_pool_forward_cuda", [&] {
         using acc_t = at::acc_type<scalar_t, /*is_cuda=*/true>;
-        ps_roi_pool_forward_kernel<scalar_t, acc_t><<<capped_blocks(total), kThreadsPerBlock, 0, stream>>>(
-            total, input_c.const_data_ptr<scalar_t>(), rois_c.const_data_ptr<scalar_t>(), input.size(0),
-            static_cast<acc_t>(spatial_scale), input.size(1), input.size(2), input.size(3), pooled_height,
-            pooled_width, channels_out, output.data_ptr<scalar_t>(), channel_mapping.data_ptr<int32_t>());
+        ps_roi_pool_forward_kernel<scalar_t, acc_t>
+            <<<capped_blocks(total), kThreadsPerBlock, 0, stream>>>(
+                total, input_c.const_data_ptr<scalar_t>(), rois_c.const_data_ptr<scalar_t>(),
+                input.size(0), static_cast<acc_t>(spatial_scale), input.size(1), input.size(2),
+                input.size(3), pooled_height, pooled_width, channels_out,
+                output.data_ptr<scalar_t>(), channel_mapping.data_ptr<int32_t>());
       });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {output, channel_mapping};
 }
 
-at::Tensor ps_roi_pool_backward_cuda(
-    const at::Tensor& grad,
-    const at::Tensor& rois,
-    const at::Tensor& channel_mapping,
-    double spatial_scale,
-    int64_t pooled_height,
-    int64_t pooled_width,
-    int64_t batch_size,
-    int64_t channels,
-    int64_t height,
-    int64_t width) {
+at::Tensor ps_roi_pool_backward_cuda(const at::Tensor& grad, const at::Tensor& rois,
+                                     const at::Tensor& channel_mapping, double spatial_scale,
+                                     int64_t pooled_height, int64_t pooled_width,
+                                     int64_t batch_size, int64_t channels, int64_t height,
+                                     int64_t width) {
   constexpr const char* op = "_ps_roi_pool_backward";
   check_cuda(op, "grad", grad);
-  check_ps_roi_backward_inputs(
-      op, grad, rois, channel_mapping, pooled_height, pooled_width, batch_size, channels, height, width);
+  check_ps_roi_backward_inputs(op, grad, rois, channel_mapping, pooled_height, pooled_width,
+                               batch_size, channels, height, width);
   const c10::cuda::CUDAGuard device_guard(grad.device());
   const int64_t total = grad.numel();
   if (total == 0 || batch_size * channels * height * width == 0) {
@@ -196,26 +182,30 @@ at::Tensor ps_roi_pool_backward_cuda(
   const auto rois_c = rois.contiguous();
   const auto mapping_c = channel_mapping.contiguous();
   const auto acc_dtype = at::toAccumulateType(grad.scalar_type(), /*is_cuda=*/true);
-  auto grad_input = at::zeros({batch_size, channels, height, width}, grad.options().dtype(acc_dtype));
+  auto grad_input =
+      at::zeros({batch_size, channels, height, width}, grad.options().dtype(acc_dtype));
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::ScalarType::Half, at::ScalarType::BFloat16, grad.scalar_type(), "opforge_ps_roi_pool_backward_cuda",
-      [&] {
+      at::ScalarType::Half, at::ScalarType::BFloat16, grad.scalar_type(),
+      "opforge_ps_roi_pool_backward_cuda", [&] {
         using acc_t = at::acc_type<scalar_t, /*is_cuda=*/true>;
-        ps_roi_pool_backward_kernel<scalar_t, acc_t><<<capped_blocks(total), kThreadsPerBlock, 0, stream>>>(
-            total, grad_c.const_data_ptr<scalar_t>(), mapping_c.const_data_ptr<int32_t>(),
-            rois_c.const_data_ptr<scalar_t>(), batch_size, static_cast<acc_t>(spatial_scale), channels, height,
-            width, pooled_height, pooled_width, grad.size(1), grad_input.data_ptr<acc_t>());
+        ps_roi_pool_backward_kernel<scalar_t, acc_t>
+            <<<capped_blocks(total), kThreadsPerBlock, 0, stream>>>(
+                total, grad_c.const_data_ptr<scalar_t>(), mapping_c.const_data_ptr<int32_t>(),
+                rois_c.const_data_ptr<scalar_t>(), batch_size, static_cast<acc_t>(spatial_scale),
+                channels, height, width, pooled_height, pooled_width, grad.size(1),
+                grad_input.data_ptr<acc_t>());
       });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return grad_input.scalar_type() == grad.scalar_type() ? grad_input : grad_input.to(grad.scalar_type());
+  return grad_input.scalar_type() == grad.scalar_type() ? grad_input
+                                                        : grad_input.to(grad.scalar_type());
 }
 
-} // namespace
+}  // namespace
 
 TORCH_LIBRARY_IMPL(opforge, CUDA, m) {
   m.impl("ps_roi_pool", TORCH_FN(ps_roi_pool_forward_cuda));
   m.impl("_ps_roi_pool_backward", TORCH_FN(ps_roi_pool_backward_cuda));
 }
 
-} // namespace opforge::cuda
+}  // namespace opforge::cuda

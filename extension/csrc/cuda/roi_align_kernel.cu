@@ -23,20 +23,12 @@ namespace opforge::cuda {
 namespace {
 
 template <typename scalar_t, typename acc_t>
-__global__ void roi_align_forward_kernel(
-    int64_t total,
-    const scalar_t* __restrict__ input,
-    const scalar_t* __restrict__ rois,
-    int64_t batch_size,
-    acc_t spatial_scale,
-    int64_t channels,
-    int64_t height,
-    int64_t width,
-    int64_t pooled_height,
-    int64_t pooled_width,
-    int64_t sampling_ratio,
-    bool aligned,
-    scalar_t* __restrict__ output) {
+__global__ void roi_align_forward_kernel(int64_t total, const scalar_t* __restrict__ input,
+                                         const scalar_t* __restrict__ rois, int64_t batch_size,
+                                         acc_t spatial_scale, int64_t channels, int64_t height,
+                                         int64_t width, int64_t pooled_height, int64_t pooled_width,
+                                         int64_t sampling_ratio, bool aligned,
+                                         scalar_t* __restrict__ output) {
   OPFORGE_CUDA_KERNEL_LOOP(index, total) {
     const int64_t pw = index % pooled_width;
     const int64_t ph = (index / pooled_width) % pooled_height;
@@ -53,30 +45,22 @@ __global__ void roi_align_forward_kernel(
     const scalar_t* plane = input + (g.batch * channels + c) * height * width;
 
     acc_t sum = 0;
-    for_each_sample(g, ph, pw, [&](acc_t y, acc_t x) { sum += bilinear_sample<scalar_t, acc_t>(plane, height, width, y, x); });
+    for_each_sample(g, ph, pw, [&](acc_t y, acc_t x) {
+      sum += bilinear_sample<scalar_t, acc_t>(plane, height, width, y, x);
+    });
     output[index] = static_cast<scalar_t>(sum / g.count);
   }
 }
 
 template <typename scalar_t, typename acc_t>
-__global__ void roi_align_backward_kernel(
-    int64_t total,
-    const scalar_t* __restrict__ grad_output,
-    int64_t grad_stride_n,
-    int64_t grad_stride_c,
-    int64_t grad_stride_h,
-    int64_t grad_stride_w,
-    const scalar_t* __restrict__ rois,
-    int64_t batch_size,
-    acc_t spatial_scale,
-    int64_t channels,
-    int64_t height,
-    int64_t width,
-    int64_t pooled_height,
-    int64_t pooled_width,
-    int64_t sampling_ratio,
-    bool aligned,
-    acc_t* __restrict__ grad_input) {
+__global__ void roi_align_backward_kernel(int64_t total, const scalar_t* __restrict__ grad_output,
+                                          int64_t grad_stride_n, int64_t grad_stride_c,
+                                          int64_t grad_stride_h, int64_t grad_stride_w,
+                                          const scalar_t* __restrict__ rois, int64_t batch_size,
+                                          acc_t spatial_scale, int64_t channels, int64_t height,
+                                          int64_t width, int64_t pooled_height,
+                                          int64_t pooled_width, int64_t sampling_ratio,
+                                          bool aligned, acc_t* __restrict__ grad_input) {
   OPFORGE_CUDA_KERNEL_LOOP(index, total) {
     const int64_t pw = index % pooled_width;
     const int64_t ph = (index / pooled_width) % pooled_height;
@@ -89,32 +73,29 @@ __global__ void roi_align_backward_kernel(
     if (!g.valid) {
       continue;
     }
-    const acc_t grad = static_cast<acc_t>(grad_output[
-        n * grad_stride_n + c * grad_stride_c + ph * grad_stride_h + pw * grad_stride_w]) /
-        g.count;
+    const acc_t grad = static_cast<acc_t>(grad_output[n * grad_stride_n + c * grad_stride_c +
+                                                      ph * grad_stride_h + pw * grad_stride_w]) /
+                       g.count;
     acc_t* plane = grad_input + (g.batch * channels + c) * height * width;
-    for_each_sample(g, ph, pw, [&](acc_t y, acc_t x) { bilinear_scatter<acc_t>(plane, height, width, y, x, grad); });
+    for_each_sample(g, ph, pw, [&](acc_t y, acc_t x) {
+      bilinear_scatter<acc_t>(plane, height, width, y, x, grad);
+    });
   }
 }
 
 // A fixed sampling_ratio bounds every roi's samples without reading the rois.
-void check_sample_count(const char* op, int64_t pooled_height, int64_t pooled_width, int64_t sampling_ratio) {
-  TORCH_CHECK(
-      sampling_ratio <= 0 ||
-          double(sampling_ratio) * double(sampling_ratio) * double(pooled_height) * double(pooled_width) <=
-              double(kMaxSamplesPerRoi),
-      op, ": sampling_ratio ", sampling_ratio, " needs more than ", kMaxSamplesPerRoi,
-      " samples per roi; pass a smaller sampling_ratio");
+void check_sample_count(const char* op, int64_t pooled_height, int64_t pooled_width,
+                        int64_t sampling_ratio) {
+  TORCH_CHECK(sampling_ratio <= 0 || double(sampling_ratio) * double(sampling_ratio) *
+                                             double(pooled_height) * double(pooled_width) <=
+                                         double(kMaxSamplesPerRoi),
+              op, ": sampling_ratio ", sampling_ratio, " needs more than ", kMaxSamplesPerRoi,
+              " samples per roi; pass a smaller sampling_ratio");
 }
 
-at::Tensor roi_align_forward_cuda(
-    const at::Tensor& input,
-    const at::Tensor& rois,
-    double spatial_scale,
-    int64_t pooled_height,
-    int64_t pooled_width,
-    int64_t sampling_ratio,
-    bool aligned) {
+at::Tensor roi_align_forward_cuda(const at::Tensor& input, const at::Tensor& rois,
+                                  double spatial_scale, int64_t pooled_height, int64_t pooled_width,
+                                  int64_t sampling_ratio, bool aligned) {
   constexpr const char* op = "roi_align";
   check_cuda(op, "input", input);
   check_roi_inputs(op, input, rois, pooled_height, pooled_width);
@@ -147,29 +128,22 @@ at::Tensor roi_align_forward_cuda(
         roi_align_forward_kernel<scalar_t, acc_t>
             <<<capped_blocks(total), kThreadsPerBlock, 0, stream>>>(
                 total, input_c.const_data_ptr<scalar_t>(), rois_c.const_data_ptr<scalar_t>(),
-                input.size(0), static_cast<acc_t>(spatial_scale), channels, height, width, pooled_height,
-                pooled_width, sampling_ratio, aligned, output.data_ptr<scalar_t>());
+                input.size(0), static_cast<acc_t>(spatial_scale), channels, height, width,
+                pooled_height, pooled_width, sampling_ratio, aligned, output.data_ptr<scalar_t>());
       });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return output;
 }
 
-at::Tensor roi_align_backward_cuda(
-    const at::Tensor& grad,
-    const at::Tensor& rois,
-    double spatial_scale,
-    int64_t pooled_height,
-    int64_t pooled_width,
-    int64_t batch_size,
-    int64_t channels,
-    int64_t height,
-    int64_t width,
-    int64_t sampling_ratio,
-    bool aligned) {
+at::Tensor roi_align_backward_cuda(const at::Tensor& grad, const at::Tensor& rois,
+                                   double spatial_scale, int64_t pooled_height,
+                                   int64_t pooled_width, int64_t batch_size, int64_t channels,
+                                   int64_t height, int64_t width, int64_t sampling_ratio,
+                                   bool aligned) {
   constexpr const char* op = "_roi_align_backward";
   check_cuda(op, "grad", grad);
-  check_roi_backward_inputs(
-      op, grad, rois, pooled_height, pooled_width, batch_size, channels, height, width);
+  check_roi_backward_inputs(op, grad, rois, pooled_height, pooled_width, batch_size, channels,
+                            height, width);
 
   const c10::cuda::CUDAGuard device_guard(grad.device());
   const int64_t total = grad.numel();
@@ -180,7 +154,8 @@ at::Tensor roi_align_backward_cuda(
 
   const auto rois_c = rois.contiguous();
   const auto acc_dtype = at::toAccumulateType(grad.scalar_type(), /*is_cuda=*/true);
-  auto grad_input = at::zeros({batch_size, channels, height, width}, grad.options().dtype(acc_dtype));
+  auto grad_input =
+      at::zeros({batch_size, channels, height, width}, grad.options().dtype(acc_dtype));
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::ScalarType::Half, at::ScalarType::BFloat16, grad.scalar_type(),
@@ -189,8 +164,8 @@ at::Tensor roi_align_backward_cuda(
         roi_align_backward_kernel<scalar_t, acc_t>
             <<<capped_blocks(total), kThreadsPerBlock, 0, stream>>>(
                 total, grad.const_data_ptr<scalar_t>(), grad.stride(0), grad.stride(1),
-                grad.stride(2), grad.stride(3), rois_c.const_data_ptr<scalar_t>(),
-                batch_size, static_cast<acc_t>(spatial_scale), channels, height, width, pooled_height,
+                grad.stride(2), grad.stride(3), rois_c.const_data_ptr<scalar_t>(), batch_size,
+                static_cast<acc_t>(spatial_scale), channels, height, width, pooled_height,
                 pooled_width, sampling_ratio, aligned, grad_input.data_ptr<acc_t>());
       });
   C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -26,19 +26,12 @@ __device__ __forceinline__ int64_t round_coordinate(double value) {
 }
 
 template <typename scalar_t, typename acc_t>
-__global__ void roi_pool_forward_kernel(
-    int64_t total,
-    const scalar_t* __restrict__ input,
-    const scalar_t* __restrict__ rois,
-    int64_t batch_size,
-    acc_t spatial_scale,
-    int64_t channels,
-    int64_t height,
-    int64_t width,
-    int64_t pooled_height,
-    int64_t pooled_width,
-    scalar_t* __restrict__ output,
-    int32_t* __restrict__ argmax) {
+__global__ void roi_pool_forward_kernel(int64_t total, const scalar_t* __restrict__ input,
+                                        const scalar_t* __restrict__ rois, int64_t batch_size,
+                                        acc_t spatial_scale, int64_t channels, int64_t height,
+                                        int64_t width, int64_t pooled_height, int64_t pooled_width,
+                                        scalar_t* __restrict__ output,
+                                        int32_t* __restrict__ argmax) {
   OPFORGE_CUDA_KERNEL_LOOP(index, total) {
     const int64_t pw = index % pooled_width;
     const int64_t ph = (index / pooled_width) % pooled_height;
@@ -93,21 +86,12 @@ __global__ void roi_pool_forward_kernel(
 
 template <typename scalar_t, typename acc_t>
 __global__ void roi_pool_backward_kernel(
-    int64_t total,
-    const scalar_t* __restrict__ grad_output,
-    int64_t grad_stride_n,
-    int64_t grad_stride_c,
-    int64_t grad_stride_h,
-    int64_t grad_stride_w,
+    int64_t total, const scalar_t* __restrict__ grad_output, int64_t grad_stride_n,
+    int64_t grad_stride_c, int64_t grad_stride_h, int64_t grad_stride_w,
     const scalar_t* __restrict__ rois,
     const int32_t* __restrict__ argmax,  // contiguous (K, C, PH, PW)
-    int64_t batch_size,
-    int64_t channels,
-    int64_t height,
-    int64_t width,
-    int64_t pooled_height,
-    int64_t pooled_width,
-    acc_t* __restrict__ grad_input) {
+    int64_t batch_size, int64_t channels, int64_t height, int64_t width, int64_t pooled_height,
+    int64_t pooled_width, acc_t* __restrict__ grad_input) {
   OPFORGE_CUDA_KERNEL_LOOP(index, total) {
     const int64_t pw = index % pooled_width;
     const int64_t ph = (index / pooled_width) % pooled_height;
@@ -119,25 +103,23 @@ __global__ void roi_pool_backward_kernel(
     if (at < 0 || at >= height * width || batch < 0 || batch >= batch_size) {
       continue;
     }
-    const acc_t grad = static_cast<acc_t>(grad_output[
-        n * grad_stride_n + c * grad_stride_c + ph * grad_stride_h + pw * grad_stride_w]);
+    const acc_t grad = static_cast<acc_t>(grad_output[n * grad_stride_n + c * grad_stride_c +
+                                                      ph * grad_stride_h + pw * grad_stride_w]);
     gpuAtomicAdd(grad_input + (batch * channels + c) * height * width + at, grad);
   }
 }
 
-std::tuple<at::Tensor, at::Tensor> roi_pool_forward_cuda(
-    const at::Tensor& input,
-    const at::Tensor& rois,
-    double spatial_scale,
-    int64_t pooled_height,
-    int64_t pooled_width) {
+std::tuple<at::Tensor, at::Tensor> roi_pool_forward_cuda(const at::Tensor& input,
+                                                         const at::Tensor& rois,
+                                                         double spatial_scale,
+                                                         int64_t pooled_height,
+                                                         int64_t pooled_width) {
   constexpr const char* op = "roi_pool";
   check_cuda(op, "input", input);
   check_roi_inputs(op, input, rois, pooled_height, pooled_width);
-  TORCH_CHECK(
-      input.size(2) * input.size(3) <= std::numeric_limits<int32_t>::max(),
-      op, ": the argmax is int32, so H*W must be below 2^31, got ", input.size(2), "x",
-      input.size(3));
+  TORCH_CHECK(input.size(2) * input.size(3) <= std::numeric_limits<int32_t>::max(), op,
+              ": the argmax is int32, so H*W must be below 2^31, got ", input.size(2), "x",
+              input.size(3));
 
   const c10::cuda::CUDAGuard device_guard(input.device());
   const int64_t num_rois = rois.size(0);
@@ -145,8 +127,8 @@ std::tuple<at::Tensor, at::Tensor> roi_pool_forward_cuda(
   const int64_t height = input.size(2);
   const int64_t width = input.size(3);
   auto output = at::empty({num_rois, channels, pooled_height, pooled_width}, input.options());
-  auto argmax = at::empty(
-      {num_rois, channels, pooled_height, pooled_width}, input.options().dtype(at::kInt));
+  auto argmax =
+      at::empty({num_rois, channels, pooled_height, pooled_width}, input.options().dtype(at::kInt));
   const int64_t total = output.numel();
   if (total == 0) {
     return std::make_tuple(output, argmax);
@@ -164,29 +146,23 @@ std::tuple<at::Tensor, at::Tensor> roi_pool_forward_cuda(
         roi_pool_forward_kernel<scalar_t, acc_t>
             <<<capped_blocks(total), kThreadsPerBlock, 0, stream>>>(
                 total, input_c.const_data_ptr<scalar_t>(), rois_c.const_data_ptr<scalar_t>(),
-                input.size(0), static_cast<acc_t>(spatial_scale), channels, height, width, pooled_height,
-                pooled_width, output.data_ptr<scalar_t>(), argmax.data_ptr<int32_t>());
+                input.size(0), static_cast<acc_t>(spatial_scale), channels, height, width,
+                pooled_height, pooled_width, output.data_ptr<scalar_t>(),
+                argmax.data_ptr<int32_t>());
       });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return std::make_tuple(output, argmax);
 }
 
-at::Tensor roi_pool_backward_cuda(
-    const at::Tensor& grad,
-    const at::Tensor& rois,
-    const at::Tensor& argmax,
-    double spatial_scale,
-    int64_t pooled_height,
-    int64_t pooled_width,
-    int64_t batch_size,
-    int64_t channels,
-    int64_t height,
-    int64_t width) {
+at::Tensor roi_pool_backward_cuda(const at::Tensor& grad, const at::Tensor& rois,
+                                  const at::Tensor& argmax, double spatial_scale,
+                                  int64_t pooled_height, int64_t pooled_width, int64_t batch_size,
+                                  int64_t channels, int64_t height, int64_t width) {
   constexpr const char* op = "_roi_pool_backward";
   (void)spatial_scale;  // the argmax already encodes the geometry
   check_cuda(op, "grad", grad);
-  check_roi_backward_inputs(
-      op, grad, rois, pooled_height, pooled_width, batch_size, channels, height, width);
+  check_roi_backward_inputs(op, grad, rois, pooled_height, pooled_width, batch_size, channels,
+                            height, width);
   check_int32_like_grad(op, "argmax", argmax, grad);
 
   const c10::cuda::CUDAGuard device_guard(grad.device());
@@ -199,7 +175,8 @@ at::Tensor roi_pool_backward_cuda(
   const auto rois_c = rois.contiguous();
   const auto argmax_c = argmax.contiguous();
   const auto acc_dtype = at::toAccumulateType(grad.scalar_type(), /*is_cuda=*/true);
-  auto grad_input = at::zeros({batch_size, channels, height, width}, grad.options().dtype(acc_dtype));
+  auto grad_input =
+      at::zeros({batch_size, channels, height, width}, grad.options().dtype(acc_dtype));
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::ScalarType::Half, at::ScalarType::BFloat16, grad.scalar_type(),
@@ -209,8 +186,8 @@ at::Tensor roi_pool_backward_cuda(
             <<<capped_blocks(total), kThreadsPerBlock, 0, stream>>>(
                 total, grad.const_data_ptr<scalar_t>(), grad.stride(0), grad.stride(1),
                 grad.stride(2), grad.stride(3), rois_c.const_data_ptr<scalar_t>(),
-                argmax_c.const_data_ptr<int32_t>(), batch_size, channels, height, width, pooled_height,
-                pooled_width, grad_input.data_ptr<acc_t>());
+                argmax_c.const_data_ptr<int32_t>(), batch_size, channels, height, width,
+                pooled_height, pooled_width, grad_input.data_ptr<acc_t>());
       });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return grad_input.scalar_type() == grad.scalar_type() ? grad_input

@@ -15,13 +15,14 @@ namespace opforge::cuda {
 // [-1, height] x [-1, width] (or at a NaN position) has all offsets -1 and weights 0.
 template <typename acc_t>
 struct BilinearCorners {
-  int64_t o1, o2, o3, o4;  // offsets into the plane: (low, low), (low, high), (high, low), (high, high)
+  int64_t o1, o2, o3,
+      o4;  // offsets into the plane: (low, low), (low, high), (high, low), (high, high)
   acc_t w1, w2, w3, w4;
 };
 
 template <typename acc_t>
-__device__ __forceinline__ BilinearCorners<acc_t> bilinear_corners(
-    int64_t height, int64_t width, acc_t y, acc_t x) {
+__device__ __forceinline__ BilinearCorners<acc_t> bilinear_corners(int64_t height, int64_t width,
+                                                                   acc_t y, acc_t x) {
   BilinearCorners<acc_t> c;
   // Written so that NaN positions land here too.
   if (!(y >= acc_t(-1) && y <= acc_t(height) && x >= acc_t(-1) && x <= acc_t(width))) {
@@ -29,8 +30,10 @@ __device__ __forceinline__ BilinearCorners<acc_t> bilinear_corners(
     c.w1 = c.w2 = c.w3 = c.w4 = acc_t(0);
     return c;
   }
-  if (y <= acc_t(0)) y = acc_t(0);
-  if (x <= acc_t(0)) x = acc_t(0);
+  if (y <= acc_t(0))
+    y = acc_t(0);
+  if (x <= acc_t(0))
+    x = acc_t(0);
   int64_t y_low = static_cast<int64_t>(y);
   int64_t x_low = static_cast<int64_t>(x);
   int64_t y_high = y_low + 1;
@@ -60,20 +63,20 @@ __device__ __forceinline__ BilinearCorners<acc_t> bilinear_corners(
 
 // The sample's value; 0 outside the plane.
 template <typename scalar_t, typename acc_t>
-__device__ __forceinline__ acc_t bilinear_sample(
-    const scalar_t* __restrict__ plane, int64_t height, int64_t width, acc_t y, acc_t x) {
+__device__ __forceinline__ acc_t bilinear_sample(const scalar_t* __restrict__ plane, int64_t height,
+                                                 int64_t width, acc_t y, acc_t x) {
   const BilinearCorners<acc_t> c = bilinear_corners<acc_t>(height, width, y, x);
   if (c.o1 < 0) {
     return acc_t(0);
   }
   return c.w1 * static_cast<acc_t>(plane[c.o1]) + c.w2 * static_cast<acc_t>(plane[c.o2]) +
-      c.w3 * static_cast<acc_t>(plane[c.o3]) + c.w4 * static_cast<acc_t>(plane[c.o4]);
+         c.w3 * static_cast<acc_t>(plane[c.o3]) + c.w4 * static_cast<acc_t>(plane[c.o4]);
 }
 
 // Scatters `grad` over the sample's four neighbours (nothing outside the plane).
 template <typename acc_t>
-__device__ __forceinline__ void bilinear_scatter(
-    acc_t* plane, int64_t height, int64_t width, acc_t y, acc_t x, acc_t grad) {
+__device__ __forceinline__ void bilinear_scatter(acc_t* plane, int64_t height, int64_t width,
+                                                 acc_t y, acc_t x, acc_t grad) {
   const BilinearCorners<acc_t> c = bilinear_corners<acc_t>(height, width, y, x);
   if (c.o1 < 0) {
     return;
@@ -95,17 +98,17 @@ struct RoiGeometry {
   int64_t batch;
   acc_t start_y, start_x, bin_h, bin_w;
   int64_t grid_h, grid_w;  // samples per bin side (0 for an empty adaptive grid)
-  acc_t count;  // what a bin's sum is divided by
+  acc_t count;             // what a bin's sum is divided by
 };
 
 // aligned: boxes shift by -0.5 pixel (else they are at least 1x1, the legacy rule).
 // empty_is_nan: ps_roi_align divides by the raw adaptive grid product, as torchvision
 // does, so a grid of 0 along a side averages to NaN; roi_align divides by at least 1.
 template <typename scalar_t, typename acc_t>
-__device__ RoiGeometry<acc_t> roi_geometry(
-    const scalar_t* __restrict__ roi, int64_t batch_size, acc_t spatial_scale,
-    int64_t pooled_height, int64_t pooled_width, int64_t sampling_ratio, bool aligned,
-    bool empty_is_nan) {
+__device__ RoiGeometry<acc_t> roi_geometry(const scalar_t* __restrict__ roi, int64_t batch_size,
+                                           acc_t spatial_scale, int64_t pooled_height,
+                                           int64_t pooled_width, int64_t sampling_ratio,
+                                           bool aligned, bool empty_is_nan) {
   RoiGeometry<acc_t> g;
   g.valid = roi_is_valid<scalar_t, acc_t>(roi, batch_size);
   if (!g.valid) {
@@ -128,11 +131,14 @@ __device__ RoiGeometry<acc_t> roi_geometry(
   g.bin_w = roi_w / static_cast<acc_t>(pooled_width);
   // Adaptive sampling: about one sample per input pixel in each bin. Counted in double
   // first, so a huge roi is refused before any integer conversion.
-  const double raw_h = sampling_ratio > 0 ? double(sampling_ratio) : ceil(static_cast<double>(g.bin_h));
-  const double raw_w = sampling_ratio > 0 ? double(sampling_ratio) : ceil(static_cast<double>(g.bin_w));
+  const double raw_h =
+      sampling_ratio > 0 ? double(sampling_ratio) : ceil(static_cast<double>(g.bin_h));
+  const double raw_w =
+      sampling_ratio > 0 ? double(sampling_ratio) : ceil(static_cast<double>(g.bin_w));
   const double grid_h = fmax(0.0, raw_h);
   const double grid_w = fmax(0.0, raw_w);
-  g.valid = grid_h * grid_w * double(pooled_height) * double(pooled_width) <= double(kMaxSamplesPerRoi);
+  g.valid =
+      grid_h * grid_w * double(pooled_height) * double(pooled_width) <= double(kMaxSamplesPerRoi);
   if (!g.valid) {
     return g;
   }
@@ -148,12 +154,14 @@ __device__ RoiGeometry<acc_t> roi_geometry(
 
 // Calls fn(y, x) for every sample of bin (ph, pw).
 template <typename acc_t, typename Fn>
-__device__ __forceinline__ void for_each_sample(const RoiGeometry<acc_t>& g, int64_t ph, int64_t pw, Fn&& fn) {
+__device__ __forceinline__ void for_each_sample(const RoiGeometry<acc_t>& g, int64_t ph, int64_t pw,
+                                                Fn&& fn) {
   for (int64_t iy = 0; iy < g.grid_h; ++iy) {
     const acc_t y = g.start_y + static_cast<acc_t>(ph) * g.bin_h +
-        (static_cast<acc_t>(iy) + acc_t(0.5)) * g.bin_h / static_cast<acc_t>(g.grid_h);
+                    (static_cast<acc_t>(iy) + acc_t(0.5)) * g.bin_h / static_cast<acc_t>(g.grid_h);
     for (int64_t ix = 0; ix < g.grid_w; ++ix) {
-      const acc_t x = g.start_x + static_cast<acc_t>(pw) * g.bin_w +
+      const acc_t x =
+          g.start_x + static_cast<acc_t>(pw) * g.bin_w +
           (static_cast<acc_t>(ix) + acc_t(0.5)) * g.bin_w / static_cast<acc_t>(g.grid_w);
       fn(y, x);
     }

@@ -13,13 +13,13 @@
 #define OPF_DEFORM_IM2COL_BUF_COLUMNS 3  // T[C*KH*KW, B*OH*OW]
 #define OPF_DEFORM_IM2COL_BUF_PARAMS 4   // OpfDeformParams
 // deform_conv2d, kernel deform_col2im_<T>
-#define OPF_DEFORM_COL2IM_BUF_COLUMNS 0     // T[C*KH*KW, B*OH*OW] (grad)
+#define OPF_DEFORM_COL2IM_BUF_COLUMNS 0  // T[C*KH*KW, B*OH*OW] (grad)
 #define OPF_DEFORM_COL2IM_BUF_OFFSET 1
 #define OPF_DEFORM_COL2IM_BUF_MASK 2
 #define OPF_DEFORM_COL2IM_BUF_GRAD_INPUT 3  // float[B, C, H, W], zeroed
 #define OPF_DEFORM_COL2IM_BUF_PARAMS 4
 // deform_conv2d, kernel deform_col2im_coord_<T>
-#define OPF_DEFORM_COORD_BUF_COLUMNS 0      // T[C*KH*KW, B*OH*OW] (grad)
+#define OPF_DEFORM_COORD_BUF_COLUMNS 0  // T[C*KH*KW, B*OH*OW] (grad)
 #define OPF_DEFORM_COORD_BUF_INPUT 1
 #define OPF_DEFORM_COORD_BUF_OFFSET 2
 #define OPF_DEFORM_COORD_BUF_MASK 3

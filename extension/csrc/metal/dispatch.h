@@ -69,9 +69,8 @@ inline Dispatch dispatch_1d(uint64_t work_items, uint32_t pipeline_max_threads) 
   const uint64_t gx = std::min<uint64_t>(std::max<uint64_t>(total_groups, 1), OPF_MAX_GROUPS_X);
   const uint64_t gy = (std::max<uint64_t>(total_groups, 1) + gx - 1) / gx;
   if (gy > OPF_MAX_GROUPS_X) {
-    throw std::length_error(
-        "opforge MPS: " + std::to_string(work_items) +
-        " work items exceed the grid limit of one dispatch; split the input");
+    throw std::length_error("opforge MPS: " + std::to_string(work_items) +
+                            " work items exceed the grid limit of one dispatch; split the input");
   }
   return Dispatch{{static_cast<uint32_t>(gx), static_cast<uint32_t>(gy), 1u}, {threads, 1u, 1u}};
 }
@@ -95,14 +94,18 @@ struct Crossover {
 // Read on every call (getenv is cheap next to a dispatch), so a test can
 // change it between calls.
 inline int64_t cpu_below(const Crossover& c) {
-  if (const char* v = std::getenv(c.env_name)) return std::strtoll(v, nullptr, 10);
+  if (const char* v = std::getenv(c.env_name))
+    return std::strtoll(v, nullptr, 10);
   if (const char* v = std::getenv("OPFORGE_MPS_CPU_BELOW")) {
-    if (std::strtoll(v, nullptr, 10) == 0) return 0;
+    if (std::strtoll(v, nullptr, 10) == 0)
+      return 0;
   }
   return c.default_below;
 }
 
-inline bool route_to_cpu(const Crossover& c, int64_t size) { return size < cpu_below(c); }
+inline bool route_to_cpu(const Crossover& c, int64_t size) {
+  return size < cpu_below(c);
+}
 
 }  // namespace opforge::metal
 #endif  // __METAL_VERSION__

@@ -21,8 +21,8 @@
 
 // 8-byte fields first, then 4-byte ones (the layout rule of dispatch.h).
 struct OpfPsRoiPoolParams {
-  int64_t total;  // K * C_out * PH * PW
-  int64_t channels;  // input channels C
+  int64_t total;         // K * C_out * PH * PW
+  int64_t channels;      // input channels C
   int64_t channels_out;  // C / (PH * PW)
   int64_t height;
   int64_t width;

@@ -13,7 +13,7 @@
 #define OPF_ROI_POOL_FWD_BUF_ARGMAX 3  // int[K, C, PH, PW]
 #define OPF_ROI_POOL_FWD_BUF_PARAMS 4  // OpfRoiPoolParams
 // roi_pool, kernel roi_pool_backward_<T>
-#define OPF_ROI_POOL_BWD_BUF_GRAD 0        // T[K, C, PH, PW], any strides
+#define OPF_ROI_POOL_BWD_BUF_GRAD 0  // T[K, C, PH, PW], any strides
 #define OPF_ROI_POOL_BWD_BUF_ROIS 1
 #define OPF_ROI_POOL_BWD_BUF_ARGMAX 2      // int[K, C, PH, PW] contiguous
 #define OPF_ROI_POOL_BWD_BUF_GRAD_INPUT 3  // float[N, C, H, W], zeroed

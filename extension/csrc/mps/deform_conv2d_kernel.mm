@@ -16,7 +16,8 @@ namespace {
 int64_t max_column_elements() {
   if (const char* v = std::getenv("OPFORGE_MPS_DEFORM_MAX_COLUMNS")) {
     const long long n = std::strtoll(v, nullptr, 10);
-    if (n > 0) return n;
+    if (n > 0)
+      return n;
   }
   return int64_t(1) << 26;
 }
@@ -30,8 +31,8 @@ struct Shape {
 Shape check_inputs(const char* op, const at::Tensor& input, const at::Tensor& weight,
                    const at::Tensor& offset, const at::Tensor& mask, const at::Tensor& bias,
                    int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w,
-                   int64_t dilation_h, int64_t dilation_w, int64_t groups,
-                   int64_t offset_groups, bool use_mask) {
+                   int64_t dilation_h, int64_t dilation_w, int64_t groups, int64_t offset_groups,
+                   bool use_mask) {
   TORCH_CHECK(input.dim() == 4, op, ": input must be [B, C, H, W], got shape ", input.sizes());
   TORCH_CHECK(weight.dim() == 4, op, ": weight must be [OC, C/groups, KH, KW], got shape ",
               weight.sizes());
@@ -46,14 +47,21 @@ Shape check_inputs(const char* op, const at::Tensor& input, const at::Tensor& we
   check_like_input("weight", weight);
   check_like_input("offset", offset);
   check_like_input("bias", bias);
-  TORCH_CHECK(stride_h > 0 && stride_w > 0, op, ": stride must be positive, got (", stride_h,
-              ", ", stride_w, ")");
+  TORCH_CHECK(stride_h > 0 && stride_w > 0, op, ": stride must be positive, got (", stride_h, ", ",
+              stride_w, ")");
   TORCH_CHECK(pad_h >= 0 && pad_w >= 0, op, ": padding must be non-negative, got (", pad_h, ", ",
               pad_w, ")");
   TORCH_CHECK(dilation_h > 0 && dilation_w > 0, op, ": dilation must be positive, got (",
               dilation_h, ", ", dilation_w, ")");
-  Shape s{input.size(0), input.size(1), input.size(2), input.size(3), weight.size(0),
-          weight.size(2), weight.size(3), 0, 0};
+  Shape s{input.size(0),
+          input.size(1),
+          input.size(2),
+          input.size(3),
+          weight.size(0),
+          weight.size(2),
+          weight.size(3),
+          0,
+          0};
   TORCH_CHECK(groups > 0 && offset_groups > 0, op, ": groups and offset_groups must be positive");
   TORCH_CHECK(s.channels % groups == 0 && s.out_channels % groups == 0 &&
                   weight.size(1) * groups == s.channels,
@@ -108,15 +116,16 @@ OpfDeformParams make_params(const Shape& s, int64_t chunk, int64_t stride_h, int
 
 int64_t chunk_size(const Shape& s) {
   const int64_t per_image = s.channels * s.kernel_h * s.kernel_w * s.out_h * s.out_w;
-  return std::max<int64_t>(1, std::min<int64_t>(s.batch, max_column_elements() / std::max<int64_t>(per_image, 1)));
+  return std::max<int64_t>(
+      1, std::min<int64_t>(s.batch, max_column_elements() / std::max<int64_t>(per_image, 1)));
 }
 
 // columns[C*KH*KW, nb*OH*OW] of images [b0, b0 + nb).
 at::Tensor im2col(const char* type, const at::Tensor& input, const at::Tensor& offset,
                   const at::Tensor& mask, OpfDeformParams p, int64_t b0) {
   const int64_t nb = p.batch;
-  at::Tensor columns = at::empty({p.channels * p.kernel_h * p.kernel_w, nb * p.out_h * p.out_w},
-                                 input.options());
+  at::Tensor columns =
+      at::empty({p.channels * p.kernel_h * p.kernel_w, nb * p.out_h * p.out_w}, input.options());
   p.total = metal::deform_im2col_items(p);
   const at::Tensor in = input.narrow(0, b0, nb);
   const at::Tensor off = offset.narrow(0, b0, nb);
@@ -140,12 +149,13 @@ at::Tensor deform_conv2d_mps(const at::Tensor& input, const at::Tensor& weight,
                              const at::Tensor& bias, int64_t stride_h, int64_t stride_w,
                              int64_t pad_h, int64_t pad_w, int64_t dilation_h, int64_t dilation_w,
                              int64_t groups, int64_t offset_groups, bool use_mask) {
-  const Shape s = check_inputs("deform_conv2d", input, weight, offset, mask, bias, stride_h,
-                               stride_w, pad_h, pad_w, dilation_h, dilation_w, groups,
-                               offset_groups, use_mask);
+  const Shape s =
+      check_inputs("deform_conv2d", input, weight, offset, mask, bias, stride_h, stride_w, pad_h,
+                   pad_w, dilation_h, dilation_w, groups, offset_groups, use_mask);
   const char* type = metal_type(input, "deform_conv2d");
   const int64_t out_numel = s.batch * s.out_channels * s.out_h * s.out_w;
-  if (out_numel == 0) return at::zeros({s.batch, s.out_channels, s.out_h, s.out_w}, input.options());
+  if (out_numel == 0)
+    return at::zeros({s.batch, s.out_channels, s.out_h, s.out_w}, input.options());
   if (metal::route_to_cpu(metal::kDeformConv2dCrossover, out_numel)) {
     auto out = call_cpu("opforge::deform_conv2d",
                         {input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w,
@@ -155,8 +165,7 @@ at::Tensor deform_conv2d_mps(const at::Tensor& input, const at::Tensor& weight,
   const at::Tensor input_ = input.contiguous();
   const at::Tensor offset_ = offset.contiguous();
   const at::Tensor mask_ = use_mask ? mask.contiguous() : offset_;
-  const at::Tensor weight_g =
-      weight.contiguous().view({groups, s.out_channels / groups, -1});
+  const at::Tensor weight_g = weight.contiguous().view({groups, s.out_channels / groups, -1});
   at::Tensor output = at::empty({s.batch, s.out_channels, s.out_h, s.out_w}, input.options());
   const int64_t chunk = chunk_size(s);
   for (int64_t b0 = 0; b0 < s.batch; b0 += chunk) {
@@ -165,8 +174,8 @@ at::Tensor deform_conv2d_mps(const at::Tensor& input, const at::Tensor& weight,
                                           dilation_w, offset_groups, use_mask);
     const at::Tensor columns = im2col(type, input_, offset_, mask_, p, b0);
     const at::Tensor out_g = at::bmm(weight_g, columns.view({groups, -1, columns.size(1)}));
-    output.narrow(0, b0, nb)
-        .copy_(out_g.view({s.out_channels, nb, s.out_h, s.out_w}).transpose(0, 1));
+    output.narrow(0, b0, nb).copy_(
+        out_g.view({s.out_channels, nb, s.out_h, s.out_w}).transpose(0, 1));
   }
   output.add_(bias.view({1, s.out_channels, 1, 1}));
   return output;
@@ -205,21 +214,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
   at::Tensor grad_input = at::zeros_like(input_, float_opts);
   at::Tensor grad_offset = at::zeros_like(offset_);
   at::Tensor grad_mask = use_mask ? at::zeros_like(mask_) : at::zeros_like(mask);
-  at::Tensor grad_weight = at::zeros({groups, s.out_channels / groups, weight_g.size(2)}, float_opts);
+  at::Tensor grad_weight =
+      at::zeros({groups, s.out_channels / groups, weight_g.size(2)}, float_opts);
 
   Pipeline col2im_pso = deform_conv2d_library().pipeline(std::string("deform_col2im_") + type);
-  Pipeline coord_pso =
-      deform_conv2d_library().pipeline(std::string("deform_col2im_coord_") + type);
+  Pipeline coord_pso = deform_conv2d_library().pipeline(std::string("deform_col2im_coord_") + type);
   const int64_t chunk = chunk_size(s);
   for (int64_t b0 = 0; b0 < s.batch; b0 += chunk) {
     const int64_t nb = std::min(chunk, s.batch - b0);
-    OpfDeformParams p = make_params(s, nb, stride_h, stride_w, pad_h, pad_w, dilation_h,
-                                    dilation_w, offset_groups, use_mask);
+    OpfDeformParams p = make_params(s, nb, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w,
+                                    offset_groups, use_mask);
     // grad of this chunk as [groups, OC/groups, nb*OH*OW].
-    const at::Tensor g_out = grad_.narrow(0, b0, nb)
-                                 .reshape({nb, s.out_channels, s.out_h * s.out_w})
-                                 .transpose(0, 1)
-                                 .reshape({groups, s.out_channels / groups, nb * s.out_h * s.out_w});
+    const at::Tensor g_out =
+        grad_.narrow(0, b0, nb)
+            .reshape({nb, s.out_channels, s.out_h * s.out_w})
+            .transpose(0, 1)
+            .reshape({groups, s.out_channels / groups, nb * s.out_h * s.out_w});
     const at::Tensor grad_columns =
         at::bmm(weight_g.transpose(1, 2), g_out).reshape({-1, nb * s.out_h * s.out_w}).contiguous();
     const at::Tensor off = offset_.narrow(0, b0, nb);
@@ -255,12 +265,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
       dispatch(enc, coord_d);
     });
     const at::Tensor columns = im2col(type, input_, offset_, mask_, p, b0);
-    grad_weight.add_(at::bmm(g_out, columns.view({groups, -1, columns.size(1)}).transpose(1, 2))
-                         .to(at::kFloat));
+    grad_weight.add_(
+        at::bmm(g_out, columns.view({groups, -1, columns.size(1)}).transpose(1, 2)).to(at::kFloat));
   }
   const auto dtype = input.scalar_type();
-  return {grad_input.to(dtype), grad_weight.view(weight.sizes()).to(dtype), grad_offset,
-          grad_mask, grad_.sum({0, 2, 3}).to(dtype)};
+  return {grad_input.to(dtype), grad_weight.view(weight.sizes()).to(dtype), grad_offset, grad_mask,
+          grad_.sum({0, 2, 3}).to(dtype)};
 }
 
 }  // namespace

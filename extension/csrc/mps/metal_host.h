@@ -63,15 +63,16 @@ class KernelLibrary {
   Pipeline pipeline(const std::string& kernel) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = pipelines_.find(kernel);
-    if (it != pipelines_.end()) return it->second;
+    if (it != pipelines_.end())
+      return it->second;
     id<MTLLibrary> lib = library_locked();
     id<MTLFunction> fn = [lib newFunctionWithName:[NSString stringWithUTF8String:kernel.c_str()]];
     TORCH_CHECK(fn != nil, "opforge MPS: kernel ", kernel, " is missing from the ", op_,
                 " Metal library (csrc/metal/", op_, ".metal)");
     NSError* error = nil;
     Pipeline pso = [device() newComputePipelineStateWithFunction:fn error:&error];
-    TORCH_CHECK(pso != nil, "opforge MPS: creating the pipeline for ", kernel, " failed: ",
-                error ? error.localizedDescription.UTF8String : "unknown error");
+    TORCH_CHECK(pso != nil, "opforge MPS: creating the pipeline for ", kernel,
+                " failed: ", error ? error.localizedDescription.UTF8String : "unknown error");
     pipelines_.emplace(kernel, pso);
     return pso;
   }
@@ -80,10 +81,12 @@ class KernelLibrary {
   static id<MTLDevice> device() { return at::mps::MPSDevice::getInstance()->device(); }
 
   id<MTLLibrary> library_locked() {
-    if (library_ != nil) return library_;
+    if (library_ != nil)
+      return library_;
     if (@available(macOS 13.0, *)) {
     } else {
-      TORCH_CHECK(false, "opforge MPS kernels need macOS 13 or newer (Metal 3 atomic float adds); "
+      TORCH_CHECK(false,
+                  "opforge MPS kernels need macOS 13 or newer (Metal 3 atomic float adds); "
                   "move the tensors to the CPU on this macOS");
     }
     NSError* error = nil;
@@ -126,7 +129,9 @@ inline uint32_t max_threads(Pipeline pso) {
   return static_cast<uint32_t>(pso.maxTotalThreadsPerThreadgroup);
 }
 
-inline void set_pipeline(Encoder enc, Pipeline pso) { [enc setComputePipelineState:pso]; }
+inline void set_pipeline(Encoder enc, Pipeline pso) {
+  [enc setComputePipelineState:pso];
+}
 
 inline void bind(Encoder enc, const at::Tensor& t, int index) {
   id<MTLBuffer> buffer = __builtin_bit_cast(id<MTLBuffer>, t.storage().data());
@@ -163,7 +168,7 @@ using Pipeline = const void*;
 struct EmulatedEncoder {
   Pipeline pipeline = nullptr;
   void* buffers[32] = {};
-  std::list<std::vector<unsigned char>> params;  // stable addresses
+  std::list<std::vector<unsigned char> > params;  // stable addresses
 };
 using Encoder = EmulatedEncoder*;
 
@@ -179,8 +184,12 @@ class KernelLibrary {
  private:
   const char* op_;
 };
-inline uint32_t max_threads(Pipeline) { return 1024; }  // Apple GPUs' limit, and the emulation's
-inline void set_pipeline(Encoder enc, Pipeline pso) { enc->pipeline = pso; }
+inline uint32_t max_threads(Pipeline) {
+  return 1024;
+}  // Apple GPUs' limit, and the emulation's
+inline void set_pipeline(Encoder enc, Pipeline pso) {
+  enc->pipeline = pso;
+}
 inline void bind(Encoder enc, const at::Tensor& t, int index) {
   enc->buffers[index] = static_cast<char*>(const_cast<void*>(t.storage().data())) +
                         t.storage_offset() * t.element_size();
@@ -193,8 +202,8 @@ inline void bind_params(Encoder enc, const Params& p, int index) {
 }
 inline void dispatch(Encoder enc, const Dispatch& d) {
   char error[512] = {};
-  const int rc = opforge_emu_launch(enc->pipeline, enc->buffers, d.groups, d.threads, error,
-                                    sizeof(error));
+  const int rc =
+      opforge_emu_launch(enc->pipeline, enc->buffers, d.groups, d.threads, error, sizeof(error));
   TORCH_CHECK(rc == 0, "opforge MPS (emulated): ", error);
 }
 template <typename Body>
@@ -207,19 +216,21 @@ inline void encode(Body body) {
 // The op's Metal library, from the header embed.py generates for csrc/metal/<op>.metal
 // (#include <opforge_metal/<op>.h> first): its metallib when one was built, else its
 // source, compiled at first use.
-#define OPFORGE_KERNEL_LIBRARY(op)                                                         \
-  KernelLibrary& op##_library() {                                                         \
+#define OPFORGE_KERNEL_LIBRARY(op)                                                                 \
+  KernelLibrary& op##_library() {                                                                  \
     static KernelLibrary lib(#op, opforge::metal::op##_source, opforge::metal::op##_metallib_data, \
-                             opforge::metal::op##_metallib_size);                          \
-    return lib;                                                                            \
+                             opforge::metal::op##_metallib_size);                                  \
+    return lib;                                                                                    \
   }
 
 // ---------------------------------------------------------- plain C++ part
 // "float" / "half": the suffix of the kernel instantiation for a dtype.
 inline const char* metal_type(const at::Tensor& t, const char* op) {
   switch (t.scalar_type()) {
-    case at::kFloat: return "float";
-    case at::kHalf: return "half";
+    case at::kFloat:
+      return "float";
+    case at::kHalf:
+      return "half";
     default:
       TORCH_CHECK(false, op, ": the MPS kernels take float32 or float16 tensors, got ",
                   t.scalar_type(), "; convert with .float() (float64 does not exist on MPS)");
@@ -235,13 +246,14 @@ inline void check_mps(const char* op, const char* name, const at::Tensor& t) {
 #endif
 }
 
-
 // Runs the op's CPU kernel through the dispatcher (boxed, so it does not
 // depend on the C++ signature other files declare) and returns its outputs.
-inline std::vector<c10::IValue> call_cpu(const char* qualified_name, std::vector<c10::IValue> args) {
+inline std::vector<c10::IValue> call_cpu(const char* qualified_name,
+                                         std::vector<c10::IValue> args) {
   const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(qualified_name, "");
   for (auto& a : args) {
-    if (a.isTensor() && a.toTensor().defined()) a = a.toTensor().cpu();
+    if (a.isTensor() && a.toTensor().defined())
+      a = a.toTensor().cpu();
   }
   torch::jit::Stack stack(args.begin(), args.end());
   op.callBoxed(&stack);
@@ -255,17 +267,19 @@ inline at::Tensor to_device(const c10::IValue& v, const at::Device& device) {
 // Validates rois on the device with one 1-byte read back; only on failure are
 // they copied to the host to name the offending row.
 inline void check_rois_on_device(const char* op, const at::Tensor& rois, int64_t batch_size) {
-  if (rois.size(0) == 0) return;
+  if (rois.size(0) == 0)
+    return;
   const at::Tensor b = rois.select(1, 0);
-  const bool ok = (b.ge(0) & b.lt(batch_size) & at::isfinite(rois.narrow(1, 1, 4)).all(1))
-                      .all()
-                      .item<bool>();
-  if (ok) return;
+  const bool ok =
+      (b.ge(0) & b.lt(batch_size) & at::isfinite(rois.narrow(1, 1, 4)).all(1)).all().item<bool>();
+  if (ok)
+    return;
   const at::Tensor host = rois.to(at::kCPU, at::kDouble).contiguous();
   const double* r = host.data_ptr<double>();
   for (int64_t n = 0; n < host.size(0); ++n) {
     TORCH_CHECK(r[n * 5] >= 0 && r[n * 5] < static_cast<double>(batch_size), op, ": rois[", n,
-                ", 0] = ", r[n * 5], " is not a batch index of input (batch size ", batch_size, ")");
+                ", 0] = ", r[n * 5], " is not a batch index of input (batch size ", batch_size,
+                ")");
     for (int k = 1; k < 5; ++k) {
       TORCH_CHECK(std::isfinite(r[n * 5 + k]), op, ": rois[", n, ", ", k, "] = ", r[n * 5 + k],
                   " is not finite");

@@ -18,13 +18,15 @@ at::Tensor nms_mps(const at::Tensor& dets, const at::Tensor& scores, double iou_
   check_mps("nms", "boxes (dets)", dets);
   const char* type = metal_type(dets, "nms");
   const int64_t n = dets.size(0);
-  if (n == 0) return at::empty({0}, dets.options().dtype(at::kLong));
+  if (n == 0)
+    return at::empty({0}, dets.options().dtype(at::kLong));
   if (metal::route_to_cpu(metal::kNmsCrossover, n)) {
     auto out = call_cpu("opforge::nms", {dets, scores, iou_threshold});
     return to_device(out[0], dets.device());
   }
 
-  const at::Tensor order = std::get<1>(scores.sort(/*stable=*/true, /*dim=*/0, /*descending=*/true));
+  const at::Tensor order =
+      std::get<1>(scores.sort(/*stable=*/true, /*dim=*/0, /*descending=*/true));
   const at::Tensor boxes = dets.index_select(0, order).contiguous();
   const int64_t blocks = metal::nms_col_blocks(n);
   const auto long_opts = dets.options().dtype(at::kLong);

@@ -13,9 +13,10 @@ namespace {
 
 OPFORGE_KERNEL_LIBRARY(ps_roi_align)
 
-OpfPsRoiAlignParams make_params(int64_t total, int64_t channels, int64_t channels_out, int64_t height,
-                                int64_t width, int64_t pooled_height, int64_t pooled_width,
-                                int64_t sampling_ratio, double spatial_scale) {
+OpfPsRoiAlignParams make_params(int64_t total, int64_t channels, int64_t channels_out,
+                                int64_t height, int64_t width, int64_t pooled_height,
+                                int64_t pooled_width, int64_t sampling_ratio,
+                                double spatial_scale) {
   OpfPsRoiAlignParams p{};
   p.total = total;
   p.channels = channels;
@@ -29,18 +30,20 @@ OpfPsRoiAlignParams make_params(int64_t total, int64_t channels, int64_t channel
   return p;
 }
 
-std::tuple<at::Tensor, at::Tensor> ps_roi_align_forward_mps(const at::Tensor& input, const at::Tensor& rois,
-                                                            double spatial_scale, int64_t pooled_height,
-                                                            int64_t pooled_width, int64_t sampling_ratio) {
+std::tuple<at::Tensor, at::Tensor> ps_roi_align_forward_mps(
+    const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t pooled_height,
+    int64_t pooled_width, int64_t sampling_ratio) {
   constexpr const char* op = "ps_roi_align";
   check_ps_roi_inputs(op, input, rois, pooled_height, pooled_width);
   check_mps(op, "input", input);
   const char* type = metal_type(input, op);
   const int64_t channels_out = input.size(1) / (pooled_height * pooled_width);
-  at::Tensor output = at::empty({rois.size(0), channels_out, pooled_height, pooled_width}, input.options());
+  at::Tensor output =
+      at::empty({rois.size(0), channels_out, pooled_height, pooled_width}, input.options());
   at::Tensor mapping = at::empty(output.sizes(), input.options().dtype(at::kInt));
   const int64_t total = output.numel();
-  if (total == 0) return {output, mapping};
+  if (total == 0)
+    return {output, mapping};
   if (metal::route_to_cpu(metal::kPsRoiAlignCrossover, total)) {
     auto out = call_cpu("opforge::ps_roi_align",
                         {input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio});
@@ -50,8 +53,9 @@ std::tuple<at::Tensor, at::Tensor> ps_roi_align_forward_mps(const at::Tensor& in
 
   const at::Tensor input_ = input.contiguous();
   const at::Tensor rois_ = rois.contiguous();
-  const OpfPsRoiAlignParams p = make_params(total, input.size(1), channels_out, input.size(2), input.size(3),
-                                            pooled_height, pooled_width, sampling_ratio, spatial_scale);
+  const OpfPsRoiAlignParams p =
+      make_params(total, input.size(1), channels_out, input.size(2), input.size(3), pooled_height,
+                  pooled_width, sampling_ratio, spatial_scale);
   Pipeline pso = ps_roi_align_library().pipeline(std::string("ps_roi_align_forward_") + type);
   const Dispatch d = metal::dispatch_1d(static_cast<uint64_t>(total), max_threads(pso));
   encode([&](Encoder enc) {
@@ -68,16 +72,19 @@ std::tuple<at::Tensor, at::Tensor> ps_roi_align_forward_mps(const at::Tensor& in
 
 at::Tensor ps_roi_align_backward_mps(const at::Tensor& grad, const at::Tensor& rois,
                                      const at::Tensor& channel_mapping, double spatial_scale,
-                                     int64_t pooled_height, int64_t pooled_width, int64_t sampling_ratio,
-                                     int64_t batch_size, int64_t channels, int64_t height, int64_t width) {
+                                     int64_t pooled_height, int64_t pooled_width,
+                                     int64_t sampling_ratio, int64_t batch_size, int64_t channels,
+                                     int64_t height, int64_t width) {
   constexpr const char* op = "_ps_roi_align_backward";
-  check_ps_roi_backward_inputs(op, grad, rois, channel_mapping, pooled_height, pooled_width, batch_size,
-                               channels, height, width);
+  check_ps_roi_backward_inputs(op, grad, rois, channel_mapping, pooled_height, pooled_width,
+                               batch_size, channels, height, width);
   check_mps(op, "grad", grad);
   const char* type = metal_type(grad, op);
   const int64_t total = grad.numel();
-  at::Tensor grad_input = at::zeros({batch_size, channels, height, width}, grad.options().dtype(at::kFloat));
-  if (total == 0 || grad_input.numel() == 0) return grad_input.to(grad.scalar_type());
+  at::Tensor grad_input =
+      at::zeros({batch_size, channels, height, width}, grad.options().dtype(at::kFloat));
+  if (total == 0 || grad_input.numel() == 0)
+    return grad_input.to(grad.scalar_type());
   if (metal::route_to_cpu(metal::kPsRoiAlignCrossover, total)) {
     auto out = call_cpu("opforge::_ps_roi_align_backward",
                         {grad, rois, channel_mapping, spatial_scale, pooled_height, pooled_width,
@@ -89,8 +96,9 @@ at::Tensor ps_roi_align_backward_mps(const at::Tensor& grad, const at::Tensor& r
   const at::Tensor grad_ = grad.contiguous();
   const at::Tensor rois_ = rois.contiguous();
   const at::Tensor mapping_ = channel_mapping.contiguous();
-  const OpfPsRoiAlignParams p = make_params(total, channels, grad.size(1), height, width, pooled_height,
-                                            pooled_width, sampling_ratio, spatial_scale);
+  const OpfPsRoiAlignParams p =
+      make_params(total, channels, grad.size(1), height, width, pooled_height, pooled_width,
+                  sampling_ratio, spatial_scale);
   Pipeline pso = ps_roi_align_library().pipeline(std::string("ps_roi_align_backward_") + type);
   const Dispatch d = metal::dispatch_1d(static_cast<uint64_t>(total), max_threads(pso));
   encode([&](Encoder enc) {

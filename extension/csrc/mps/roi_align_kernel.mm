@@ -14,8 +14,8 @@ namespace {
 OPFORGE_KERNEL_LIBRARY(roi_align)
 
 OpfRoiAlignParams make_params(int64_t total, int64_t channels, int64_t height, int64_t width,
-                              int64_t pooled_height, int64_t pooled_width,
-                              int64_t sampling_ratio, double spatial_scale, bool aligned) {
+                              int64_t pooled_height, int64_t pooled_width, int64_t sampling_ratio,
+                              double spatial_scale, bool aligned) {
   OpfRoiAlignParams p{};
   p.total = total;
   p.channels = channels;
@@ -30,8 +30,8 @@ OpfRoiAlignParams make_params(int64_t total, int64_t channels, int64_t height, i
 }
 
 at::Tensor roi_align_forward_mps(const at::Tensor& input, const at::Tensor& rois,
-                                 double spatial_scale, int64_t pooled_height,
-                                 int64_t pooled_width, int64_t sampling_ratio, bool aligned) {
+                                 double spatial_scale, int64_t pooled_height, int64_t pooled_width,
+                                 int64_t sampling_ratio, bool aligned) {
   check_roi_inputs("roi_align", input, rois, pooled_height, pooled_width);
   check_mps("roi_align", "input", input);
   const char* type = metal_type(input, "roi_align");
@@ -41,7 +41,8 @@ at::Tensor roi_align_forward_mps(const at::Tensor& input, const at::Tensor& rois
   const int64_t width = input.size(3);
   const int64_t total = metal::roi_work_items(num_rois, channels, pooled_height, pooled_width);
   at::Tensor output = at::empty({num_rois, channels, pooled_height, pooled_width}, input.options());
-  if (total == 0) return output;
+  if (total == 0)
+    return output;
   if (metal::route_to_cpu(metal::kRoiAlignCrossover, total)) {
     auto out = call_cpu("opforge::roi_align", {input, rois, spatial_scale, pooled_height,
                                                pooled_width, sampling_ratio, aligned});
@@ -53,8 +54,7 @@ at::Tensor roi_align_forward_mps(const at::Tensor& input, const at::Tensor& rois
   const at::Tensor rois_ = rois.contiguous();
   const OpfRoiAlignParams p = make_params(total, channels, height, width, pooled_height,
                                           pooled_width, sampling_ratio, spatial_scale, aligned);
-  Pipeline pso =
-      roi_align_library().pipeline(std::string("roi_align_forward_") + type);
+  Pipeline pso = roi_align_library().pipeline(std::string("roi_align_forward_") + type);
   const Dispatch d = metal::dispatch_1d(static_cast<uint64_t>(total), max_threads(pso));
   encode([&](Encoder enc) {
     set_pipeline(enc, pso);
@@ -68,10 +68,9 @@ at::Tensor roi_align_forward_mps(const at::Tensor& input, const at::Tensor& rois
 }
 
 at::Tensor roi_align_backward_mps(const at::Tensor& grad, const at::Tensor& rois,
-                                  double spatial_scale, int64_t pooled_height,
-                                  int64_t pooled_width, int64_t batch_size, int64_t channels,
-                                  int64_t height, int64_t width, int64_t sampling_ratio,
-                                  bool aligned) {
+                                  double spatial_scale, int64_t pooled_height, int64_t pooled_width,
+                                  int64_t batch_size, int64_t channels, int64_t height,
+                                  int64_t width, int64_t sampling_ratio, bool aligned) {
   check_roi_backward_inputs("_roi_align_backward", grad, rois, pooled_height, pooled_width,
                             batch_size, channels, height, width);
   check_mps("_roi_align_backward", "grad", grad);
@@ -79,7 +78,8 @@ at::Tensor roi_align_backward_mps(const at::Tensor& grad, const at::Tensor& rois
   const int64_t total = grad.numel();
   at::Tensor grad_input =
       at::zeros({batch_size, channels, height, width}, grad.options().dtype(at::kFloat));
-  if (total == 0) return grad_input.to(grad.scalar_type());
+  if (total == 0)
+    return grad_input.to(grad.scalar_type());
   if (metal::route_to_cpu(metal::kRoiAlignCrossover, total)) {
     auto out = call_cpu("opforge::_roi_align_backward",
                         {grad, rois, spatial_scale, pooled_height, pooled_width, batch_size,
@@ -95,8 +95,7 @@ at::Tensor roi_align_backward_mps(const at::Tensor& grad, const at::Tensor& rois
   p.grad_stride_c = grad.stride(1);
   p.grad_stride_h = grad.stride(2);
   p.grad_stride_w = grad.stride(3);
-  Pipeline pso =
-      roi_align_library().pipeline(std::string("roi_align_backward_") + type);
+  Pipeline pso = roi_align_library().pipeline(std::string("roi_align_backward_") + type);
   const Dispatch d = metal::dispatch_1d(static_cast<uint64_t>(total), max_threads(pso));
   encode([&](Encoder enc) {
     set_pipeline(enc, pso);

@@ -27,8 +27,7 @@ OpfRoiPoolParams make_params(int64_t total, int64_t channels, int64_t height, in
 
 std::tuple<at::Tensor, at::Tensor> roi_pool_forward_mps(const at::Tensor& input,
                                                         const at::Tensor& rois,
-                                                        double spatial_scale,
-                                                        int64_t pooled_height,
+                                                        double spatial_scale, int64_t pooled_height,
                                                         int64_t pooled_width) {
   check_roi_inputs("roi_pool", input, rois, pooled_height, pooled_width);
   check_mps("roi_pool", "input", input);
@@ -40,12 +39,13 @@ std::tuple<at::Tensor, at::Tensor> roi_pool_forward_mps(const at::Tensor& input,
   check_plane_fits_int32("roi_pool", height, width);
   const int64_t total = metal::roi_work_items(num_rois, channels, pooled_height, pooled_width);
   at::Tensor output = at::empty({num_rois, channels, pooled_height, pooled_width}, input.options());
-  at::Tensor argmax = at::empty({num_rois, channels, pooled_height, pooled_width},
-                                input.options().dtype(at::kInt));
-  if (total == 0) return {output, argmax};
+  at::Tensor argmax =
+      at::empty({num_rois, channels, pooled_height, pooled_width}, input.options().dtype(at::kInt));
+  if (total == 0)
+    return {output, argmax};
   if (metal::route_to_cpu(metal::kRoiPoolCrossover, total)) {
-    auto out = call_cpu("opforge::roi_pool",
-                        {input, rois, spatial_scale, pooled_height, pooled_width});
+    auto out =
+        call_cpu("opforge::roi_pool", {input, rois, spatial_scale, pooled_height, pooled_width});
     return {to_device(out[0], input.device()), to_device(out[1], input.device())};
   }
   check_rois_on_device("roi_pool", rois, input.size(0));
@@ -54,8 +54,7 @@ std::tuple<at::Tensor, at::Tensor> roi_pool_forward_mps(const at::Tensor& input,
   const at::Tensor rois_ = rois.contiguous();
   const OpfRoiPoolParams p =
       make_params(total, channels, height, width, pooled_height, pooled_width, spatial_scale);
-  Pipeline pso =
-      roi_pool_library().pipeline(std::string("roi_pool_forward_") + type);
+  Pipeline pso = roi_pool_library().pipeline(std::string("roi_pool_forward_") + type);
   const Dispatch d = metal::dispatch_1d(static_cast<uint64_t>(total), max_threads(pso));
   encode([&](Encoder enc) {
     set_pipeline(enc, pso);
@@ -81,11 +80,12 @@ at::Tensor roi_pool_backward_mps(const at::Tensor& grad, const at::Tensor& rois,
   const int64_t total = grad.numel();
   at::Tensor grad_input =
       at::zeros({batch_size, channels, height, width}, grad.options().dtype(at::kFloat));
-  if (total == 0) return grad_input.to(grad.scalar_type());
+  if (total == 0)
+    return grad_input.to(grad.scalar_type());
   if (metal::route_to_cpu(metal::kRoiPoolCrossover, total)) {
     auto out = call_cpu("opforge::_roi_pool_backward",
-                        {grad, rois, argmax, spatial_scale, pooled_height, pooled_width,
-                         batch_size, channels, height, width});
+                        {grad, rois, argmax, spatial_scale, pooled_height, pooled_width, batch_size,
+                         channels, height, width});
     return to_device(out[0], grad.device());
   }
 
@@ -97,8 +97,7 @@ at::Tensor roi_pool_backward_mps(const at::Tensor& grad, const at::Tensor& rois,
   p.grad_stride_c = grad.stride(1);
   p.grad_stride_h = grad.stride(2);
   p.grad_stride_w = grad.stride(3);
-  Pipeline pso =
-      roi_pool_library().pipeline(std::string("roi_pool_backward_") + type);
+  Pipeline pso = roi_pool_library().pipeline(std::string("roi_pool_backward_") + type);
   const Dispatch d = metal::dispatch_1d(static_cast<uint64_t>(total), max_threads(pso));
   encode([&](Encoder enc) {
     set_pipeline(enc, pso);

@@ -5,53 +5,30 @@
 
 namespace opforge::ops {
 
-at::Tensor deform_conv2d(
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    const at::Tensor& offset,
-    const at::Tensor& mask,
-    const at::Tensor& bias,
-    c10::SymInt stride_h,
-    c10::SymInt stride_w,
-    c10::SymInt pad_h,
-    c10::SymInt pad_w,
-    c10::SymInt dilation_h,
-    c10::SymInt dilation_w,
-    c10::SymInt groups,
-    c10::SymInt offset_groups,
-    bool use_mask) {
+at::Tensor deform_conv2d(const at::Tensor& input, const at::Tensor& weight,
+                         const at::Tensor& offset, const at::Tensor& mask, const at::Tensor& bias,
+                         c10::SymInt stride_h, c10::SymInt stride_w, c10::SymInt pad_h,
+                         c10::SymInt pad_w, c10::SymInt dilation_h, c10::SymInt dilation_w,
+                         c10::SymInt groups, c10::SymInt offset_groups, bool use_mask) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("opforge::deform_conv2d", "")
                        .typed<decltype(deform_conv2d)>();
-  return op.call(
-      input, weight, offset, mask, bias, std::move(stride_h), std::move(stride_w),
-      std::move(pad_h), std::move(pad_w), std::move(dilation_h), std::move(dilation_w),
-      std::move(groups), std::move(offset_groups), use_mask);
+  return op.call(input, weight, offset, mask, bias, std::move(stride_h), std::move(stride_w),
+                 std::move(pad_h), std::move(pad_w), std::move(dilation_h), std::move(dilation_w),
+                 std::move(groups), std::move(offset_groups), use_mask);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> _deform_conv2d_backward(
-    const at::Tensor& grad,
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    const at::Tensor& offset,
-    const at::Tensor& mask,
-    const at::Tensor& bias,
-    c10::SymInt stride_h,
-    c10::SymInt stride_w,
-    c10::SymInt pad_h,
-    c10::SymInt pad_w,
-    c10::SymInt dilation_h,
-    c10::SymInt dilation_w,
-    c10::SymInt groups,
-    c10::SymInt offset_groups,
-    bool use_mask) {
+    const at::Tensor& grad, const at::Tensor& input, const at::Tensor& weight,
+    const at::Tensor& offset, const at::Tensor& mask, const at::Tensor& bias, c10::SymInt stride_h,
+    c10::SymInt stride_w, c10::SymInt pad_h, c10::SymInt pad_w, c10::SymInt dilation_h,
+    c10::SymInt dilation_w, c10::SymInt groups, c10::SymInt offset_groups, bool use_mask) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("opforge::_deform_conv2d_backward", "")
                        .typed<decltype(_deform_conv2d_backward)>();
-  return op.call(
-      grad, input, weight, offset, mask, bias, std::move(stride_h), std::move(stride_w),
-      std::move(pad_h), std::move(pad_w), std::move(dilation_h), std::move(dilation_w),
-      std::move(groups), std::move(offset_groups), use_mask);
+  return op.call(grad, input, weight, offset, mask, bias, std::move(stride_h), std::move(stride_w),
+                 std::move(pad_h), std::move(pad_w), std::move(dilation_h), std::move(dilation_w),
+                 std::move(groups), std::move(offset_groups), use_mask);
 }
 
 TORCH_LIBRARY_FRAGMENT(opforge, m) {
@@ -66,4 +43,4 @@ TORCH_LIBRARY_FRAGMENT(opforge, m) {
       "bool use_mask) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 
-} // namespace opforge::ops
+}  // namespace opforge::ops

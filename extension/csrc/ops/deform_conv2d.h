@@ -1,8 +1,6 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
-
-#include "../common.h"
 #include <c10/core/SymInt.h>
 #include <c10/util/Exception.h>
 
@@ -11,42 +9,23 @@
 #include <tuple>
 #include <utility>
 
+#include "../common.h"
+
 namespace opforge::ops {
 
 // Deformable convolution v1/v2 (use_mask), as torchvision.ops.deform_conv2d.
-at::Tensor deform_conv2d(
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    const at::Tensor& offset,
-    const at::Tensor& mask,
-    const at::Tensor& bias,
-    c10::SymInt stride_h,
-    c10::SymInt stride_w,
-    c10::SymInt pad_h,
-    c10::SymInt pad_w,
-    c10::SymInt dilation_h,
-    c10::SymInt dilation_w,
-    c10::SymInt groups,
-    c10::SymInt offset_groups,
-    bool use_mask);
+at::Tensor deform_conv2d(const at::Tensor& input, const at::Tensor& weight,
+                         const at::Tensor& offset, const at::Tensor& mask, const at::Tensor& bias,
+                         c10::SymInt stride_h, c10::SymInt stride_w, c10::SymInt pad_h,
+                         c10::SymInt pad_w, c10::SymInt dilation_h, c10::SymInt dilation_w,
+                         c10::SymInt groups, c10::SymInt offset_groups, bool use_mask);
 
 // Gradients with respect to (input, weight, offset, mask, bias).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> _deform_conv2d_backward(
-    const at::Tensor& grad,
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    const at::Tensor& offset,
-    const at::Tensor& mask,
-    const at::Tensor& bias,
-    c10::SymInt stride_h,
-    c10::SymInt stride_w,
-    c10::SymInt pad_h,
-    c10::SymInt pad_w,
-    c10::SymInt dilation_h,
-    c10::SymInt dilation_w,
-    c10::SymInt groups,
-    c10::SymInt offset_groups,
-    bool use_mask);
+    const at::Tensor& grad, const at::Tensor& input, const at::Tensor& weight,
+    const at::Tensor& offset, const at::Tensor& mask, const at::Tensor& bias, c10::SymInt stride_h,
+    c10::SymInt stride_w, c10::SymInt pad_h, c10::SymInt pad_w, c10::SymInt dilation_h,
+    c10::SymInt dilation_w, c10::SymInt groups, c10::SymInt offset_groups, bool use_mask);
 
 // Sizes of one deform_conv2d call, validated by check_deform_conv2d_args.
 struct DeformConv2dGeometry {
@@ -67,31 +46,34 @@ struct DeformConv2dGeometry {
 // narrows them to int) so that no size computation below can overflow.
 inline constexpr int64_t kMaxDeformParam = std::numeric_limits<int32_t>::max();
 
-inline DeformConv2dGeometry check_deform_conv2d_args(c10::DeviceType device,
-    const at::Tensor& input, const at::Tensor& weight,
-                            const at::Tensor& offset, const at::Tensor& mask,
-                            const at::Tensor& bias, int64_t stride_h, int64_t stride_w,
-                            int64_t pad_h, int64_t pad_w, int64_t dilation_h, int64_t dilation_w,
-                            int64_t groups, int64_t offset_groups, bool use_mask) {
-  const std::pair<const at::Tensor*, const char*> tensors[] = {
-      {&input, "input"}, {&weight, "weight"}, {&offset, "offset"}, {&mask, "mask"}, {&bias, "bias"}};
+inline DeformConv2dGeometry check_deform_conv2d_args(
+    c10::DeviceType device, const at::Tensor& input, const at::Tensor& weight,
+    const at::Tensor& offset, const at::Tensor& mask, const at::Tensor& bias, int64_t stride_h,
+    int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h, int64_t dilation_w,
+    int64_t groups, int64_t offset_groups, bool use_mask) {
+  const std::pair<const at::Tensor*, const char*> tensors[] = {{&input, "input"},
+                                                               {&weight, "weight"},
+                                                               {&offset, "offset"},
+                                                               {&mask, "mask"},
+                                                               {&bias, "bias"}};
   for (const auto& [t, name] : tensors) {
     TORCH_CHECK(t->defined(), "deform_conv2d: ", name, " must be a defined tensor");
     opforge::check_storage_holds("deform_conv2d", name, *t);
-    TORCH_CHECK(t->device().type() == device && t->device() == input.device(), "deform_conv2d: ", name,
-                " must be a ", c10::DeviceTypeName(device), " tensor on the same device as input (",
-                input.device(), "), got ", t->device());
+    TORCH_CHECK(t->device().type() == device && t->device() == input.device(),
+                "deform_conv2d: ", name, " must be a ", c10::DeviceTypeName(device),
+                " tensor on the same device as input (", input.device(), "), got ", t->device());
     TORCH_CHECK(t->scalar_type() == input.scalar_type(), "deform_conv2d: expected ", name,
                 " to have the same dtype as input (", input.scalar_type(), "), got ",
                 t->scalar_type());
   }
   const auto dtype = input.scalar_type();
-  TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble || dtype == at::kHalf ||
-                  dtype == at::kBFloat16,
-              "deform_conv2d: input must be a floating point tensor (float16, bfloat16, "
-              "float32 or float64), got ",
-              dtype);
-  TORCH_CHECK(input.dim() == 4, "deform_conv2d: input must be 4-D (batch, channels, height, width), got ",
+  TORCH_CHECK(
+      dtype == at::kFloat || dtype == at::kDouble || dtype == at::kHalf || dtype == at::kBFloat16,
+      "deform_conv2d: input must be a floating point tensor (float16, bfloat16, "
+      "float32 or float64), got ",
+      dtype);
+  TORCH_CHECK(input.dim() == 4,
+              "deform_conv2d: input must be 4-D (batch, channels, height, width), got ",
               input.dim(), "-D with shape ", input.sizes());
   TORCH_CHECK(weight.dim() == 4,
               "deform_conv2d: weight must be 4-D (out_channels, in_channels / groups, kernel_h, "
@@ -106,12 +88,12 @@ inline DeformConv2dGeometry check_deform_conv2d_args(c10::DeviceType device,
               "out_w) when use_mask is true, got ",
               mask.dim(), "-D with shape ", mask.sizes());
   TORCH_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0),
-              "deform_conv2d: bias must have shape (out_channels,) = (", weight.size(0),
-              ",), got ", bias.sizes());
+              "deform_conv2d: bias must have shape (out_channels,) = (", weight.size(0), ",), got ",
+              bias.sizes());
 
   const std::pair<int64_t, const char*> positive[] = {
-      {stride_h, "stride_h"}, {stride_w, "stride_w"}, {dilation_h, "dilation_h"},
-      {dilation_w, "dilation_w"}, {groups, "groups"}, {offset_groups, "offset_groups"}};
+      {stride_h, "stride_h"},     {stride_w, "stride_w"}, {dilation_h, "dilation_h"},
+      {dilation_w, "dilation_w"}, {groups, "groups"},     {offset_groups, "offset_groups"}};
   for (const auto& [v, name] : positive) {
     TORCH_CHECK(v > 0 && v <= kMaxDeformParam, "deform_conv2d: ", name,
                 " must be a positive integer below 2^31, got ", v);
@@ -151,17 +133,17 @@ inline DeformConv2dGeometry check_deform_conv2d_args(c10::DeviceType device,
   TORCH_CHECK(g.channels % offset_groups == 0, "deform_conv2d: offset_groups (", offset_groups,
               ") must divide the input channels (", g.channels, ")");
   const int64_t kk = g.kernel_h * g.kernel_w;
-  TORCH_CHECK(offset.size(1) % (2 * kk) == 0 && offset.size(1) / (2 * kk) == offset_groups,
-              "deform_conv2d: offset.shape[1] must be 2 * offset_groups * kernel_h * kernel_w = 2 * ",
-              offset_groups, " * ", g.kernel_h, " * ", g.kernel_w, ", got ", offset.size(1));
-  TORCH_CHECK(!use_mask ||
-                  (mask.size(1) % kk == 0 && mask.size(1) / kk == offset_groups),
+  TORCH_CHECK(
+      offset.size(1) % (2 * kk) == 0 && offset.size(1) / (2 * kk) == offset_groups,
+      "deform_conv2d: offset.shape[1] must be 2 * offset_groups * kernel_h * kernel_w = 2 * ",
+      offset_groups, " * ", g.kernel_h, " * ", g.kernel_w, ", got ", offset.size(1));
+  TORCH_CHECK(!use_mask || (mask.size(1) % kk == 0 && mask.size(1) / kk == offset_groups),
               "deform_conv2d: mask.shape[1] must be offset_groups * kernel_h * kernel_w = ",
               offset_groups, " * ", g.kernel_h, " * ", g.kernel_w, ", got ", mask.size(1));
   TORCH_CHECK(offset.size(0) == g.batch, "deform_conv2d: offset.shape[0] (", offset.size(0),
               ") must equal the batch size input.shape[0] (", g.batch, ")");
-  TORCH_CHECK(!use_mask || mask.size(0) == g.batch, "deform_conv2d: mask.shape[0] (",
-              mask.size(0), ") must equal the batch size input.shape[0] (", g.batch, ")");
+  TORCH_CHECK(!use_mask || mask.size(0) == g.batch, "deform_conv2d: mask.shape[0] (", mask.size(0),
+              ") must equal the batch size input.shape[0] (", g.batch, ")");
 
   // Parameters are below 2^31 and sizes below 2^63 / 8, so this cannot overflow.
   const int64_t span_h = dilation_h * (g.kernel_h - 1) + 1;
@@ -181,4 +163,4 @@ inline DeformConv2dGeometry check_deform_conv2d_args(c10::DeviceType device,
   return g;
 }
 
-} // namespace opforge::ops
+}  // namespace opforge::ops

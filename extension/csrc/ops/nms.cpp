@@ -6,9 +6,8 @@
 namespace opforge::ops {
 
 at::Tensor nms(const at::Tensor& dets, const at::Tensor& scores, double iou_threshold) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("opforge::nms", "")
-                       .typed<decltype(nms)>();
+  static auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("opforge::nms", "").typed<decltype(nms)>();
   return op.call(dets, scores, iou_threshold);
 }
 
@@ -16,4 +15,4 @@ TORCH_LIBRARY_FRAGMENT(opforge, m) {
   m.def("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor");
 }
 
-} // namespace opforge::ops
+}  // namespace opforge::ops

@@ -7,4 +7,4 @@ namespace opforge::ops {
 // Indices of the boxes kept by greedy non-maximum suppression, by decreasing score.
 at::Tensor nms(const at::Tensor& dets, const at::Tensor& scores, double iou_threshold);
 
-} // namespace opforge::ops
+}  // namespace opforge::ops

@@ -5,40 +5,27 @@
 
 namespace opforge::ops {
 
-std::tuple<at::Tensor, at::Tensor> ps_roi_align(
-    const at::Tensor& input,
-    const at::Tensor& rois,
-    double spatial_scale,
-    c10::SymInt pooled_height,
-    c10::SymInt pooled_width,
-    int64_t sampling_ratio) {
+std::tuple<at::Tensor, at::Tensor> ps_roi_align(const at::Tensor& input, const at::Tensor& rois,
+                                                double spatial_scale, c10::SymInt pooled_height,
+                                                c10::SymInt pooled_width, int64_t sampling_ratio) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("opforge::ps_roi_align", "")
                        .typed<decltype(ps_roi_align)>();
-  return op.call(
-      input, rois, spatial_scale, std::move(pooled_height),
-      std::move(pooled_width), sampling_ratio);
+  return op.call(input, rois, spatial_scale, std::move(pooled_height), std::move(pooled_width),
+                 sampling_ratio);
 }
 
-at::Tensor _ps_roi_align_backward(
-    const at::Tensor& grad,
-    const at::Tensor& rois,
-    const at::Tensor& channel_mapping,
-    double spatial_scale,
-    c10::SymInt pooled_height,
-    c10::SymInt pooled_width,
-    int64_t sampling_ratio,
-    c10::SymInt batch_size,
-    c10::SymInt channels,
-    c10::SymInt height,
-    c10::SymInt width) {
+at::Tensor _ps_roi_align_backward(const at::Tensor& grad, const at::Tensor& rois,
+                                  const at::Tensor& channel_mapping, double spatial_scale,
+                                  c10::SymInt pooled_height, c10::SymInt pooled_width,
+                                  int64_t sampling_ratio, c10::SymInt batch_size,
+                                  c10::SymInt channels, c10::SymInt height, c10::SymInt width) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("opforge::_ps_roi_align_backward", "")
                        .typed<decltype(_ps_roi_align_backward)>();
-  return op.call(
-      grad, rois, channel_mapping, spatial_scale, std::move(pooled_height),
-      std::move(pooled_width), sampling_ratio, std::move(batch_size),
-      std::move(channels), std::move(height), std::move(width));
+  return op.call(grad, rois, channel_mapping, spatial_scale, std::move(pooled_height),
+                 std::move(pooled_width), sampling_ratio, std::move(batch_size),
+                 std::move(channels), std::move(height), std::move(width));
 }
 
 TORCH_LIBRARY_FRAGMENT(opforge, m) {
@@ -51,4 +38,4 @@ TORCH_LIBRARY_FRAGMENT(opforge, m) {
       "SymInt batch_size, SymInt channels, SymInt height, SymInt width) -> Tensor");
 }
 
-} // namespace opforge::ops
+}  // namespace opforge::ops

@@ -9,23 +9,14 @@ namespace opforge::ops {
 
 // Returns (output, channel_mapping): output[k, c, ph, pw] is the mean of input channel
 // channel_mapping[k, c, ph, pw] = (c * PH + ph) * PW + pw over the quantized bin (ph, pw).
-std::tuple<at::Tensor, at::Tensor> ps_roi_pool(
-    const at::Tensor& input,
-    const at::Tensor& rois,
-    double spatial_scale,
-    c10::SymInt pooled_height,
-    c10::SymInt pooled_width);
+std::tuple<at::Tensor, at::Tensor> ps_roi_pool(const at::Tensor& input, const at::Tensor& rois,
+                                               double spatial_scale, c10::SymInt pooled_height,
+                                               c10::SymInt pooled_width);
 
-at::Tensor _ps_roi_pool_backward(
-    const at::Tensor& grad,
-    const at::Tensor& rois,
-    const at::Tensor& channel_mapping,
-    double spatial_scale,
-    c10::SymInt pooled_height,
-    c10::SymInt pooled_width,
-    c10::SymInt batch_size,
-    c10::SymInt channels,
-    c10::SymInt height,
-    c10::SymInt width);
+at::Tensor _ps_roi_pool_backward(const at::Tensor& grad, const at::Tensor& rois,
+                                 const at::Tensor& channel_mapping, double spatial_scale,
+                                 c10::SymInt pooled_height, c10::SymInt pooled_width,
+                                 c10::SymInt batch_size, c10::SymInt channels, c10::SymInt height,
+                                 c10::SymInt width);
 
-} // namespace opforge::ops
+}  // namespace opforge::ops

@@ -5,41 +5,26 @@
 
 namespace opforge::ops {
 
-at::Tensor roi_align(
-    const at::Tensor& input,
-    const at::Tensor& rois,
-    double spatial_scale,
-    c10::SymInt pooled_height,
-    c10::SymInt pooled_width,
-    int64_t sampling_ratio,
-    bool aligned) {
+at::Tensor roi_align(const at::Tensor& input, const at::Tensor& rois, double spatial_scale,
+                     c10::SymInt pooled_height, c10::SymInt pooled_width, int64_t sampling_ratio,
+                     bool aligned) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("opforge::roi_align", "")
                        .typed<decltype(roi_align)>();
-  return op.call(
-      input, rois, spatial_scale, std::move(pooled_height),
-      std::move(pooled_width), sampling_ratio, aligned);
+  return op.call(input, rois, spatial_scale, std::move(pooled_height), std::move(pooled_width),
+                 sampling_ratio, aligned);
 }
 
-at::Tensor _roi_align_backward(
-    const at::Tensor& grad,
-    const at::Tensor& rois,
-    double spatial_scale,
-    c10::SymInt pooled_height,
-    c10::SymInt pooled_width,
-    c10::SymInt batch_size,
-    c10::SymInt channels,
-    c10::SymInt height,
-    c10::SymInt width,
-    int64_t sampling_ratio,
-    bool aligned) {
+at::Tensor _roi_align_backward(const at::Tensor& grad, const at::Tensor& rois, double spatial_scale,
+                               c10::SymInt pooled_height, c10::SymInt pooled_width,
+                               c10::SymInt batch_size, c10::SymInt channels, c10::SymInt height,
+                               c10::SymInt width, int64_t sampling_ratio, bool aligned) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("opforge::_roi_align_backward", "")
                        .typed<decltype(_roi_align_backward)>();
-  return op.call(
-      grad, rois, spatial_scale, std::move(pooled_height),
-      std::move(pooled_width), std::move(batch_size), std::move(channels),
-      std::move(height), std::move(width), sampling_ratio, aligned);
+  return op.call(grad, rois, spatial_scale, std::move(pooled_height), std::move(pooled_width),
+                 std::move(batch_size), std::move(channels), std::move(height), std::move(width),
+                 sampling_ratio, aligned);
 }
 
 TORCH_LIBRARY_FRAGMENT(opforge, m) {
@@ -52,4 +37,4 @@ TORCH_LIBRARY_FRAGMENT(opforge, m) {
       "SymInt height, SymInt width, int sampling_ratio, bool aligned) -> Tensor");
 }
 
-} // namespace opforge::ops
+}  // namespace opforge::ops

@@ -5,38 +5,26 @@
 
 namespace opforge::ops {
 
-std::tuple<at::Tensor, at::Tensor> roi_pool(
-    const at::Tensor& input,
-    const at::Tensor& rois,
-    double spatial_scale,
-    c10::SymInt pooled_height,
-    c10::SymInt pooled_width) {
+std::tuple<at::Tensor, at::Tensor> roi_pool(const at::Tensor& input, const at::Tensor& rois,
+                                            double spatial_scale, c10::SymInt pooled_height,
+                                            c10::SymInt pooled_width) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("opforge::roi_pool", "")
                        .typed<decltype(roi_pool)>();
-  return op.call(
-      input, rois, spatial_scale, std::move(pooled_height),
-      std::move(pooled_width));
+  return op.call(input, rois, spatial_scale, std::move(pooled_height), std::move(pooled_width));
 }
 
-at::Tensor _roi_pool_backward(
-    const at::Tensor& grad,
-    const at::Tensor& rois,
-    const at::Tensor& argmax,
-    double spatial_scale,
-    c10::SymInt pooled_height,
-    c10::SymInt pooled_width,
-    c10::SymInt batch_size,
-    c10::SymInt channels,
-    c10::SymInt height,
-    c10::SymInt width) {
+at::Tensor _roi_pool_backward(const at::Tensor& grad, const at::Tensor& rois,
+                              const at::Tensor& argmax, double spatial_scale,
+                              c10::SymInt pooled_height, c10::SymInt pooled_width,
+                              c10::SymInt batch_size, c10::SymInt channels, c10::SymInt height,
+                              c10::SymInt width) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("opforge::_roi_pool_backward", "")
                        .typed<decltype(_roi_pool_backward)>();
-  return op.call(
-      grad, rois, argmax, spatial_scale, std::move(pooled_height),
-      std::move(pooled_width), std::move(batch_size), std::move(channels),
-      std::move(height), std::move(width));
+  return op.call(grad, rois, argmax, spatial_scale, std::move(pooled_height),
+                 std::move(pooled_width), std::move(batch_size), std::move(channels),
+                 std::move(height), std::move(width));
 }
 
 TORCH_LIBRARY_FRAGMENT(opforge, m) {
@@ -49,4 +37,4 @@ TORCH_LIBRARY_FRAGMENT(opforge, m) {
       "SymInt height, SymInt width) -> Tensor");
 }
 
-} // namespace opforge::ops
+}  // namespace opforge::ops
