@@ -2,7 +2,7 @@
 
     python benchmarks/bench_cuda.py [--repeat 20] [--json results.json]
 
-Cases: nms at 1k, 30k and 100k boxes; roi_align forward and forward+backward;
+Cases: nms at 1k, 30k and 100k boxes; roi_align, ps_roi_align, ps_roi_pool forward and forward+backward;
 deform_conv2d forward and forward+backward. Times are medians of CUDA-event timings
 after warm-up; "ratio" is opforge time / torchvision time (below 1: opforge is faster).
 Each case also checks that both libraries agree, so a fast wrong kernel cannot pass.
@@ -99,6 +99,34 @@ def roi_align_cases():
     )
 
 
+def ps_roi_cases():
+    # R-FCN heads: 10 outputs per 7x7 bin grid (490 channels), 1000 rois.
+    g = torch.Generator(device="cuda").manual_seed(3)
+    x = torch.randn(4, 490, 64, 64, device="cuda", generator=g)
+    # boxes end before the last row and column, where torchvision's ps_roi_pool backward
+    # is not the gradient of its forward
+    xy = torch.rand(1000, 2, device="cuda", generator=g) * 180
+    wh = torch.rand(1000, 2, device="cuda", generator=g) * 56 + 8
+    index = torch.randint(0, 4, (1000, 1), device="cuda", generator=g).float()
+    rois = torch.cat([index, xy, xy + wh], 1)
+    xg = x.clone().requires_grad_()
+    grad = torch.randn(1000, 10, 7, 7, device="cuda", generator=g)
+    for name, args in (("ps_roi_align", (0.25, 7, 7, 2)), ("ps_roi_pool", (0.25, 7, 7))):
+        ours, theirs = getattr(torch.ops.opforge, name), getattr(torch.ops.torchvision, name)
+        yield (
+            f"{name} fwd (4x490x64x64, 1000 rois)",
+            lambda o=ours, a=args: o(x, rois, *a)[0],
+            lambda t=theirs, a=args: t(x, rois, *a)[0],
+            "close",
+        )
+        yield (
+            f"{name} fwd+bwd",
+            lambda o=ours, a=args: torch.autograd.grad(o(xg, rois, *a)[0], xg, grad)[0],
+            lambda t=theirs, a=args: torch.autograd.grad(t(xg, rois, *a)[0], xg, grad)[0],
+            "close",
+        )
+
+
 def deform_cases():
     g = torch.Generator(device="cuda").manual_seed(2)
     n, cin, cout, h, w, k = 8, 64, 64, 56, 56, 3
@@ -156,7 +184,7 @@ def main(argv=None):
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  "
           f"opforge_ops {info['version']} (arch {info.get('cuda_arch_list')})")
     rows = []
-    for cases in (nms_cases, roi_align_cases, deform_cases):
+    for cases in (nms_cases, roi_align_cases, ps_roi_cases, deform_cases):
         for name, ours, theirs, how in cases():
             check = agree(ours(), theirs(), how)
             t_ours = time_cuda(ours, options.repeat)
