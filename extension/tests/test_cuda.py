@@ -657,7 +657,7 @@ def test_emulated_roi_kernels_read_nothing_for_a_roi_the_cpu_rejects(emu):
     assert not out[:4].any() and out[4].all()
     pooled, argmax = emu.roi_pool(x, rois[:3], 1.0, 2, 2)
     assert not pooled.any() and (argmax == -1).all()
-    grad = emu._roi_align_backward(torch.ones(5, 3, 2, 2), rois[:4], 1.0, 2, 2, 1, 3, 8, 8, 0, False)
+    grad = emu._roi_align_backward(torch.ones(4, 3, 2, 2), rois[:4], 1.0, 2, 2, 1, 3, 8, 8, 0, False)
     assert not grad.any()
 
 
