@@ -39,6 +39,15 @@ def roi_pool_inputs(dtype):
     return [_features(3, dtype), _rois().to(dtype), 1.0, 2, 2]
 
 
+def ps_roi_align_inputs(dtype):
+    # 2 output channels per bin of a 2x2 grid: 8 input channels
+    return [_features(8, dtype), _rois().to(dtype), 1.0, 2, 2, 2]
+
+
+def ps_roi_pool_inputs(dtype):
+    return [_features(8, dtype), _rois().to(dtype), 1.0, 2, 2]
+
+
 def deform_conv2d_inputs(dtype):
     g = torch.Generator().manual_seed(1)
     x = torch.rand(1, 2, 5, 5, generator=g)
@@ -62,6 +71,18 @@ def constant_map_gives_the_constant(call, args, out):
     return None
 
 
+def each_bin_reads_its_own_channel(call, args, out):
+    """ps_roi_align / ps_roi_pool of a map whose channel k is the constant k + 1: output channel
+    c of bin (i, j) gives the constant of input channel (c * PH + i) * PW + j."""
+    channels, pooled_height, pooled_width = args[0].shape[1], args[3], args[4]
+    x = torch.arange(1.0, 1.0 + channels).view(1, -1, 1, 1).expand_as(args[0]).contiguous()
+    res = call(x, *args[1:])[0]
+    want = torch.arange(1.0, 1.0 + channels).view(1, -1, pooled_height, pooled_width).expand_as(res)
+    if not torch.allclose(res, want, atol=1e-5):
+        return "on a map constant per channel, a bin did not return its own channel's constant"
+    return None
+
+
 def zero_offsets_give_conv2d(call, args, out):
     """Zero offsets and a mask of ones make deformable convolution a plain convolution."""
     x, w, offset, mask, b = args[:5]
@@ -80,6 +101,10 @@ RECIPES = {
     # argmax ties may legitimately resolve differently per device: compare the values only
     "roi_pool": {"inputs": roi_pool_inputs, "check": constant_map_gives_the_constant,
                  "grad": [0], "outputs": [0]},
+    "ps_roi_align": {"inputs": ps_roi_align_inputs, "check": each_bin_reads_its_own_channel,
+                     "grad": [0], "autocast": [0]},
+    "ps_roi_pool": {"inputs": ps_roi_pool_inputs, "check": each_bin_reads_its_own_channel,
+                    "grad": [0], "autocast": [0]},
     "deform_conv2d": {"inputs": deform_conv2d_inputs, "check": zero_offsets_give_conv2d,
                       "grad": [0, 1, 2, 3, 4]},
 }

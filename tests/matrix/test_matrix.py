@@ -29,7 +29,7 @@ def test_default_matrix_has_the_shipped_variants():
     assert cu130.backends == ("cpu", "cuda")
     assert matrix.variant("mps").backends == ("cpu", "mps")
     assert matrix.variant("mps").backend_keys == ("CPU", "MPS", "Meta")
-    assert matrix.extension.ops == ("nms", "roi_align", "roi_pool", "deform_conv2d")
+    assert matrix.extension.ops == ("nms", "roi_align", "roi_pool", "ps_roi_align", "ps_roi_pool", "deform_conv2d")
 
 
 def test_per_op_keys_override_extend_and_drop_device_keys(tmp_path):

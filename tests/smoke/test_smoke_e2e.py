@@ -57,13 +57,13 @@ def test_good_cpu_wheel_passes_in_a_fresh_environment(cpu_wheels, tmp_path, caps
     # the variant comes from the wheel's local version (+cpu) and every promise is checked
     assert doc["variant"] == "cpu"
     assert doc["expected_keys"] == ["CPU", "Meta", "Autograd", "AutocastCPU"]
-    for op in ("nms", "roi_align", "roi_pool", "deform_conv2d"):
+    for op in ("nms", "roi_align", "roi_pool", "ps_roi_align", "ps_roi_pool", "deform_conv2d"):
         for key in doc["expected_keys"]:
             assert one(doc, f"census:{op}:{key}")["status"] == "pass"
         assert one(doc, f"run:{op}:cpu")["status"] == "pass"
         assert one(doc, f"fake:{op}")["status"] == "pass"
         assert one(doc, f"compile:{op}")["status"] == "pass"
-    for op in ("roi_align", "nms"):
+    for op in ("roi_align", "nms", "ps_roi_align", "ps_roi_pool"):
         assert one(doc, f"autocast:{op}:cpu")["status"] == "pass"
     # it ran where users run: installed wheel, fresh env, scratch cwd, not the checkout
     assert doc["runner"]["fresh_env"] is True
