@@ -29,12 +29,14 @@ def test_default_matrix_has_the_shipped_variants():
     assert cu130.backends == ("cpu", "cuda")
     assert matrix.variant("mps").backends == ("cpu", "mps")
     assert matrix.variant("mps").backend_keys == ("CPU", "MPS", "Meta")
-    assert matrix.extension.ops == ("nms", "roi_align", "roi_pool", "ps_roi_align", "ps_roi_pool", "deform_conv2d")
+    assert matrix.extension.ops == (
+        "nms", "roi_align", "roi_pool", "ps_roi_align", "ps_roi_pool", "deform_conv2d"
+    )
 
 
 def test_per_op_keys_override_extend_and_drop_device_keys(tmp_path):
     text = DEFAULT.replace(
-        "  ops: [nms, roi_align, roi_pool, deform_conv2d]",
+        "  ops: [nms, roi_align, roi_pool, ps_roi_align, ps_roi_pool, deform_conv2d]",
         "  ops:\n    - nms: {remove: [Autograd, AutocastCPU, AutocastCUDA]}\n"
         "    - cpu_only: {keys: [CPU, Meta]}\n"
         "    - on_cuda_too: {keys: [CPU, CUDA, AutocastCUDA]}\n"
@@ -164,20 +166,20 @@ MALFORMED = [
                                      "    expected_keys: [CPU, Meta, AutogradCUDA]"),
      "variants[0].expected_keys", "expects AutogradCUDA kernels but sets no cuda version",
      "    expected_keys: [CPU, Meta, AutogradCUDA]"),
-    ("op-unknown-key", _with("  ops: [nms, roi_align, roi_pool, deform_conv2d]",
+    ("op-unknown-key", _with("  ops: [nms, roi_align, roi_pool, ps_roi_align, ps_roi_pool, deform_conv2d]",
                              "  ops:\n    - nms: {remove: [Autogard]}\n    - roi_align"),
      "extension.ops.nms.remove[0]", "unknown dispatch key 'Autogard'", "{remove: [Autogard]}"),
-    ("op-unknown-field", _with("  ops: [nms, roi_align, roi_pool, deform_conv2d]",
+    ("op-unknown-field", _with("  ops: [nms, roi_align, roi_pool, ps_roi_align, ps_roi_pool, deform_conv2d]",
                                "  ops:\n    - roi_align\n    - nms: {without: [Autograd]}"),
      "extension.ops.nms.without", "unknown key (allowed: add, backward, keys, remove)",
      "{without: [Autograd]}"),
-    ("op-two-names", _with("  ops: [nms, roi_align, roi_pool, deform_conv2d]",
+    ("op-two-names", _with("  ops: [nms, roi_align, roi_pool, ps_roi_align, ps_roi_pool, deform_conv2d]",
                            "  ops:\n    - {nms: {backward: true}, roi_align: {}}"),
      "extension.ops[0]", "an op with fields is one mapping", "{nms: {backward: true}"),
-    ("op-twice", _with("  ops: [nms, roi_align, roi_pool, deform_conv2d]",
+    ("op-twice", _with("  ops: [nms, roi_align, roi_pool, ps_roi_align, ps_roi_pool, deform_conv2d]",
                        "  ops: [nms, roi_align, {nms: {add: [XPU]}}]"),
      "extension.ops.nms", "'nms' is listed twice", "  ops: [nms, roi_align, {nms"),
-    ("op-backward-not-bool", _with("  ops: [nms, roi_align, roi_pool, deform_conv2d]",
+    ("op-backward-not-bool", _with("  ops: [nms, roi_align, roi_pool, ps_roi_align, ps_roi_pool, deform_conv2d]",
                                    "  ops: [nms, {_b: {backward: yes please}}]"),
      "extension.ops._b.backward", "expected true or false", "  ops: [nms, {_b:"),
     ("recipes-not-python", _with("  recipes: extension/recipes.py", "  recipes: recipes.yaml"),
