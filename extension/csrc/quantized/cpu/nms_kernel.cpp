@@ -17,7 +17,8 @@ at::Tensor nms_impl(const at::Tensor& dets, const at::Tensor& scores, double iou
   using int_t = typename scalar_t::underlying;
   const int64_t n = dets.size(0);
   // stable: equal scores keep their input order, as torchvision orders them
-  const at::Tensor order_t = std::get<1>(scores.int_repr().sort(/*stable=*/true, /*dim=*/0, /*descending=*/true));
+  const at::Tensor order_t =
+      std::get<1>(scores.int_repr().sort(/*stable=*/true, /*dim=*/0, /*descending=*/true));
   const int64_t* order = order_t.data_ptr<int64_t>();
   const at::Tensor boxes = dets.int_repr().contiguous();
   const int_t* b = boxes.data_ptr<int_t>();
@@ -30,7 +31,8 @@ at::Tensor nms_impl(const at::Tensor& dets, const at::Tensor& scores, double iou
     y1[i] = static_cast<float>(box[1]);
     x2[i] = static_cast<float>(box[2]);
     y2[i] = static_cast<float>(box[3]);
-    area[i] = static_cast<float>((static_cast<int64_t>(box[2]) - box[0]) * (static_cast<int64_t>(box[3]) - box[1]));
+    area[i] = static_cast<float>((static_cast<int64_t>(box[2]) - box[0]) *
+                                 (static_cast<int64_t>(box[3]) - box[1]));
   }
   std::vector<uint8_t> suppressed(n, 0);
   std::vector<int64_t> keep;
@@ -55,41 +57,39 @@ at::Tensor nms_impl(const at::Tensor& dets, const at::Tensor& scores, double iou
       }
     }
   }
-  at::Tensor result = at::empty({static_cast<int64_t>(keep.size())}, at::TensorOptions().dtype(at::kLong).device(dets.device()));
+  at::Tensor result = at::empty({static_cast<int64_t>(keep.size())},
+                                at::TensorOptions().dtype(at::kLong).device(dets.device()));
   std::copy(keep.begin(), keep.end(), result.data_ptr<int64_t>());
   return result;
 }
 
 at::Tensor nms_kernel(const at::Tensor& dets, const at::Tensor& scores, double iou_threshold) {
-  TORCH_CHECK(
-      dets.dim() == 2 && dets.size(1) == 4,
-      "nms: boxes (dets) must have shape [N, 4], got ", dets.sizes());
-  TORCH_CHECK(scores.dim() == 1, "nms: scores must be a 1-D tensor [N], got shape ", scores.sizes());
-  TORCH_CHECK(
-      dets.size(0) == scores.size(0),
-      "nms: boxes (dets) and scores must have the same length, got ", dets.size(0),
-      " boxes and ", scores.size(0), " scores");
+  TORCH_CHECK(dets.dim() == 2 && dets.size(1) == 4,
+              "nms: boxes (dets) must have shape [N, 4], got ", dets.sizes());
+  TORCH_CHECK(scores.dim() == 1, "nms: scores must be a 1-D tensor [N], got shape ",
+              scores.sizes());
+  TORCH_CHECK(dets.size(0) == scores.size(0),
+              "nms: boxes (dets) and scores must have the same length, got ", dets.size(0),
+              " boxes and ", scores.size(0), " scores");
   TORCH_CHECK(
       dets.is_quantized() && scores.is_quantized() && dets.scalar_type() == scores.scalar_type(),
       "nms: quantized boxes (dets) need scores quantized to the same dtype, got ",
       dets.scalar_type(), " and ", scores.scalar_type());
-  TORCH_CHECK(
-      dets.qscheme() == at::kPerTensorAffine && scores.qscheme() == at::kPerTensorAffine,
-      "nms: quantized boxes and scores must be quantized per tensor (affine)");
+  TORCH_CHECK(dets.qscheme() == at::kPerTensorAffine && scores.qscheme() == at::kPerTensorAffine,
+              "nms: quantized boxes and scores must be quantized per tensor (affine)");
   if (dets.size(0) == 0) {
     return at::empty({0}, at::TensorOptions().dtype(at::kLong).device(dets.device()));
   }
   at::Tensor result;
-  AT_DISPATCH_QINT_TYPES(dets.scalar_type(), "opforge_nms_quantized_cpu", [&] {
-    result = nms_impl<scalar_t>(dets, scores, iou_threshold);
-  });
+  AT_DISPATCH_QINT_TYPES(dets.scalar_type(), "opforge_nms_quantized_cpu",
+                         [&] { result = nms_impl<scalar_t>(dets, scores, iou_threshold); });
   return result;
 }
 
-} // namespace
+}  // namespace
 
 TORCH_LIBRARY_IMPL(opforge, QuantizedCPU, m) {
   m.impl("nms", TORCH_FN(nms_kernel));
 }
 
-} // namespace opforge::quantized_cpu
+}  // namespace opforge::quantized_cpu

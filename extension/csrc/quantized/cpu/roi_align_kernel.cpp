@@ -50,20 +50,15 @@ Sample bilinear(float y, float x, int64_t height, int64_t width) {
   }
   const float ly = y - y_low, lx = x - x_low;
   const float hy = 1.f - ly, hx = 1.f - lx;
-  return {{y_low * width + x_low, y_low * width + x_high, y_high * width + x_low, y_high * width + x_high},
+  return {{y_low * width + x_low, y_low * width + x_high, y_high * width + x_low,
+           y_high * width + x_high},
           {hy * hx, hy * lx, ly * hx, ly * lx}};
 }
 
 template <typename scalar_t>
-void roi_align_impl(
-    const at::Tensor& input,
-    const std::vector<float>& rois,
-    at::Tensor& output,
-    double spatial_scale,
-    int64_t pooled_h,
-    int64_t pooled_w,
-    int64_t sampling_ratio,
-    bool aligned) {
+void roi_align_impl(const at::Tensor& input, const std::vector<float>& rois, at::Tensor& output,
+                    double spatial_scale, int64_t pooled_h, int64_t pooled_w,
+                    int64_t sampling_ratio, bool aligned) {
   using int_t = typename scalar_t::underlying;
   const int64_t num_rois = output.size(0), channels = input.size(1);
   const int64_t height = input.size(2), width = input.size(3);
@@ -89,8 +84,10 @@ void roi_align_impl(
       roi_h = std::max(roi_h, 1.f);
     }
     const float bin_h = roi_h / pooled_h, bin_w = roi_w / pooled_w;
-    const int64_t grid_h = sampling_ratio > 0 ? sampling_ratio : static_cast<int64_t>(std::ceil(roi_h / pooled_h));
-    const int64_t grid_w = sampling_ratio > 0 ? sampling_ratio : static_cast<int64_t>(std::ceil(roi_w / pooled_w));
+    const int64_t grid_h =
+        sampling_ratio > 0 ? sampling_ratio : static_cast<int64_t>(std::ceil(roi_h / pooled_h));
+    const int64_t grid_w =
+        sampling_ratio > 0 ? sampling_ratio : static_cast<int64_t>(std::ceil(roi_w / pooled_w));
     const float count = static_cast<float>(std::max<int64_t>(grid_h * grid_w, 1));
 
     // The samples of every bin, shared by all channels, in bin then row-major order.
@@ -98,9 +95,11 @@ void roi_align_impl(
     for (int64_t ph = 0; ph < pooled_h; ++ph) {
       for (int64_t pw = 0; pw < pooled_w; ++pw) {
         for (int64_t iy = 0; iy < grid_h; ++iy) {
-          const float y = start_h + ph * bin_h + static_cast<float>(iy + .5f) * bin_h / static_cast<float>(grid_h);
+          const float y = start_h + ph * bin_h +
+                          static_cast<float>(iy + .5f) * bin_h / static_cast<float>(grid_h);
           for (int64_t ix = 0; ix < grid_w; ++ix) {
-            const float x = start_w + pw * bin_w + static_cast<float>(ix + .5f) * bin_w / static_cast<float>(grid_w);
+            const float x = start_w + pw * bin_w +
+                            static_cast<float>(ix + .5f) * bin_w / static_cast<float>(grid_w);
             samples.push_back(bilinear(y, x, height, width));
           }
         }
@@ -113,8 +112,10 @@ void roi_align_impl(
       for (int64_t bin = 0; bin < pooled_h * pooled_w; ++bin) {
         float sum = 0.f, sum_w = 0.f;
         for (int64_t k = 0; k < grid_h * grid_w; ++k, ++s) {
-          sum += s->w[0] * static_cast<float>(plane[s->pos[0]]) + s->w[1] * static_cast<float>(plane[s->pos[1]]) +
-              s->w[2] * static_cast<float>(plane[s->pos[2]]) + s->w[3] * static_cast<float>(plane[s->pos[3]]);
+          sum += s->w[0] * static_cast<float>(plane[s->pos[0]]) +
+                 s->w[1] * static_cast<float>(plane[s->pos[1]]) +
+                 s->w[2] * static_cast<float>(plane[s->pos[2]]) +
+                 s->w[3] * static_cast<float>(plane[s->pos[3]]);
           sum_w += s->w[0] + s->w[1] + s->w[2] + s->w[3];
         }
         float value = scale * (sum - static_cast<float>(zero_point) * sum_w);
@@ -126,36 +127,31 @@ void roi_align_impl(
   }
 }
 
-at::Tensor roi_align_kernel(
-    const at::Tensor& input,
-    const at::Tensor& rois,
-    double spatial_scale,
-    int64_t pooled_height,
-    int64_t pooled_width,
-    int64_t sampling_ratio,
-    bool aligned) {
-  TORCH_CHECK(input.dim() == 4, "roi_align: input must be a 4-D tensor [N, C, H, W], got shape ", input.sizes());
+at::Tensor roi_align_kernel(const at::Tensor& input, const at::Tensor& rois, double spatial_scale,
+                            int64_t pooled_height, int64_t pooled_width, int64_t sampling_ratio,
+                            bool aligned) {
+  TORCH_CHECK(input.dim() == 4, "roi_align: input must be a 4-D tensor [N, C, H, W], got shape ",
+              input.sizes());
   TORCH_CHECK(
       rois.dim() == 2 && rois.size(1) == 5,
-      "roi_align: rois (boxes) must have shape [K, 5] (batch index, x1, y1, x2, y2), got shape ", rois.sizes());
-  TORCH_CHECK(
-      input.is_quantized() && rois.is_quantized() && input.qscheme() == at::kPerTensorAffine &&
-          rois.qscheme() == at::kPerTensorAffine,
-      "roi_align: a quantized input needs rois quantized too, both per tensor (affine)");
-  TORCH_CHECK(
-      input.scalar_type() == rois.scalar_type(),
-      "roi_align: input and rois must have the same dtype, got ", input.scalar_type(), " and ", rois.scalar_type());
-  TORCH_CHECK(
-      input.size(0) == 1,
-      "roi_align: a quantized input holds one image (batch size 1, as in torchvision), got batch size ",
-      input.size(0));
-  TORCH_CHECK(
-      pooled_height >= 0 && pooled_width >= 0,
-      "roi_align: output_size (pooled_height, pooled_width) must not be negative, got (", pooled_height, ", ",
-      pooled_width, ")");
-  at::Tensor output = at::_empty_affine_quantized(
-      {rois.size(0), input.size(1), pooled_height, pooled_width}, input.options(), input.q_scale(),
-      input.q_zero_point());
+      "roi_align: rois (boxes) must have shape [K, 5] (batch index, x1, y1, x2, y2), got shape ",
+      rois.sizes());
+  TORCH_CHECK(input.is_quantized() && rois.is_quantized() &&
+                  input.qscheme() == at::kPerTensorAffine && rois.qscheme() == at::kPerTensorAffine,
+              "roi_align: a quantized input needs rois quantized too, both per tensor (affine)");
+  TORCH_CHECK(input.scalar_type() == rois.scalar_type(),
+              "roi_align: input and rois must have the same dtype, got ", input.scalar_type(),
+              " and ", rois.scalar_type());
+  TORCH_CHECK(input.size(0) == 1,
+              "roi_align: a quantized input holds one image (batch size 1, as in torchvision), got "
+              "batch size ",
+              input.size(0));
+  TORCH_CHECK(pooled_height >= 0 && pooled_width >= 0,
+              "roi_align: output_size (pooled_height, pooled_width) must not be negative, got (",
+              pooled_height, ", ", pooled_width, ")");
+  at::Tensor output =
+      at::_empty_affine_quantized({rois.size(0), input.size(1), pooled_height, pooled_width},
+                                  input.options(), input.q_scale(), input.q_zero_point());
   if (output.numel() == 0) {
     return output;
   }
@@ -170,16 +166,16 @@ at::Tensor roi_align_kernel(
   }
   check_rois_values("roi_align", rois_f.data(), rois.size(0), 1);
   AT_DISPATCH_QINT_TYPES(input.scalar_type(), "opforge_roi_align_quantized_cpu", [&] {
-    roi_align_impl<scalar_t>(input, rois_f, output, spatial_scale, pooled_height, pooled_width, sampling_ratio,
-                             aligned);
+    roi_align_impl<scalar_t>(input, rois_f, output, spatial_scale, pooled_height, pooled_width,
+                             sampling_ratio, aligned);
   });
   return output;
 }
 
-} // namespace
+}  // namespace
 
 TORCH_LIBRARY_IMPL(opforge, QuantizedCPU, m) {
   m.impl("roi_align", TORCH_FN(roi_align_kernel));
 }
 
-} // namespace opforge::quantized_cpu
+}  // namespace opforge::quantized_cpu
