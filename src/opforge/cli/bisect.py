@@ -27,9 +27,9 @@ nightly's environment (exit 0 good, 125 skip, 1-127 bad, 128 and above abort).
 EPILOG = """\
 examples:
   opforge bisect --good 2024-06-01 --bad 2024-06-10
-  opforge bisect --bad 2024-06-10 --wheel dist/cpu/opforge_ops-0.1.0+cpu-*.whl
+  opforge bisect --bad 2024-06-10 --wheel dist/cpu/my_ops-1.0+cpu-*.whl
   opforge bisect --good 2024-06-01 --bad 2024-06-10 --match 'does not exist' -- \\
-      python -c 'import torch, opforge_ops; torch.ops.opforge.nms'
+      python -c 'import torch, my_ops; torch.ops.my_ops.my_op'
   opforge bisect --good 2024-06-01 --wheel my_ops.whl -- python -m pytest tests/test_ops.py
   opforge bisect --resume
 
