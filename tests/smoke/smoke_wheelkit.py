@@ -13,7 +13,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from opforge.venv import create_venv, pip
+from opforge.venv import create_venv, install
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -76,7 +76,7 @@ def torch_version(python: Path | str) -> str | None:
 
 def linked_env(env_dir: Path, torch_python: Path, *wheels: Path) -> Path:
     """A fresh venv that sees another env's torch through a .pth file, with ``wheels``
-    installed by pip (--no-deps: torch is already there). Creating it takes about a second,
+    installed (--no-deps: torch is already there). Creating it takes about a second,
     where installing torch again would take 20 s (CPU) to 80 s (CUDA build)."""
     python = create_venv(env_dir)
     own = site_packages(python)[0]
@@ -85,7 +85,7 @@ def linked_env(env_dir: Path, torch_python: Path, *wheels: Path) -> Path:
     if wheels:
         # --ignore-installed: the linked env may hold the same version (nox installs the good
         # wheel into the test env); ours must land in this env, which comes first on sys.path
-        pip(python, "install", "-q", "--no-deps", "--ignore-installed", *map(str, wheels))
+        install(python, "--no-deps", "--ignore-installed", *map(str, wheels))
     return python
 
 
@@ -110,7 +110,7 @@ def _cached_torch_env(version: str, with_torchvision: bool = False) -> Path:
     """An environment holding torch==version, installed once and kept in the user cache."""
     from platformdirs import user_cache_dir
 
-    from opforge.venv import create_venv, pip, venv_python
+    from opforge.venv import venv_python
 
     root = Path(user_cache_dir("opforge")) / "smoke-tests"
     root.mkdir(parents=True, exist_ok=True)
@@ -122,11 +122,11 @@ def _cached_torch_env(version: str, with_torchvision: bool = False) -> Path:
         if not done.exists():
             shutil.rmtree(env_dir, ignore_errors=True)
             python = create_venv(env_dir)
-            pip(python, "install", "-q", f"torch=={version}")
+            install(python, f"torch=={version}")
             done.write_text(version, encoding="utf-8")
         tv_done = env_dir / ".torchvision"
         if with_torchvision and not tv_done.exists():
-            pip(venv_python(env_dir), "install", "-q", f"torch=={version}",
+            install(venv_python(env_dir), f"torch=={version}",
                 f"torchvision=={TORCHVISION_FOR[version]}")
             tv_done.write_text(TORCHVISION_FOR[version], encoding="utf-8")
     return venv_python(env_dir)

@@ -44,19 +44,24 @@ def test_env_dir_that_is_not_empty_is_refused(tmp_path, capsys):
     assert (tmp_path / "env" / "keep.txt").read_text() == "mine"
 
 
-def test_wheel_pip_refuses_is_one_line_and_leaves_no_environment(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("tool", ["uv", "pip"])
+def test_wheel_pip_refuses_is_one_line_and_leaves_no_environment(tmp_path, capsys, monkeypatch,
+                                                                  tool):
     import tempfile
 
     from smoke_wheelkit import write_wheel
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the fresh env would go
+    monkeypatch.setenv("OPFORGE_INSTALLER", tool)
     wheel = write_wheel(tmp_path / "oldpkg-1.0-cp27-cp27mu-linux_x86_64.whl",
                         {"oldpkg/__init__.py": b""}, dist="oldpkg", version="1.0")
     assert main(["smoke", "--wheel", str(wheel), "--package", "oldpkg",
                  "--namespace", "oldpkg"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("opforge smoke: error: pip install failed: ")
-    assert "is not a supported wheel on this platform" in err[-1]
+    # each installer's own words for "this wheel is not for this interpreter"
+    assert ("is not a supported wheel on this platform" in err[-1] if tool == "pip"
+            else "no wheels with a matching Python version tag" in err[-1])
     assert not list(tmp_path.glob("opforge-smoke-env-*"))
 
 

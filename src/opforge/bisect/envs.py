@@ -5,10 +5,12 @@ marker file (written last) records the torch wheel that was installed. A second 
 the same nightlies therefore downloads and installs nothing. An environment without a marker
 (an interrupted install) is removed and made again.
 
-Creation uses ``python -m venv --without-pip`` and the running interpreter's pip with
-``--python`` (measured here: 0.05 s + 0.7 s for a small wheel; ``python -m venv`` with
-ensurepip takes 4-12 s). An environment that needs its own pip (the default mode builds the
-extension in it) is made with virtualenv (about 1.3 s), or venv when virtualenv is missing.
+With uv (``opforge.venv``) an environment is made and filled from uv's cache in about a
+second, pip's configuration translated. Without it, creation uses ``python -m venv
+--without-pip`` and the running interpreter's pip with ``--python`` (0.05 s + 0.7 s for a small
+wheel; ``python -m venv`` with ensurepip takes 4-12 s). An environment that needs its own pip
+(the default mode builds the extension in it) is made with virtualenv (about 1.3 s), or venv
+when virtualenv is missing.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from opforge.errors import OpforgeError
+from opforge.venv import installer
 
 from .index import Nightly, download, sha256_of
 
@@ -101,6 +104,7 @@ class EnvCache:
         self.pip_index_args = pip_index_args
         self.with_pip = with_pip  # building the extension in the env needs its own pip
         self._host_pip = _host_pip_works()
+        self.installer = installer()
 
     def env_dir(self, nightly: Nightly) -> Path:
         stem = nightly.filename[:-4] if nightly.filename.endswith(".whl") else nightly.filename
@@ -127,11 +131,15 @@ class EnvCache:
         os.replace(tmp, env.path / MARKER)
 
     def pip_install(self, python: Path, *args: str) -> None:
+        if self.installer.uv:
+            self.installer.install(python, *args, *self.pip_index_args)
+            return
         if self._host_pip:
             cmd = [sys.executable, "-m", "pip", "--python", str(python)]
         else:
             cmd = [str(python), "-m", "pip"]
-        cmd += ["install", "--disable-pip-version-check", "--no-input", "-q", *args]
+        cmd += ["install", "--disable-pip-version-check", "--no-input", "-q", *args,
+                *self.pip_index_args]
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0:
             lines = (result.stderr + result.stdout).strip().splitlines()
@@ -157,19 +165,24 @@ class EnvCache:
         if path.exists():
             shutil.rmtree(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        result = subprocess.run([*self._create_command(), str(path)], capture_output=True,
-                                text=True)
-        if result.returncode != 0:
-            raise OpforgeError(f"cannot create an environment with {self.base_python}: "
-                               f"{(result.stderr or result.stdout).strip()[-300:]}")
-        python = env_python(path)
-        self.pip_install(python, str(wheel), *self.pip_index_args)
+        python = self._create(path)
+        self.pip_install(python, str(wheel))
         actions.append(f"installed torch {nightly.version} ({time.monotonic() - t0:.1f} s)")
         wheel.unlink(missing_ok=True)  # the environment is the cache; nightly wheels are large
         version, git_version = read_torch_version(path)
         env = NightlyEnv(path, python, version or nightly.version, git_version, sha, {}, actions)
         self._write_marker(env, nightly.url)
         return env
+
+    def _create(self, path: Path) -> Path:
+        if self.installer.uv:
+            return self.installer.create(path, self.base_python, with_pip=self.with_pip)
+        result = subprocess.run([*self._create_command(), str(path)], capture_output=True,
+                                text=True)
+        if result.returncode != 0:
+            raise OpforgeError(f"cannot create an environment with {self.base_python}: "
+                               f"{(result.stderr or result.stdout).strip()[-300:]}")
+        return env_python(path)
 
     def _create_command(self) -> list[str]:
         if not self.with_pip and self._host_pip:

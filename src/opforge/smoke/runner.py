@@ -110,6 +110,7 @@ class Environment:
     timings: dict[str, float] = field(default_factory=dict)
     installs: list[str] = field(default_factory=list)
     torch_installed: str | None = None
+    installer: str | None = None   # "uv" or "pip": what made the fresh environment
 
 
 def _pip_args(index: str | None) -> list[str]:
@@ -149,30 +150,32 @@ def prepare_environment(target: Target) -> Environment:
 
 
 def _install(target: Target, env_dir: Path) -> Environment:
-    from opforge.venv import create_venv, pip
+    from opforge.venv import installer
 
-    env = Environment(python=Path(), fresh=True, env_dir=env_dir)
+    tool = installer()
+    env = Environment(python=Path(), fresh=True, env_dir=env_dir, installer=tool.name)
     t0 = time.monotonic()
-    env.python = create_venv(env_dir)
+    env.python = tool.create(env_dir)
     env.timings["create_env_s"] = round(time.monotonic() - t0, 2)
     index = _pip_args(target.torch_index)
     subject = str(target.wheel.resolve()) if target.wheel else target.requirement
     t0 = time.monotonic()
+    # env.installs says each step as the pip command a user would type
     if target.torch_spec:
         # The wheel pins its torch; to pair it with another one, torch first, then the wheel
         # without its dependencies (what a user who forces a torch upgrade ends up with).
         env.installs.append(f"pip install {target.torch_spec} {' '.join(index)}".strip())
-        pip(env.python, "install", "-q", target.torch_spec, *index)
+        tool.install(env.python, target.torch_spec, *index)
         env.installs.append(f"pip install --no-deps {subject}")
-        pip(env.python, "install", "-q", "--no-deps", subject)
+        tool.install(env.python, "--no-deps", subject)
     else:
         if target.variant_torch:
             # the variant's torch first, from the variant's index: the resolver cannot then
             # substitute another build (a CUDA torch for the cpu variant, a newer release)
             env.installs.append(f"pip install {target.variant_torch} {' '.join(index)}".strip())
-            pip(env.python, "install", "-q", target.variant_torch, *index)
+            tool.install(env.python, target.variant_torch, *index)
         env.installs.append(f"pip install {subject} {' '.join(index)}".strip())
-        pip(env.python, "install", "-q", subject, *index)
+        tool.install(env.python, subject, *index)
     env.timings["install_s"] = round(time.monotonic() - t0, 2)
     env.torch_installed = installed_version(env.python, "torch")
     return env
@@ -246,6 +249,8 @@ def run_probe(env: Environment, request: ProbeRequest, timeout_s: float = PROBE_
     runner = doc.setdefault("runner", {})
     runner.update({"python": str(env.python), "fresh_env": env.fresh, "cwd": str(scratch),
                    "probe_wall_s": wall, "installs": env.installs, **env.timings})
+    if env.installer:
+        runner["installer"] = env.installer
     if env.env_dir:
         runner["env_dir"] = str(env.env_dir)
     _check_not_from_checkout(doc)
