@@ -18,7 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from opforge.errors import OpforgeError, UsageError
@@ -45,7 +45,7 @@ def find_uv() -> str | None:
         return shutil.which("uv")
 
 
-@lru_cache(maxsize=None)
+@cache
 def _notice_once(text: str) -> None:
     print(f"opforge: {text}", file=sys.stderr, flush=True)
 
