@@ -1,5 +1,5 @@
 # /// script
-# dependencies = ["nox>=2025.2.9", "pyyaml>=6", "rich>=13", "packaging>=23", "platformdirs>=3", "virtualenv>=20.24"]
+# dependencies = ["nox>=2025.2.9", "pyyaml>=6", "rich>=13", "packaging>=23", "platformdirs>=3", "virtualenv>=20.24", "uv>=0.5"]
 # ///
 """opforge's sessions: the matrix's, from opforge.nox exactly as any repository registers
 them, plus this repository's own `tests` and `lint`.
@@ -29,7 +29,7 @@ nox.options.sessions = ["lint", "tests"]
 nox.options.reuse_venv = "yes"  # a second build reuses the env, so ninja reuses the objects
 
 
-@nox.session
+@nox.session(venv_backend=opforge.nox.VENV_BACKEND)
 def tests(session: nox.Session) -> None:
     """Build the CPU extension from source, then run the kernel and harness test suites."""
     # its own build cache: this env's torch paths differ from build_cpu's, so sharing would
@@ -37,29 +37,29 @@ def tests(session: nox.Session) -> None:
     work_dir = ROOT / "build" / "tests"
     wheel = opforge.nox.build(session, MATRIX, "cpu", "--work-dir", str(work_dir),
                               "--out", str(work_dir / "dist"))
-    session.install("-e", ".[test,build,lint]")
-    session.install("--no-deps", "--force-reinstall", str(wheel))
+    opforge.nox.install(session, "-e", ".[test,build,lint]")
+    opforge.nox.install(session, "--no-deps", "--force-reinstall", str(wheel))
     # harness tests first (fast), then the kernel tests against the installed wheel
     session.run("pytest", "--durations=15", "tests", "extension/tests", *session.posargs,
                 env={"OPFORGE_TEST_WHEEL": str(wheel), "OPFORGE_TEST_BUILD_DIR": str(work_dir)})
 
 
-@nox.session
+@nox.session(venv_backend=opforge.nox.VENV_BACKEND)
 def compat(session: nox.Session) -> None:
     """Run the torchvision compatibility suite on dist/cu130's wheel beside torchvision."""
     wheels = sorted((ROOT / "dist" / "cu130").glob("*.whl"))
     if len(wheels) != 1:
         session.error(f"compat needs the one wheel `nox -s build_cu130` leaves in dist/cu130, found {len(wheels)}")
     # the wheel pins its torch; pip picks the torchvision release built for that torch
-    session.install(str(wheels[0]), "torchvision", "pytest")
+    opforge.nox.install(session, str(wheels[0]), "torchvision", "pytest")
     session.run("pytest", "-q", "--durations=10", "extension/tests/torchvision_compat", *session.posargs,
                 env={"OPFORGE_REQUIRE_TORCHVISION": "1"})
 
 
-@nox.session
+@nox.session(venv_backend=opforge.nox.VENV_BACKEND)
 def lint(session: nox.Session) -> None:
     """ruff, clang-format on extension/csrc, matrix.yaml validation, the workflow checks."""
-    session.install("-e", ".[lint]")
+    opforge.nox.install(session, "-e", ".[lint]")
     session.run("ruff", "check", "src", "tests", "noxfile.py", "benchmarks", "extension")
     csrc = sorted(str(p) for p in (ROOT / "extension" / "csrc").rglob("*") if p.suffix in CXX_SUFFIXES)
     session.run("clang-format", "--dry-run", "--Werror", *csrc)

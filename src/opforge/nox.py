@@ -11,7 +11,8 @@ session installs opforge itself (the version running nox: the same release, or t
 source tree) and runs ``opforge`` commands in the session's environment; none installs the
 user's repository (no ``pip install -e .``: that would build the extension against whatever
 torch the resolver picks and leave compiled files in the tree). ``nox -s build_cpu -- ARGS``
-passes ARGS to ``opforge build``, ``nox -s smoke -- ARGS`` to ``opforge smoke``.
+passes ARGS to ``opforge build``, ``nox -s smoke -- ARGS`` to ``opforge smoke``. Sessions use
+nox's uv backend when uv is installed (``install`` passes pip's configuration to it).
 """
 
 from __future__ import annotations
@@ -26,8 +27,12 @@ import nox
 from opforge import __version__
 from opforge.errors import OpforgeError
 from opforge.matrix import Matrix, Variant, load_matrix
+from opforge.pipconfig import read_pip_config
+from opforge.venv import uv_install_args
 
 INSTALL_ENV = "OPFORGE_NOX_INSTALL"  # overrides what the sessions install as opforge
+# nox's uv backend (environments from uv's cache in seconds) when uv is there, else virtualenv
+VENV_BACKEND = "uv|virtualenv"
 
 
 def opforge_requirement() -> str:
@@ -50,8 +55,18 @@ def opforge_requirement() -> str:
     return f"opforge=={__version__}"
 
 
+def install(session: nox.Session, *args: str) -> None:
+    """``session.install(ARGS)`` that installs what pip would: under nox's uv backend, pip's
+    configuration (indexes, find-links, constraints, certificates) is said to uv."""
+    if getattr(session.virtualenv, "venv_backend", None) == "uv":
+        config = read_pip_config()
+        session.install("--no-config", *uv_install_args(args, config), env=config.uv_env())
+    else:
+        session.install(*args)
+
+
 def install_opforge(session: nox.Session) -> None:
-    session.install(opforge_requirement())
+    install(session, opforge_requirement())
 
 
 def session_python(session: nox.Session) -> str:
@@ -112,7 +127,7 @@ def sessions(matrix_path: str | os.PathLike = "matrix.yaml") -> Matrix:
             build(session, matrix, _name, *session.posargs)
 
         build_session.__doc__ = build_doc(matrix, variant)
-        nox.session(name=variant.build_session)(build_session)
+        nox.session(name=variant.build_session, venv_backend=VENV_BACKEND)(build_session)
 
     def smoke(session: nox.Session) -> None:
         install_opforge(session)
@@ -124,14 +139,14 @@ def sessions(matrix_path: str | os.PathLike = "matrix.yaml") -> Matrix:
 
     smoke.__doc__ = (f"Smoke-test a wheel in a fresh env (default: dist/{default_variant(matrix)}'s; "
                      "-- --variant V, --wheel PATH, ...: opforge smoke's arguments).")
-    nox.session(name="smoke")(smoke)
+    nox.session(name="smoke", venv_backend=VENV_BACKEND)(smoke)
 
     def matrix_session(session: nox.Session) -> None:
         """Show the jobs matrix.yaml expands to (-- --json, --github, --variant V, ...)."""
         install_opforge(session)
         session.run("opforge", "matrix", "--file", file, *session.posargs)
 
-    nox.session(name="matrix")(matrix_session)
+    nox.session(name="matrix", venv_backend=VENV_BACKEND)(matrix_session)
 
     def bisect(session: nox.Session) -> None:
         """Find the first bad torch nightly (-- --good DATE --bad DATE [opforge bisect args])."""
@@ -139,5 +154,5 @@ def sessions(matrix_path: str | os.PathLike = "matrix.yaml") -> Matrix:
         session.run("opforge", "bisect", *session.posargs,
                     env={"OPFORGE_MATRIX": file})
 
-    nox.session(name="bisect")(bisect)
+    nox.session(name="bisect", venv_backend=VENV_BACKEND)(bisect)
     return matrix
