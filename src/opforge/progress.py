@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 
@@ -39,3 +39,37 @@ def step(what: str, *, stream=None) -> Iterator[None]:
     else:
         yield
         print(f"opforge: {what} ({time.monotonic() - t0:.1f} s)", file=stream, flush=True)
+
+
+@contextmanager
+def transfer(what: str, total: int | None, *, stream=None) -> Iterator[Callable[[int], None]]:
+    """A download: yields ``advance(nbytes)``; a byte bar in a terminal, one line elsewhere."""
+    stream = sys.stderr if stream is None else stream
+    t0 = time.monotonic()
+    done = 0
+    if interactive(stream):
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
+
+        columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                   TransferSpeedColumn(), TimeRemainingColumn())
+        with Progress(*columns, console=Console(file=stream), transient=True) as bar:
+            task = bar.add_task(what, total=total)
+            yield lambda n: bar.advance(task, n)
+        Console(file=stream).print(f"[green]✓[/] {what} [dim]({time.monotonic() - t0:.1f} s)[/]")
+        return
+
+    def advance(n: int) -> None:
+        nonlocal done
+        done += n
+
+    yield advance
+    print(f"opforge: {what}: {done / 1e6:.1f} MB ({time.monotonic() - t0:.1f} s)", file=stream,
+          flush=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ from smoke_wheelkit import write_wheel
 
 from opforge.errors import UsageError
 from opforge.pipconfig import PipConfig, config_files, read_pip_config
-from opforge.progress import step
+from opforge.progress import step, transfer
 from opforge.venv import Installer, find_uv, installer, uv_install_args
 
 # --- reading pip's configuration -------------------------------------------------------------
@@ -134,6 +135,34 @@ def test_progress_is_one_plain_line_outside_a_terminal(monkeypatch):
     with step("installed torch with uv", stream=out):
         pass
     assert out.getvalue().startswith("opforge: installed torch with uv (")
+    assert out.getvalue().count("\n") == 1
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_in_a_terminal_ends_with_a_checked_line(monkeypatch):
+    monkeypatch.delenv("CI", raising=False)
+    out = _Terminal()
+    with step("created an environment with uv", stream=out):
+        pass
+    with transfer("downloaded torch.whl", 3 << 20, stream=out) as advance:
+        for _ in range(3):
+            advance(1 << 20)
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue())  # rich's colours
+    lines = [line for line in plain.splitlines() if "✓" in line]
+    assert [line.split("✓ ")[1].split(" (")[0] for line in lines] == [
+        "created an environment with uv", "downloaded torch.whl"]
+
+
+def test_download_outside_a_terminal_is_one_line_with_its_size(monkeypatch):
+    monkeypatch.setenv("CI", "1")
+    out = _Terminal()  # CI wins over a terminal
+    with transfer("downloaded torch.whl", None, stream=out) as advance:
+        advance(2_500_000)
+    assert out.getvalue().startswith("opforge: downloaded torch.whl: 2.5 MB (")
     assert out.getvalue().count("\n") == 1
 
 

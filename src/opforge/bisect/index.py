@@ -307,6 +307,17 @@ def with_unlisted(listed: NightlyIndex, extra: Iterable[Nightly]) -> NightlyInde
 
 # -- downloading -------------------------------------------------------------------------------
 
+def _copy_with_progress(response, out, name: str) -> None:
+    from opforge.progress import transfer
+
+    length = response.headers.get("Content-Length")
+    total = int(length) if length and length.isdigit() else None
+    with transfer(f"downloaded {name}", total) as advance:
+        while chunk := response.read(1 << 20):
+            out.write(chunk)
+            advance(len(chunk))
+
+
 def download(nightly: Nightly, dest_dir: Path) -> tuple[Path, str]:
     """Fetch the wheel into ``dest_dir`` (kept across runs); return its path and sha256.
 
@@ -324,7 +335,7 @@ def download(nightly: Nightly, dest_dir: Path) -> tuple[Path, str]:
                         shutil.copyfileobj(src, out)
                 else:
                     with urllib.request.urlopen(nightly.url, timeout=_TIMEOUT) as response:
-                        shutil.copyfileobj(response, out)
+                        _copy_with_progress(response, out, nightly.filename)
             os.replace(tmp_name, dest)
         except (urllib.error.URLError, OSError) as exc:
             Path(tmp_name).unlink(missing_ok=True)
