@@ -202,11 +202,11 @@ def test_nvcc_an_arch_list_change_misses_and_the_object_has_the_new_arch(tmp_pat
     def compile_for(arch: str, work: str) -> CacheStats:
         # what torch's ninja file runs: $PYTORCH_NVCC with the -gencode flags of the arch list
         launcher = tmp_path / work / "compiler-cache" / "cuda-launcher"
-        script = (f'$PYTORCH_NVCC -c k.cu -o {work}.o '
+        script = (f'$PYTORCH_NVCC -MD -MF {work}.o.d -c k.cu -o {work}.o '
                   f'-gencode arch=compute_{arch},code=sm_{arch}')
         stats, _ = cached_run(["sh", "-c", script], python=plain_python, cwd=project,
                               work=tmp_path / work, env=env, nvcc=NVCC)
-        assert launcher.exists()
+        assert launcher.exists() and (project / f"{work}.o.d").exists()  # ninja's depfile
         return stats
 
     def archs(obj: str) -> set[bytes]:
