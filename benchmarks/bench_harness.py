@@ -16,6 +16,11 @@ Rows (see ROWS below):
                    uv's cache warm (any machine that made one environment before)
   smoke-env-cold   the same with an empty uv cache (a fresh machine)
   bisect-env       one bisect probe environment (bisect's EnvCache) for a torch wheel: pip vs uv
+  build-fresh-clone  `opforge build` of the variant in a fresh clone of this checkout's HEAD:
+                   --no-compiler-cache vs sccache warm with another clone's objects (CI's
+                   restored cache, or the tests session's build on the same machine)
+  rebuild-touch-one  the same build again in a kept clone after touching one kernel .cpp:
+                   ninja compiles it (no cache) vs sccache serves it
 
 Adding a row (a build, a CI run): write ``old(scratch) -> result`` and ``new(scratch) ->
 result`` (each gets a fresh empty directory; return what a user would compare, or None) and
@@ -66,6 +71,8 @@ class Context:
     index_args: tuple[str, ...]
     scratch: Path
     uv: str
+    variant: str = "cpu"
+    matrix_file: Path = ROOT / "matrix.yaml"
 
 
 def _torch_in(python: Path) -> str:
@@ -128,7 +135,49 @@ def bisect_rows(ctx: Context) -> list[Row]:
                 prepare=fetch_wheel)]
 
 
-ROW_FACTORIES = (smoke_rows, bisect_rows)
+def build_rows(ctx: Context) -> list[Row]:
+    """Compiles: sccache (warm with another clone's objects) vs compiling every file."""
+    source = Path(subprocess.run(["git", "-C", str(ctx.matrix_file.parent), "rev-parse",
+                                  "--show-toplevel"], capture_output=True, text=True,
+                                 check=True).stdout.strip())
+    matrix_rel = ctx.matrix_file.relative_to(source)
+    cache = {"SCCACHE_DIR": str(ctx.scratch / "sccache")}  # this run's own, emptied after
+    kept = ctx.scratch / "kept"
+
+    def build(checkout: Path, *args: str) -> str:
+        out = checkout / "dist" / ctx.variant
+        env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), **cache}
+        env.pop("GITHUB_STEP_SUMMARY", None)
+        subprocess.run([sys.executable, "-m", "opforge", "build", "--variant", ctx.variant,
+                        "--file", str(checkout / matrix_rel), "--out", str(out), *args],
+                       cwd=checkout, env=env, check=True, stdout=subprocess.DEVNULL)
+        (wheel,) = out.glob("*.whl")
+        return wheel.name  # objects from another clone carry its paths in __FILE__ only
+
+    def fresh_clone(scratch: Path, *args: str) -> str:
+        checkout = scratch / "clone"  # what CI starts from: HEAD, no build/, no .nox/
+        subprocess.run(["git", "clone", "-q", str(source), str(checkout)], check=True)
+        return build(checkout, *args)
+
+    def touched(*args: str) -> str:
+        checkout = kept / "clone"
+        if not checkout.exists():
+            fresh_clone(kept)  # compiled once: ninja's objects and the cache are warm
+        kernel = next(p for p in sorted(checkout.rglob("*.cpp")) if "cpu" in p.parts)
+        kernel.touch()
+        return build(checkout, *args)
+
+    return [
+        Row("build-fresh-clone", f"opforge build --variant {ctx.variant}, fresh clone: "
+            "no cache vs warm cache", old=lambda s: fresh_clone(s, "--no-compiler-cache"),
+            new=fresh_clone, target=5.0, prepare=lambda: fresh_clone(_fresh(ctx.scratch))),
+        Row("rebuild-touch-one", "the same build after touching one kernel .cpp",
+            old=lambda s: touched("--no-compiler-cache"), new=lambda s: touched(),
+            prepare=lambda: touched()),
+    ]
+
+
+ROW_FACTORIES = (smoke_rows, bisect_rows, build_rows)
 
 
 def _fresh(root: Path) -> Path:
@@ -211,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     scratch_root = Path(tempfile.mkdtemp(prefix="opforge-bench-harness-"))
     try:
-        ctx = Context(spec, index, scratch_root, uv)
+        ctx = Context(spec, index, scratch_root, uv, variant.name, args.file.resolve())
         rows = [row for factory in ROW_FACTORIES for row in factory(ctx)]
         known = [row.name for row in rows]
         unknown = sorted(set(args.rows or ()) - set(known))
