@@ -97,10 +97,12 @@ def smoke_rows(ctx: Context) -> list[Row]:
         return _smoke_env(uv, ctx, scratch, env=env)
 
     return [
-        Row("smoke-env-warm", f"fresh env + {ctx.torch_spec}, uv cache warm",
+        Row("smoke-env-warm", f"fresh env + {ctx.torch_spec}: virtualenv + pip vs uv, "
+            "uv's cache warm",
             old=lambda s: _smoke_env(pip, ctx, s), new=lambda s: _smoke_env(uv, ctx, s),
             target=5.0, prepare=lambda: _smoke_env(uv, ctx, _fresh(ctx.scratch))),
-        Row("smoke-env-cold", f"fresh env + {ctx.torch_spec}, uv cache empty",
+        Row("smoke-env-cold", f"fresh env + {ctx.torch_spec}: virtualenv + pip vs uv, "
+            "uv's cache empty",
             old=lambda s: _smoke_env(pip, ctx, s), new=cold),
     ]
 
@@ -130,7 +132,8 @@ def bisect_rows(ctx: Context) -> list[Row]:
             del os.environ["OPFORGE_INSTALLER"]
         return env.torch_version
 
-    return [Row("bisect-env", "one bisect probe environment (torch wheel by URL)",
+    return [Row("bisect-env", "one bisect probe environment (EnvCache.ensure, torch wheel by "
+                "URL): venv + host pip vs uv",
                 old=lambda s: probe_env("pip", s), new=lambda s: probe_env("uv", s),
                 prepare=fetch_wheel)]
 
@@ -213,20 +216,21 @@ def summarize(row: Row) -> dict:
 
 
 def print_table(summaries: list[dict]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title="opforge harness: old vs new (median of per-pair ratios)")
-    for column in ("row", "old s", "new s", "speed-up", "noise", "pairs", "target",
-                   "same result", "verdict"):
-        table.add_column(column, justify="left" if column in ("row", "same result") else "right")
+    """A plain table (the harness runs before opforge's dependencies are installed)."""
+    header = ("row", "old s", "new s", "speed-up", "noise", "pairs", "target", "verdict",
+              "same result")
+    rows = [(s["row"], f"{s['old_s']:.2f}", f"{s['new_s']:.2f}", f"{s['speedup']:.1f}x",
+             f"±{s['noise'] * 100:.0f}%", str(s["pairs"]),
+             f">={s['target']:.0f}x" if s["target"] else "-", "ok" if s["ok"] else "FAIL",
+             ", ".join(s["results"]) if s["agree"] else "NO: " + " vs ".join(s["results"]))
+            for s in summaries]
+    widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
+    print("opforge harness: old vs new, speed-up = median of per-pair old/new ratios")
+    for r in (header, *rows):
+        print("  ".join(c.ljust(w) if i in (0, 8) else c.rjust(w)
+                        for i, (c, w) in enumerate(zip(r, widths))).rstrip())
     for s in summaries:
-        table.add_row(s["row"], f"{s['old_s']:.2f}", f"{s['new_s']:.2f}", f"{s['speedup']:.1f}x",
-                      f"±{s['noise'] * 100:.0f}%", str(s["pairs"]),
-                      f"≥{s['target']:.0f}x" if s["target"] else "-",
-                      ", ".join(s["results"]) if s["agree"] else "NO: " + " vs ".join(s["results"]),
-                      "ok" if s["ok"] else "FAIL")
-    Console(width=140).print(table)
+        print(f"  {s['row']}: {s['what']}")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
