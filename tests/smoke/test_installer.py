@@ -233,3 +233,33 @@ def test_uv_environment_is_fresh_and_isolated(tmp_path):
     assert Path(exe).parent.parent == tmp_path / "env"
     assert "include-system-site-packages = false" in (tmp_path / "env" / "pyvenv.cfg").read_text()
     assert sys.prefix != prefix
+
+
+class _Session:
+    """What opforge.nox.install sees of a nox session: its backend and install()."""
+
+    def __init__(self, backend: str):
+        self.virtualenv = type("Env", (), {"venv_backend": backend})()
+        self.calls: list[tuple[tuple, dict]] = []
+
+    def install(self, *args, **kwargs):
+        self.calls.append((args, kwargs))
+
+
+def test_nox_sessions_under_uv_get_pips_configuration(tmp_path, monkeypatch):
+    import opforge.nox
+
+    conf = _conf(tmp_path / "pip.conf", "[global]\nfind-links = /wheels\nconstraint = /caps\n"
+                 "cert = /ca.pem\n")
+    monkeypatch.setattr(os, "environ", {"PIP_CONFIG_FILE": str(conf), "HOME": str(tmp_path)})
+    monkeypatch.setattr("opforge.pipconfig.config_files", lambda environ=None: [conf])
+    uv_session, pip_session = _Session("uv"), _Session("virtualenv")
+    opforge.nox.install(uv_session, "--force-reinstall", "w.whl")
+    opforge.nox.install(pip_session, "--force-reinstall", "w.whl")
+    (args, kwargs), = uv_session.calls
+    assert args[0] == "--no-config" and args[-2:] == ("--reinstall", "w.whl")
+    assert ("--find-links", "/wheels") in zip(args, args[1:])
+    assert ("--constraint", "/caps") in zip(args, args[1:])
+    assert kwargs == {"env": {"SSL_CERT_FILE": "/ca.pem"}}
+    # virtualenv sessions run pip itself, which reads its configuration as always
+    assert pip_session.calls == [(("--force-reinstall", "w.whl"), {})]
