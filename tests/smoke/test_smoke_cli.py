@@ -118,3 +118,20 @@ def test_a_torch_other_than_the_variants_is_named_with_both_versions():
     message = torch_mismatch("torch==2.13.0", "2.14.1+cu130")
     assert "torch 2.14.1+cu130" in message and "the variant's torch is torch==2.13.0" in message
     assert torch_mismatch(None, "2.14.1") is None and torch_mismatch("torch==2.13.0", None) is None
+
+
+def test_unknown_installer_is_exit_2_with_one_line_and_no_environment(tmp_path, capsys,
+                                                                      monkeypatch):
+    import tempfile
+
+    from smoke_wheelkit import write_wheel
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("OPFORGE_INSTALLER", "conda")
+    wheel = write_wheel(tmp_path / "pkg-1.0-py3-none-any.whl", {"pkg/__init__.py": b""},
+                        dist="pkg", version="1.0")
+    assert main(["smoke", "--wheel", str(wheel), "--package", "pkg", "--namespace", "pkg"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == ("opforge smoke: error: OPFORGE_INSTALLER='conda': expected one of uv, "
+                       "pip")
+    assert not list(tmp_path.glob("opforge-smoke-env-*"))
