@@ -24,7 +24,7 @@ def lint_commands(root: Path) -> list[list[str]]:
         return []
     files = [str(p) for p in workflows]
     return [
-        ["python", "-m", "opforge.workflows"],
+        ["opforge", "workflows", "check", "--root", str(root)],
         ["actionlint", *files],
         ["check-jsonschema", "--builtin-schema", "vendor.github-workflows", *files],
     ]

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 from pathlib import Path
 
+import pytest
 import yaml
 
 from opforge.cli import main
@@ -105,6 +107,20 @@ def test_init_writes_a_matrix_that_loads_and_describes_each_op(tmp_path, capsys)
     assert "import opforge.nox" in noxfile and 'opforge.nox.sessions("matrix.yaml")' in noxfile
     assert yaml.safe_load((root / "matrix.yaml").read_text())["extension"]["recipes"] == \
         "opforge_recipes.py"
+    # callers of opforge's reusable workflows, pinned by commit, installing a pinned opforge
+    workflows = root / ".github" / "workflows"
+    assert sorted(p.name for p in workflows.iterdir()) == ["opforge-bisect.yml",
+                                                          "opforge-ci.yml", "opforge-nightly.yml"]
+    for name, called in (("opforge-ci.yml", "reusable-build-smoke.yml"),
+                         ("opforge-nightly.yml", "reusable-nightly.yml"),
+                         ("opforge-bisect.yml", "reusable-bisect.yml")):
+        job = next(iter(yaml.safe_load((workflows / name).read_text())["jobs"].values()))
+        path, ref = job["uses"].split("@")
+        assert path == f"opforge/opforge/.github/workflows/{called}"
+        assert re.fullmatch(r"[0-9a-f]{40}", ref), job["uses"]
+        assert job["with"]["matrix-file"] == "matrix.yaml"
+        assert job["with"]["opforge"] != "." and "opforge" in job["with"]["opforge"]
+    assert main(["workflows", "check", "--root", str(root)]) == 0
 
 
 def test_init_writes_all_files_or_none_and_never_overwrites(tmp_path, capsys):
@@ -117,6 +133,39 @@ def test_init_writes_all_files_or_none_and_never_overwrites(tmp_path, capsys):
     assert (root / "noxfile.py").read_text() == "# the user's own\n"
     assert main(["init", str(root), "--force"]) == 0
     assert "opforge.nox" in (root / "noxfile.py").read_text()
+    # a workflow of the same name is the user's too: refused, nothing else written
+    other = _project(tmp_path / "other", CXX)
+    mine = other / ".github" / "workflows" / "opforge-ci.yml"
+    mine.parent.mkdir(parents=True)
+    mine.write_text("# mine\n")
+    assert main(["init", str(other)]) == 2
+    assert "opforge-ci.yml" in capsys.readouterr().err
+    assert mine.read_text() == "# mine\n" and not (other / "matrix.yaml").exists()
+    assert sorted(p.name for p in mine.parent.iterdir()) == ["opforge-ci.yml"]
+
+
+@pytest.mark.parametrize("ref", ["v0.1.0", "main", "d2d79df", "D" * 40, "g" * 40])
+def test_workflows_ref_must_be_a_full_commit(tmp_path, capsys, ref):
+    root = _project(tmp_path / "ext", CXX)
+    assert main(["init", str(root), "--workflows-ref", ref]) == 2
+    err = capsys.readouterr().err
+    assert "full 40-hex commit" in err and err.count("\n") == 1
+    assert sorted(p.name for p in root.iterdir()) == ["csrc", "my_ops", "pyproject.toml"]
+
+
+def test_workflows_ref_pins_the_callers_and_the_release(tmp_path, capsys):
+    from opforge import __version__
+
+    repo = tmp_path / "repo"
+    (repo / ".git").mkdir(parents=True)
+    root = _project(repo / "python" / "ext", CXX)   # the extension in a subdirectory
+    assert main(["init", str(root), "--workflows-ref", "c" * 40]) == 0
+    assert not (root / ".github").exists()          # workflows live at the repository's top
+    ci = (repo / ".github" / "workflows" / "opforge-ci.yml").read_text()
+    assert f"reusable-build-smoke.yml@{'c' * 40} # v{__version__}\n" in ci
+    job = yaml.safe_load(ci)["jobs"]["wheels"]
+    assert job["with"] == {"opforge": f"opforge=={__version__}",
+                           "matrix-file": "python/ext/matrix.yaml"}
 
 
 def test_dry_run_prints_and_writes_nothing(tmp_path, capsys):
@@ -125,6 +174,7 @@ def test_dry_run_prints_and_writes_nothing(tmp_path, capsys):
     assert main(["init", str(root), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert f"--- {root / 'matrix.yaml'} ---" in out and "namespace: myops" in out
+    assert "opforge-nightly.yml ---" in out and "reusable-nightly.yml@" in out
     assert sorted(p.name for p in root.iterdir()) == before
 
 

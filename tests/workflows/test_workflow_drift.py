@@ -17,9 +17,12 @@ from opforge.workflows import check_workflows
 
 ROOT = Path(__file__).resolve().parents[2]
 
-CI = ".github/workflows/ci.yml"
+CI = ".github/workflows/ci.yml"              # callers: triggers, lint and tests jobs
 NIGHTLY = ".github/workflows/nightly.yml"
 BISECT = ".github/workflows/bisect.yml"
+PIPE = ".github/workflows/reusable-build-smoke.yml"   # the reusable workflows they call
+RNIGHTLY = ".github/workflows/reusable-nightly.yml"
+RBISECT = ".github/workflows/reusable-bisect.yml"
 UPLOAD_PIN = "actions/upload-artifact@ea165f8d65b6e75b540449e92b4886f43607fa02 # v4.6.2"
 
 
@@ -42,11 +45,11 @@ def test_the_copy_starts_clean(repo):
 
 
 def test_a_runner_typed_on_a_cell_job_is_caught(repo):
-    repo.replace(CI, "  build:\n    name: build ${{ matrix.name }}\n    needs: matrix\n"
+    repo.replace(PIPE, "  build:\n    name: build ${{ matrix.name }}\n    needs: matrix\n"
                      "    runs-on: ${{ matrix.runner }}",
                  "  build:\n    name: build ${{ matrix.name }}\n    needs: matrix\n"
                  "    runs-on: ubuntu-24.04")
-    assert one(repo.problems(), "ci.yml:", "jobs.build.runs-on",
+    assert one(repo.problems(), "reusable-build-smoke.yml:", "jobs.build.runs-on",
                "a per-cell job runs on ${{ matrix.runner }}")
 
 
@@ -61,12 +64,12 @@ def test_a_runner_that_matrix_yaml_does_not_declare_is_caught(repo):
 def test_changing_the_runner_in_matrix_yaml_flags_the_label_left_in_a_workflow(repo):
     repo.replace("matrix.yaml", "runner: ubuntu-24.04\n", "runner: ubuntu-26.04\n")
     problems = repo.problems()
-    for wf in ("ci.yml", "nightly.yml", "bisect.yml"):
+    for wf in ("reusable-build-smoke.yml", "reusable-nightly.yml", "reusable-bisect.yml"):
         one(problems, wf, "jobs.matrix.runs-on", "'ubuntu-24.04' is not declared")
 
 
 def test_a_typed_container_image_is_caught(repo):
-    repo.replace(CI, "container: ${{ matrix.container }}",
+    repo.replace(PIPE, "container: ${{ matrix.container }}",
                  "container: pytorch/manylinux2_28-builder:cuda13.0")
     problems = repo.problems()
     one(problems, "jobs.build.container", "the image comes from the matrix")
@@ -80,32 +83,32 @@ def test_a_container_on_a_job_that_runs_no_cell_is_caught(repo):
 
 
 def test_a_typed_arch_list_is_caught(repo):
-    repo.replace(CI, "    env:\n      # the cell's interpreter",
+    repo.replace(PIPE, "    env:\n      # the cell's interpreter",
                  "    env:\n      TORCH_CUDA_ARCH_LIST: \"7.5;8.0;8.6;9.0;10.0;12.0+PTX\"\n"
                  "      # the cell's interpreter")
     assert one(repo.problems(), "(text)", "CUDA arch list '7.5;8.0;8.6;9.0;10.0;12.0+PTX'")
 
 
 def test_a_matrix_typed_in_the_workflow_is_caught(repo):
-    repo.replace(CI, "matrix: ${{ fromJSON(needs.matrix.outputs.matrix) }}",
+    repo.replace(PIPE, "matrix: ${{ fromJSON(needs.matrix.outputs.matrix) }}",
                  "matrix:\n        include:\n          - {name: cpu, runner: ubuntu-24.04}")
     assert one(repo.problems(), "strategy.matrix", "matrix typed in the workflow")
 
 
 def test_a_matrix_field_that_opforge_does_not_emit_is_caught(repo):
-    repo.replace(CI, "name: ${{ matrix.artifact }}", "name: ${{ matrix.artefact }}")
+    repo.replace(PIPE, "name: ${{ matrix.artifact }}", "name: ${{ matrix.artefact }}")
     assert one(repo.problems(), "matrix.artefact is not a field")
 
 
 def test_a_cell_job_fed_by_something_other_than_opforge_matrix_is_caught(repo):
-    repo.replace(CI, "matrix: ${{ steps.matrix.outputs.matrix }}",
+    repo.replace(PIPE, "matrix: ${{ steps.matrix.outputs.matrix }}",
                  "matrix: ${{ steps.other.outputs.matrix }}")
     assert one(repo.problems(), "jobs.build.strategy.matrix",
                "not fed by an 'opforge matrix --github' step")
 
 
 def test_a_typed_python_on_a_cell_job_is_caught(repo):
-    repo.replace(CI, "python-version: ${{ matrix.python }}", "python-version: \"3.12\"")
+    repo.replace(PIPE, "python-version: ${{ matrix.python }}", "python-version: \"3.12\"")
     assert one(repo.problems(), "jobs.build.steps", "python-version: ${{ matrix.python }}")
 
 
@@ -113,41 +116,41 @@ def test_a_typed_python_on_a_cell_job_is_caught(repo):
 
 
 def test_a_variant_whose_build_is_skipped_is_caught(repo):
-    repo.replace(CI, "      - name: build\n        run:",
-                 "      - name: build\n        if: matrix.variant != 'mps'\n        run:")
+    repo.replace(PIPE, "      - name: build\n        # a fresh",
+                 "      - name: build\n        if: matrix.variant != 'mps'\n        # a fresh")
     problems = repo.problems()
-    one(problems, "variant mps", "no step runs build_mps", "(cell mps-macos-arm64-py3.10)")
+    one(problems, "variant mps", "no step builds it", "(cell mps-macos-arm64-py3.10)")
     assert not [p for p in problems if "variant cpu" in p]
 
 
 def test_a_variant_skipped_only_on_pull_requests_is_caught(repo):
-    repo.replace(CI, "      - name: smoke\n",
+    repo.replace(PIPE, "      - name: smoke\n",
                  "      - name: smoke\n        if: github.event_name != 'pull_request' || "
                  "matrix.variant != 'cu126'\n")
     assert one(repo.problems(), "variant cu126", "on pull_request: no step runs opforge smoke")
 
 
 def test_filtering_the_matrix_in_ci_drops_variants_and_is_caught(repo):
-    repo.replace(CI, "run: opforge matrix --github ", "run: opforge matrix --variant cpu --github ")
-    assert one(repo.problems(), "jobs.matrix", "'opforge matrix --variant' drops cells")
+    repo.replace(PIPE, "opforge matrix --github ${{", "opforge matrix --variant cpu --github ${{")
+    assert one(repo.problems(), "jobs.matrix", "'opforge matrix --variant cpu' drops cells")
 
 
 def test_an_artifact_uploaded_under_another_name_is_caught(repo):
-    repo.replace(CI, "name: ${{ matrix.artifact }}\n          path: dist",
+    repo.replace(PIPE, "name: ${{ matrix.artifact }}\n          path: dist",
                  "name: wheel-${{ matrix.variant }}\n          path: dist")
     assert one(repo.problems(), "variant cpu", "no step uploads artifact "
                                                "'wheel-cpu-linux-x86_64-py3.10'")
 
 
 def test_a_smoke_test_of_another_wheel_is_caught(repo):
-    repo.replace(CI, "opforge smoke --wheel wheelhouse/*.whl", "opforge smoke --wheel dist/*.whl")
+    repo.replace(PIPE, "opforge smoke --wheel wheelhouse/*.whl", "opforge smoke --wheel dist/*.whl")
     assert one(repo.problems(), "smokes --wheel dist/*.whl, not the wheel downloaded into "
                                 "wheelhouse")
 
 
 def test_smoking_in_the_build_job_is_caught(repo):
     # move the smoke job's download and smoke steps into the build job
-    repo.replace(CI, "          if-no-files-found: error\n          retention-days: 14\n",
+    repo.replace(PIPE, "          if-no-files-found: error\n          retention-days: 14\n",
                  "          if-no-files-found: error\n          retention-days: 14\n"
                  "      - uses: actions/download-artifact@d3f86a106a0bac45b974a628896c90dbdf5c8093"
                  " # v4.3.0\n        with:\n          name: ${{ matrix.artifact }}\n"
@@ -158,15 +161,15 @@ def test_smoking_in_the_build_job_is_caught(repo):
 
 
 def test_device_checks_that_ignore_the_matrix_are_caught(repo):
-    repo.replace(CI, "--device-checks ${{ matrix.device_checks && 'auto' || 'skip' }}",
+    repo.replace(PIPE, "--device-checks ${{ matrix.device_checks && 'auto' || 'skip' }}",
                  "--device-checks auto")
     problem = one(repo.problems(), "variant mps", "--device-checks auto",
                   "device_checks: false")
-    assert "ci.yml" in problem
+    assert "reusable-build-smoke.yml" in problem
 
 
 def test_device_checks_follow_a_maintainer_who_points_mps_at_real_hardware(repo):
-    repo.replace(CI, "--device-checks ${{ matrix.device_checks && 'auto' || 'skip' }}",
+    repo.replace(PIPE, "--device-checks ${{ matrix.device_checks && 'auto' || 'skip' }}",
                  "--device-checks skip")
     problems = repo.problems()
     one(problems, "variant cpu", "--device-checks skip", "device_checks: true")
@@ -174,7 +177,7 @@ def test_device_checks_follow_a_maintainer_who_points_mps_at_real_hardware(repo)
 
 
 def test_smoke_without_the_cells_variant_is_caught(repo):
-    repo.replace(CI, "--variant ${{ matrix.variant }}\n", "--variant cpu\n")
+    repo.replace(PIPE, "--variant ${{ matrix.variant }}\n", "--variant cpu\n")
     problems = repo.problems()
     one(problems, "variant cu130", "does not pass --variant cu130")
     assert not [p for p in problems if "variant cpu" in p]
@@ -193,11 +196,10 @@ def test_a_session_removed_from_the_noxfile_is_caught(repo):
     assert one(repo.problems(), "ci.yml", "nox session 'lint' is not defined in noxfile.py")
 
 
-def test_a_build_session_name_that_matrix_yaml_does_not_make_is_caught(repo):
-    repo.replace(CI, "-m nox -s ${{ matrix.build_session }}", "-m nox -s build_${{ matrix.cuda }}")
+def test_a_build_of_another_variant_than_the_cells_is_caught(repo):
+    repo.replace(PIPE, "--variant ${{ matrix.variant }} --out", "--variant ${{ matrix.cuda }} --out")
     problems = repo.problems()
-    one(problems, "jobs.build.steps", "nox session 'build_13.0' is not defined")
-    one(problems, "variant cu130", "no step runs build_cu130")
+    one(problems, "variant cu130", "no step builds it")
 
 
 @pytest.mark.parametrize("run, why", [
@@ -220,7 +222,7 @@ def test_a_run_step_that_is_not_nox_or_opforge_is_caught(repo, run, why):
 
 
 def test_opforge_arguments_its_parser_refuses_are_caught(repo):
-    repo.replace(CI, "--junit reports/smoke-${{ matrix.name }}.xml",
+    repo.replace(PIPE, "--junit reports/smoke-${{ matrix.name }}.xml",
                  "--junit-xml reports/smoke-${{ matrix.name }}.xml")
     assert one(repo.problems(), "jobs.smoke.steps", "unrecognized arguments: --junit-xml")
 
@@ -231,8 +233,8 @@ def test_an_unknown_opforge_command_is_caught(repo):
 
 
 def test_an_untrusted_input_expanded_inside_run_is_caught(repo):
-    repo.replace(BISECT, '--good "$GOOD"', "--good ${{ inputs.good }}")
-    assert one(repo.problems(), "bisect.yml", "${{ inputs.good }} is expanded inside run:",
+    repo.replace(RBISECT, '--good "$GOOD"', "--good ${{ inputs.good }}")
+    assert one(repo.problems(), "reusable-bisect.yml", "${{ inputs.good }} is expanded inside run:",
                "pass it through env:")
 
 
@@ -245,18 +247,18 @@ def test_a_shell_other_than_bash_is_caught(repo):
 
 
 def test_an_action_pinned_to_a_tag_is_caught(repo):
-    repo.replace(CI, UPLOAD_PIN, "actions/upload-artifact@v4")
-    assert one(repo.problems(), "actions/upload-artifact@v4: pin third-party actions to a full "
-                                "40-hex commit SHA")
+    repo.replace(PIPE, UPLOAD_PIN, "actions/upload-artifact@v4")
+    assert one(repo.problems(), "actions/upload-artifact@v4: pin third-party actions and workflows to a full "
+                                "40-hex commit SHA (a tag or branch can be moved)")
 
 
 def test_an_action_pinned_to_a_short_sha_is_caught(repo):
-    repo.replace(CI, UPLOAD_PIN, "actions/upload-artifact@ea165f8 # v4.6.2")
+    repo.replace(PIPE, UPLOAD_PIN, "actions/upload-artifact@ea165f8 # v4.6.2")
     assert one(repo.problems(), "actions/upload-artifact@ea165f8: pin")
 
 
 def test_a_pin_without_its_version_comment_is_caught(repo):
-    repo.replace(CI, UPLOAD_PIN, UPLOAD_PIN.split(" #")[0])
+    repo.replace(PIPE, UPLOAD_PIN, UPLOAD_PIN.split(" #")[0])
     assert one(repo.problems(), "name the version it pins in a comment (# vX.Y.Z)")
 
 
@@ -295,17 +297,17 @@ def test_concurrency_that_does_not_cancel_is_caught(repo):
 
 
 def test_a_job_without_a_timeout_is_caught(repo):
-    repo.replace(CI, "    timeout-minutes: 45\n", "")
-    assert one(repo.problems(), "ci.yml", "jobs.smoke", "missing timeout-minutes")
+    repo.replace(PIPE, "    timeout-minutes: 45\n", "")
+    assert one(repo.problems(), "reusable-build-smoke.yml", "jobs.smoke", "missing timeout-minutes")
 
 
 def test_checkout_that_keeps_the_token_is_caught(repo):
-    repo.replace(BISECT, "        with:\n          persist-credentials: false\n", "")
-    assert one(repo.problems(), "bisect.yml", "persist-credentials: false")
+    repo.replace(RBISECT, "        with:\n          persist-credentials: false\n", "")
+    assert one(repo.problems(), "reusable-bisect.yml", "persist-credentials: false")
 
 
 def test_a_cache_keyed_on_nothing_is_caught(repo):
-    repo.replace(NIGHTLY, "key: nightly-green-${{ matrix.name }}-${{ github.run_id }}\n",
+    repo.replace(RNIGHTLY, "key: nightly-green-${{ matrix.name }}-${{ github.run_id }}\n",
                  "key: nightly-green\n")
     assert one(repo.problems(), "nightly.yml", "cache key 'nightly-green' is constant")
 
@@ -337,8 +339,8 @@ def test_a_new_variant_in_matrix_yaml_must_be_offered_by_bisect(repo):
 
 
 def test_a_nightly_without_bisect_is_caught(repo):
-    repo.replace(NIGHTLY, '"$CELL_PYTHON" -m opforge bisect', '"$CELL_PYTHON" -m opforge smoke')
-    assert one(repo.problems(), "nightly.yml", "no step runs opforge bisect")
+    repo.replace(RNIGHTLY, '"$CELL_PYTHON" -m opforge bisect', '"$CELL_PYTHON" -m opforge smoke')
+    assert one(repo.problems(), "reusable-nightly.yml", "no step runs opforge bisect")
 
 
 def test_a_missing_workflow_is_caught(repo):
@@ -354,18 +356,20 @@ def test_a_workflow_that_is_not_yaml_is_caught(repo):
 # --------------------------------------------------------------------------- the command line
 
 
-def test_python_m_opforge_workflows_exit_codes(repo):
-    env_cmd = [sys.executable, "-m", "opforge.workflows", str(repo.root)]
-    ok = subprocess.run(env_cmd, capture_output=True, text=True)
+def test_opforge_workflows_check_exit_codes(repo):
+    cmd = [sys.executable, "-m", "opforge", "workflows", "check", "--root", str(repo.root)]
+    ok = subprocess.run(cmd, capture_output=True, text=True)
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    repo.replace(CI, UPLOAD_PIN, "actions/upload-artifact@v4")
-    bad = subprocess.run(env_cmd, capture_output=True, text=True)
+    assert "opforge workflows check: ok (6 workflow(s))" in ok.stderr
+    repo.replace(PIPE, UPLOAD_PIN, "actions/upload-artifact@v4")
+    bad = subprocess.run(cmd, capture_output=True, text=True)
     assert bad.returncode == 1
-    assert ".github/workflows/ci.yml:" in bad.stdout and "1 workflow problem(s)" in bad.stderr
+    assert bad.stdout.startswith(".github/workflows/reusable-build-smoke.yml:")
+    assert "1 problem(s) in 6 workflow(s)" in bad.stderr
     repo.replace("matrix.yaml", "pythons: [", "pythons: [\"2.7\", ")
-    usage = subprocess.run(env_cmd, capture_output=True, text=True)
+    usage = subprocess.run(cmd, capture_output=True, text=True)
     assert usage.returncode == 2
-    assert usage.stderr.startswith("opforge: error: matrix.yaml:")
+    assert usage.stderr.startswith("opforge workflows: error: matrix.yaml:")
     assert "Traceback" not in usage.stderr and len(usage.stderr.splitlines()) == 1
 
 

@@ -49,8 +49,27 @@ def offline(cmd: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
 
 
-def test_the_three_workflows_exist():
-    assert [p.name for p in WORKFLOWS] == ["bisect.yml", "ci.yml", "nightly.yml"]
+def test_the_callers_and_the_reusable_workflows_exist():
+    assert [p.name for p in WORKFLOWS] == ["bisect.yml", "ci.yml", "nightly.yml",
+                                           "reusable-bisect.yml", "reusable-build-smoke.yml",
+                                           "reusable-nightly.yml"]
+
+
+def test_actionlint_accepts_the_callers_opforge_init_writes(tmp_path, capsys):
+    from opforge.cli import main
+
+    (tmp_path / "csrc").mkdir()
+    (tmp_path / "csrc" / "ops.cpp").write_text('TORCH_LIBRARY(demo, m) { m.def("f(Tensor x) '
+                                               '-> Tensor"); }\n')
+    (tmp_path / "demo").mkdir()
+    (tmp_path / "demo" / "__init__.py").write_text("")
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'demo'\n")
+    assert main(["init", str(tmp_path), "--workflows-ref", "b" * 40]) == 0
+    written = sorted((tmp_path / ".github" / "workflows").glob("*.yml"))
+    assert len(written) == 3
+    result = subprocess.run([tool("actionlint"), *map(str, written)], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_actionlint_accepts_the_workflows():

@@ -13,7 +13,12 @@ The few actions the jobs use are emulated:
 * ``actions/upload-artifact`` / ``download-artifact``: files copied into, and out of, a
   directory that stands for the run's artifact store.
 
-Any other action fails the run: teach this module about it rather than skip it.
+A job that calls a reusable workflow of this repository (``uses: ./.github/workflows/x.yml``)
+is followed with ``Runner.call(job_id)``: a runner for the called workflow, given the caller's
+``with:`` (rendered in the caller's context) over the called workflow's input defaults, with
+the same artifact store and ``github`` context (as on GitHub, where the called workflow runs in
+the caller's run). Any other action fails the run: teach this module about it rather than
+skip it.
 """
 
 from __future__ import annotations
@@ -90,8 +95,10 @@ class Runner:
     """Runs jobs of one workflow for one cell, sharing an artifact store between them."""
 
     def __init__(self, workflow: Workflow, source: Path, scratch: Path,
-                 extra_env: dict[str, str] | None = None, event: str = "push"):
+                 extra_env: dict[str, str] | None = None, event: str = "push",
+                 inputs: dict[str, Any] | None = None):
         self.wf, self.source, self.scratch = workflow, source, scratch
+        self.inputs = dict(inputs or {})
         self.artifacts = scratch / "artifacts"
         self.artifacts.mkdir(parents=True, exist_ok=True)
         self.extra_env = dict(extra_env or {})
@@ -106,9 +113,38 @@ class Runner:
 
     # ----------------------------------------------------------------------------- jobs
 
+    def call(self, job_id: str) -> Runner:
+        """The runner of the reusable workflow that job ``job_id`` calls, with its inputs."""
+        job = self.wf.jobs[job_id]
+        uses = str(job.get("uses", ""))
+        if not uses.startswith("./.github/workflows/"):
+            raise EmulationError(f"{job_id}: calls {uses or 'nothing'}; only a reusable workflow "
+                                 "of this repository (./.github/workflows/...) can be followed")
+        called = load_workflow(self.source / uses[2:])
+        on = called.data.get("on") or {}
+        declared = ((on.get("workflow_call") or {}) if isinstance(on, dict) else {}).get(
+            "inputs") or {}
+        ctx = self._ctx(None, {}, {}, dict(self.wf.data.get("env") or {}))
+        given = {k: render(v, ctx) for k, v in (job.get("with") or {}).items()}
+        unknown = sorted(set(given) - set(declared))
+        if unknown:
+            raise EmulationError(f"{job_id} passes {unknown}, which {uses} does not declare")
+        inputs = {}
+        for name, spec in declared.items():
+            value = given.get(name, spec.get("default"))
+            if value is None and spec.get("required"):
+                raise EmulationError(f"{job_id} does not pass {uses}'s required input {name!r}")
+            inputs[name] = value if spec.get("type") in ("boolean", "number") else \
+                to_str(value if value is not None else "")
+        runner = Runner(called, self.source, self.scratch, self.extra_env, self.event, inputs)
+        runner.artifacts, runner.github = self.artifacts, self.github
+        return runner
+
     def run_job(self, job_id: str, cell: dict[str, Any] | None = None,
                 workspace: Path | None = None, timeout: float | None = None) -> JobResult:
         job = self.wf.jobs[job_id]
+        if "uses" in job:
+            raise EmulationError(f"{job_id} calls {job['uses']}: follow it with call({job_id!r})")
         if job.get("container") and render(job["container"], self._ctx(cell, {}, {})):
             raise EmulationError(f"{job_id} runs in a container for this cell; the emulator "
                                  "runs container-free cells only")
@@ -135,6 +171,7 @@ class Runner:
         for scope in (self.wf.data.get("env"), job.get("env")):
             for key, value in (scope or {}).items():
                 env[key] = to_str(render(value, self._ctx(cell, needs, steps_ctx, env)))
+        env.update(self.extra_env)  # the local differences win over what the workflow sets
         for index, step in enumerate(job.get("steps") or []):
             name = str(step.get("name") or step.get("id") or step.get("uses")
                        or str(step.get("run", "")).strip().splitlines()[0])
@@ -171,7 +208,7 @@ class Runner:
         return {"matrix": cell or {}, "needs": needs, "steps": steps, "env": env,
                 "github": {**self.github, "workspace": env.get("GITHUB_WORKSPACE", "")},
                 "runner": {"os": "Linux", "arch": "X64", "temp": env.get("RUNNER_TEMP", "")},
-                "inputs": {}, "vars": {}, "secrets": {}, "strategy": {"fail-fast": False},
+                "inputs": self.inputs, "vars": {}, "secrets": {}, "strategy": {"fail-fast": False},
                 "job": {"status": "success"},
                 "__hashfiles__": lambda *patterns: "local"}
 

@@ -1,4 +1,5 @@
-"""``opforge init [PATH]``: write matrix.yaml, a recipes stub and a noxfile for an extension."""
+"""``opforge init [PATH]``: write matrix.yaml, a recipes stub, a noxfile and the CI workflows
+for an extension."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ def register(subparsers) -> None:
         "init", help="write an extension's opforge configuration from its sources",
         description="Read an op extension's sources (TORCH_LIBRARY blocks, torch.library "
                     "registrations, its build configuration) and write matrix.yaml, a recipes "
-                    "stub and noxfile.py. Writes all files or none; never overwrites without "
-                    "--force; edits none of the extension's own files. Exit 2 on bad input.")
+                    "stub, noxfile.py and .github/workflows/opforge-{ci,nightly,bisect}.yml "
+                    "(callers of opforge's reusable workflows, pinned by commit). Writes all "
+                    "files or none; never overwrites without --force; edits none of the "
+                    "extension's own files. Exit 2 on bad input.")
     p.add_argument("path", nargs="?", default=".", type=Path,
                    help="the extension's directory (default: the working directory)")
     p.add_argument("--force", action="store_true", help="replace files that exist")
@@ -22,6 +25,9 @@ def register(subparsers) -> None:
                    help="the torch release the wheels are built against (default: 2.13.0)")
     p.add_argument("--python", default=f"{sys.version_info[0]}.{sys.version_info[1]}",
                    metavar="X.Y", help="the Python the matrix builds for (default: this one)")
+    p.add_argument("--workflows-ref", metavar="COMMIT",
+                   help="the 40-hex commit of opforge's repository the workflows call "
+                        "(default: the one this opforge release was cut from)")
     p.set_defaults(func=run)
 
 
@@ -29,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from opforge import init
 
     scan, files = init.plan_files(args.path, torch_version=args.torch or init.DEFAULT_TORCH,
-                                  python=args.python)
+                                  python=args.python, workflows_ref=args.workflows_ref)
     written = [] if args.dry_run else init.write_files(files, force=args.force)
     namespace = init.choose_namespace(scan)
     ops = scan.namespaces[namespace]

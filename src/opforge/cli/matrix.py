@@ -24,9 +24,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     out.add_argument("--github", action="store_true",
                      help='print {"include": [...]} for strategy.matrix; also written to '
                           "$GITHUB_OUTPUT as matrix=... when that is set")
-    p.add_argument("--variant", help="only this variant")
-    p.add_argument("--platform", help="only this platform (e.g. linux-x86_64)")
-    p.add_argument("--python", help="only this Python version")
+    p.add_argument("--variant", metavar="NAME[,NAME...]",
+                   help="only these variants (comma-separated; empty: all)")
+    p.add_argument("--platform", metavar="NAME[,NAME...]",
+                   help="only these platforms (e.g. linux-x86_64; empty: all)")
+    p.add_argument("--python", metavar="X.Y[,X.Y...]",
+                   help="only these Python versions (empty: all)")
     p.add_argument("--pull-request", action="store_true",
                    help="trim to one Python per variant (matrix.yaml's pr_python)")
     p.add_argument("--check", action="store_true", help="only validate the file")
@@ -38,22 +41,22 @@ def run(args: argparse.Namespace) -> int:
     if output:
         check_writable(output, what="$GITHUB_OUTPUT", append=True, make_folders=False)
     matrix = load_matrix(args.file)
-    filters = dict(variant=args.variant, platform=args.platform, python=args.python,
-                   pull_request=args.pull_request)
-    jobs = matrix.jobs(**filters)
+    filters = dict(variant=_listed(args.variant), platform=_listed(args.platform),
+                   python=_listed(args.python))
+    jobs = select_jobs(matrix, pull_request=args.pull_request, **filters)
     if not jobs:
         # an empty strategy.matrix fails the next GitHub job with a far vaguer message
-        given = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in filters.items()
-                         if v not in (None, False, True)) + (" --pull-request"
-                                                             if args.pull_request else "")
+        given = " ".join(f"--{k} {','.join(v)}" for k, v in filters.items() if v) + \
+            (" --pull-request" if args.pull_request else "")
         raise UsageError(f"no job in {matrix.path.name} matches {given.strip()}")
     if args.check:
-        filtered = any(v not in (None, False) for v in filters.values())
+        filtered = any(filters.values()) or args.pull_request
         print(f"{matrix.path}: ok ({len(matrix.variants)} variants, {len(jobs)} jobs"
               + (" match the filters)" if filtered else ")"))
         return 0
     if args.github:
-        payload = json.dumps(matrix.github_matrix(**filters), separators=(",", ":"))
+        payload = json.dumps({"include": [job.as_dict() for job in jobs]},
+                             separators=(",", ":"))
         print(payload)
         if output:
             try:
@@ -66,13 +69,29 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([job.as_dict() for job in jobs], indent=2))
         return 0
-    print_table(matrix, filters)
+    print_table(matrix, jobs)
     return 0
 
 
-def print_table(matrix: Matrix, filters: dict, console: Console | None = None) -> None:
+def _listed(value: str | None) -> list[str]:
+    """``a,b`` -> [a, b]; None or empty (a workflow input left empty) -> [] (no filter)."""
+    return [part.strip() for part in (value or "").split(",") if part.strip()]
+
+
+def select_jobs(matrix: Matrix, variant: list[str], platform: list[str], python: list[str],
+                pull_request: bool = False) -> list:
+    """The matrix's jobs in its own order, kept when they match one value of each filter."""
+    for values, name in ((variant, "variant"), (platform, "platform"), (python, "python")):
+        for value in values:  # an unknown name is an error (exit 2), as with one value
+            matrix.jobs(**{name: value})
+    return [job for job in matrix.jobs(pull_request=pull_request)
+            if (not variant or job.variant.name in variant)
+            and (not platform or job.platform.name in platform)
+            and (not python or job.python in python)]
+
+
+def print_table(matrix: Matrix, jobs: list, console: Console | None = None) -> None:
     console = console or Console(width=None if sys.stdout.isatty() else 200)
-    jobs = matrix.jobs(**filters)
     table = Table(title=f"{matrix.path.name}: {len(jobs)} jobs "
                         f"(torch {matrix.torch.channel} {matrix.torch.version})")
     for column in ("job", "runner", "container", "cuda / archs", "torch", "index",

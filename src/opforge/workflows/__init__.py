@@ -1,56 +1,84 @@
-"""Check .github/workflows against matrix.yaml, the noxfile, the CLI and CI hygiene rules.
+"""Check a repository's GitHub workflows: drift from matrix.yaml, and CI hygiene.
 
-``python -m opforge.workflows [REPO]`` prints one line per problem (``file:line: where: what``)
-and exits 1 when there is any, 0 when there is none, 2 when matrix.yaml is malformed.
-``check_workflows(repo_root)`` returns the same lines. The rules, each pinned by a test in
-tests/workflows/:
+``opforge workflows check [--root PATH]`` prints one line per problem (``file:line: where:
+what``) and exits 1 when there is any, 0 when there is none, 2 when the matrix is malformed.
+``check_workflows(root)`` returns the same lines. It runs on any repository: one that calls
+opforge's reusable workflows (what ``opforge init`` writes), and opforge's own. The rules, each
+pinned by a test in tests/workflows/:
 
+* Calls (calls.py): a job that calls a reusable workflow passes only inputs it declares and
+  every required one (a local ``./.github/workflows/`` file is read); a workflow of another
+  repository is pinned to a 40-hex commit with a ``# vX.Y.Z`` comment; no ``secrets:
+  inherit``; outside opforge's repository opforge is installed pinned (``opforge==X.Y.Z``),
+  never ``.`` (there it would install the extension).
 * One source of truth (drift.py): per-cell jobs take ``strategy.matrix`` from
   ``fromJSON(needs.<job>.outputs.<out>)`` of a job that runs ``opforge matrix --github``, run
   on ``${{ matrix.runner }}`` in ``${{ matrix.container }}`` and set up ``${{ matrix.python }}``;
-  a runner label is typed only on a job that runs no cell (matrix, lint, tests) and must be one
-  matrix.yaml declares; container images, CUDA arch lists and the torch index are never typed;
-  every ``matrix.<field>`` is one ``opforge matrix --github`` emits.
-* Every variant has its path (ci.yml, nightly.yml): the matrix is not filtered, and for every
-  cell, on push and on pull_request, a step runs the cell's build session, a step uploads the
-  cell's artifact, a later job that needs the build downloads it on the cell's runner (no
-  container) and runs ``opforge smoke --wheel <that download> --variant <the cell's>`` with
-  ``--device-checks skip`` exactly where matrix.yaml says ``device_checks: false``.
-  nightly.yml and bisect.yml run ``opforge bisect``; bisect.yml's choice inputs list exactly
-  matrix.yaml's variants, platforms and Pythons.
-* ``run:`` steps (commands.py): ``pip install`` of nox or the harness, ``nox -s <a session the
-  noxfile defines>``, ``opforge <command>`` with arguments its parser accepts; one plain
-  command per line, no shell operators; only trusted contexts expanded inside ``run:``.
+  a runner label is typed only on a job that runs no cell and must be one matrix.yaml
+  declares; container images, CUDA arch lists and the torch index are never typed; every
+  ``matrix.<field>`` is one ``opforge matrix --github`` emits.
+* Every variant has its path (a pipeline: a workflow whose cells run ``opforge smoke``, with its
+  default inputs and with each local caller's): the matrix is not filtered, and for every
+  cell, on push and on pull_request, a step builds it, a step uploads the cell's artifact, a
+  later job that needs the build downloads it on the cell's runner (no container) and runs
+  ``opforge smoke --wheel <that download> --variant <the cell's>`` with ``--device-checks
+  skip`` exactly where matrix.yaml says ``device_checks: false``. Dispatch choice inputs named
+  variant, platform or python list exactly matrix.yaml's.
+* ``run:`` steps (commands.py): ``pip install`` of nox or opforge (or ``.`` in opforge's own
+  repository), ``nox -s <a session the noxfile defines>``, ``opforge <command>`` with
+  arguments its parser accepts; one plain command per line, no shell operators; only trusted
+  contexts expanded inside ``run:``.
 * Hygiene (hygiene.py): top-level ``permissions`` with nothing above ``read``; no
   ``pull_request_target``/``workflow_run``; ``concurrency`` on ``github.workflow`` with
-  ``cancel-in-progress``; ``timeout-minutes`` on every job; actions pinned to a 40-hex commit
-  with a ``# vX.Y.Z`` comment; ``persist-credentials: false`` on checkout; cache keys built
-  from what the cache depends on.
+  ``cancel-in-progress`` (left to the caller in a reusable workflow); ``timeout-minutes`` on
+  every job; actions pinned to a 40-hex commit with a ``# vX.Y.Z`` comment;
+  ``persist-credentials: false`` on checkout; cache keys built from what the cache depends on.
+* In opforge's own repository: the three reusable workflows and their callers (ci.yml,
+  nightly.yml, bisect.yml) exist; each reusable workflow's ``opforge`` input defaults to this
+  release (``opforge==<version>``); the nightly has a schedule; the nightly and the bisect run
+  ``opforge bisect``.
+
+Elsewhere only workflows that use opforge (call its reusable workflows or run ``opforge``)
+are checked, unless ``every`` is set.
 """
 
 from __future__ import annotations
 
+import stat
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
+from opforge import __version__
+from opforge.workflows.calls import REUSABLE, called_file, check_calls, uses_opforge
+from opforge.workflows.commands import ScriptError, classify, commands
 from opforge.workflows.drift import (
     check_bisect_dispatch,
     check_matrix_use,
     check_run_steps,
     check_runs_command,
     check_variant_paths,
+    runs_smoke,
 )
 from opforge.workflows.hygiene import check_hygiene
 from opforge.workflows.project import load_project
-from opforge.workflows.workflow import Report, Workflow, line_of, load_yaml
+from opforge.workflows.workflow import Report, Workflow, line_of, load_yaml, steps_of
 
 WORKFLOW_DIR = Path(".github") / "workflows"
-REQUIRED = ("ci.yml", "nightly.yml", "bisect.yml")
-FULL_MATRIX = ("ci.yml", "nightly.yml")   # every variant built and smoke-tested
-RUN_BISECT = ("nightly.yml", "bisect.yml")
+# opforge's own repository: each caller and the reusable workflow it calls
+OWN_CALLERS = {"ci.yml": "reusable-build-smoke.yml", "nightly.yml": "reusable-nightly.yml",
+               "bisect.yml": "reusable-bisect.yml"}
+RUN_BISECT = ("reusable-nightly.yml", "reusable-bisect.yml")
 
-__all__ = ["check_workflows", "load_workflows"]
+__all__ = ["Checked", "check_repository", "check_workflows", "load_workflows"]
+
+
+@dataclass
+class Checked:
+    problems: list[str] = field(default_factory=list)
+    checked: list[str] = field(default_factory=list)   # workflow files held to the rules
+    skipped: list[str] = field(default_factory=list)   # files that do not use opforge
 
 
 def load_workflows(root: Path, report: Report) -> list[Workflow]:
@@ -58,7 +86,14 @@ def load_workflows(root: Path, report: Report) -> list[Workflow]:
     for path in sorted([*(root / WORKFLOW_DIR).glob("*.yml"),
                         *(root / WORKFLOW_DIR).glob("*.yaml")]):
         rel = path.relative_to(root).as_posix()
-        text = path.read_text(encoding="utf-8")
+        try:
+            if not stat.S_ISREG(path.stat().st_mode):  # a FIFO would block the read
+                report.problems.append(f"{rel}:0: (file): not a regular file")
+                continue
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError as exc:
+            report.problems.append(f"{rel}:0: (file): cannot read: {exc.strerror or exc}")
+            continue
         try:
             data = load_yaml(text)
         except yaml.YAMLError as exc:
@@ -74,30 +109,91 @@ def load_workflows(root: Path, report: Report) -> list[Workflow]:
     return workflows
 
 
-def check_workflows(repo_root: str | Path) -> list[str]:
-    """Every problem with the repository's workflows, one line each; [] when all is well.
+def check_repository(root: str | Path, matrix_file: str | Path | None = None,
+                     every: bool = False) -> Checked:
+    """Every problem with the repository's workflows, and which files were checked.
 
-    Raises MatrixError (a UsageError, exit 2) when matrix.yaml itself is malformed.
+    Raises MatrixError (a UsageError, exit 2) when the matrix itself is malformed.
     """
-    root = Path(repo_root)
+    root = Path(root)
     report = Report()
-    for name in REQUIRED:
-        if not (root / WORKFLOW_DIR / name).exists():
-            report.problems.append(f"{(WORKFLOW_DIR / name).as_posix()}:0: (file): missing")
-    project = load_project(root)
-    if project.session_error:
+    project = load_project(root, Path(matrix_file) if matrix_file is not None else None)
+    workflows = load_workflows(root, report)
+    result = Checked(report.problems)
+    if project.is_opforge:
+        _check_own(root, workflows, report)
+    chosen = []
+    for wf in workflows:
+        if every or project.is_opforge or uses_opforge(wf):
+            chosen.append(wf)
+            result.checked.append(wf.rel)
+        else:
+            result.skipped.append(wf.rel)
+    if chosen and project.matrix is None:
+        report.problems.append("matrix.yaml:0: (file): missing: the workflows run opforge, "
+                               "which reads it (opforge init writes one; --file PATH names "
+                               "another)")
+    if any(_runs_nox(wf) for wf in chosen) and project.session_error:
         report.problems.append(f"noxfile.py:0: (sessions): {project.session_error}")
-    for wf in load_workflows(root, report):
+    local = {wf.path.name: wf for wf in workflows}
+    for wf in chosen:
         check_hygiene(wf, report)
-        check_matrix_use(wf, project, report)
         check_run_steps(wf, project, report)
-        if wf.path.name in FULL_MATRIX:
+        check_calls(wf, project, local, report)
+        if project.matrix is None:
+            continue
+        check_matrix_use(wf, project, report)
+        if runs_smoke(wf):
             check_variant_paths(wf, project, report)
-        if wf.path.name in RUN_BISECT:
-            check_runs_command(wf, "bisect", report)
-        if wf.path.name == "bisect.yml":
-            check_bisect_dispatch(wf, project, report)
-        if wf.path.name == "nightly.yml" and "schedule" not in wf.triggers:
-            report(wf, line_of(wf.data, "on") or 1, "on.schedule",
-                   "the nightly canary needs a schedule")
-    return report.problems
+        check_bisect_dispatch(wf, project, report)
+    return result
+
+
+def check_workflows(repo_root: str | Path) -> list[str]:
+    """The problems ``check_repository`` finds, one line each; [] when all is well."""
+    return check_repository(repo_root).problems
+
+
+def _runs_nox(wf: Workflow) -> bool:
+    for job in wf.jobs.values():
+        for step, _ in steps_of(job):
+            try:
+                if any(classify(argv).tool == "nox" for argv in commands(str(step.get("run", "")))):
+                    return True
+            except ScriptError:
+                continue
+    return False
+
+
+def _check_own(root: Path, workflows: list[Workflow], report: Report) -> None:
+    """opforge's repository: the reusable workflows, their callers, the release they install."""
+    by_name = {wf.path.name: wf for wf in workflows}
+    for caller, reusable in OWN_CALLERS.items():
+        for name in (caller, reusable):
+            if not (root / WORKFLOW_DIR / name).exists():
+                report.problems.append(f"{(WORKFLOW_DIR / name).as_posix()}:0: (file): missing")
+        wf = by_name.get(caller)
+        if wf is not None and not any(called_file(job.get("uses")) == reusable
+                                      for job in wf.jobs.values() if isinstance(job, dict)):
+            report(wf, line_of(wf.data, "jobs"), "jobs", f"no job calls {reusable}")
+    for name in REUSABLE:
+        wf = by_name.get(name)
+        if wf is None:
+            continue
+        if "workflow_call" not in wf.triggers:
+            report(wf, line_of(wf.data, "on") or 1, "on", "a reusable workflow needs "
+                                                          "on: workflow_call")
+        spec = wf.call_inputs.get("opforge")
+        want = f"opforge=={__version__}"
+        default = spec.get("default") if isinstance(spec, dict) else None
+        if default != want:
+            report(wf, line_of(spec) or line_of(wf.data, "on") or 1, "on.workflow_call.inputs."
+                   "opforge", f"the default must be this release ({want}), found {default!r}: "
+                   "a repository that passes no opforge input installs it")
+    for name in RUN_BISECT:
+        if name in by_name:
+            check_runs_command(by_name[name], "bisect", report)
+    nightly = by_name.get("nightly.yml")
+    if nightly is not None and "schedule" not in nightly.triggers:
+        report(nightly, line_of(nightly.data, "on") or 1, "on.schedule",
+               "the nightly canary needs a schedule")

@@ -6,6 +6,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+
+from opforge import __version__
 from opforge.errors import OpforgeError
 from opforge.workflows.commands import Command, ScriptError, classify, commands
 from opforge.workflows.expressions import (
@@ -55,13 +59,26 @@ def is_per_cell(job: Any) -> bool:
     return matrix_source(job) not in (None, ("", ""))
 
 
-def context(wf: Workflow, cell: dict[str, Any] | None, event: str = "push") -> dict[str, Any]:
-    """Contexts to judge a step by: the cell, the event; run-time values as placeholders."""
-    inputs = {}
-    for name, spec in wf.dispatch_inputs.items():
+def input_defaults(wf: Workflow) -> dict[str, Any]:
+    """``inputs`` as a run that passes none would see them (dispatch or workflow_call)."""
+    inputs: dict[str, Any] = {}
+    for name, spec in {**wf.dispatch_inputs, **wf.call_inputs}.items():
         spec = spec if isinstance(spec, dict) else {}
         default = spec.get("default", (spec.get("options") or [None])[0])
-        inputs[name] = to_str(default) if default is not None else f"{RUNTIME}inputs.{name}__"
+        if default is None:
+            inputs[name] = f"{RUNTIME}inputs.{name}__"
+        elif spec.get("type") in ("boolean", "number"):
+            inputs[name] = default
+        else:
+            inputs[name] = to_str(default)
+    return inputs
+
+
+def context(wf: Workflow, cell: dict[str, Any] | None, event: str = "push",
+            inputs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Contexts to judge a step by: the cell, the event, the inputs (default: each input's
+    default); run-time values as placeholders."""
+    inputs = {**input_defaults(wf), **(inputs or {})}
     return {
         "matrix": cell or {}, "inputs": inputs, "env": {}, "strategy": {}, "job": {},
         "vars": {}, "secrets": {},
@@ -196,7 +213,7 @@ def check_run_steps(wf: Workflow, project: Project, report: Report) -> None:
     for job_id, job in wf.jobs.items():
         if not isinstance(job, dict):
             continue
-        cells = project.cells if is_per_cell(job) else [None]
+        cells = (project.cells if is_per_cell(job) else []) or [None]
         for step, swhere in steps_of(job):
             if "run" not in step:
                 continue
@@ -222,7 +239,7 @@ def check_run_steps(wf: Workflow, project: Project, report: Report) -> None:
 
 
 def _command_problems(cmd: Command, project: Project) -> list[str]:
-    problems = []
+    problems = _install_problems(cmd, project) if cmd.tool == "pip" else []
     if cmd.tool == "nox" and project.sessions is not None:
         for session in cmd.sessions:
             if session not in project.sessions:
@@ -243,6 +260,38 @@ def _command_problems(cmd: Command, project: Project) -> list[str]:
     return problems
 
 
+def _install_problems(cmd: Command, project: Project) -> list[str]:
+    """Outside opforge's own repository, opforge is installed pinned, never from ``.``."""
+    if project.is_opforge:
+        return []
+    problems = []
+    for arg in cmd.args[1:]:
+        if arg.startswith("-"):
+            continue
+        problems += opforge_spec_problems(arg, project)
+    return problems
+
+
+def opforge_spec_problems(spec: str, project: Project) -> list[str]:
+    """What is wrong with installing ``spec`` as opforge in ``project`` (not opforge's own)."""
+    if project.is_opforge or RUNTIME in spec:
+        return []
+    if re.fullmatch(r"\.(\[[\w,-]+\])?|\.?\.?/.*|file:.*", spec.strip()):
+        what = f"this repository ({project.distribution})" if project.distribution \
+            else "this repository"
+        return [f"pip install {spec!r} installs {what}, not opforge: install a pinned "
+                f"opforge (opforge=={__version__})"]
+    try:
+        requirement = Requirement(spec)
+    except InvalidRequirement:
+        return []  # classify() has said so
+    if canonicalize_name(requirement.name) == "opforge" and not requirement.url and \
+            not any(s.operator in ("==", "===") for s in requirement.specifier):
+        return [f"opforge is not pinned ({spec!r}): a new release would change CI under you; "
+                f"install opforge=={__version__}"]
+    return []
+
+
 # --------------------------------------------------------------------------- every variant's path
 
 
@@ -256,24 +305,52 @@ class _Found:
     smoke: list[tuple[str, str, Command]] = field(default_factory=list)
 
 
-def check_variant_paths(wf: Workflow, project: Project, report: Report) -> None:
-    """In ci.yml and nightly.yml: every variant is built, uploaded, downloaded and smoked."""
+def runs_smoke(wf: Workflow) -> bool:
+    """A pipeline: some per-cell job runs ``opforge smoke`` (or its nox session)."""
+    for job in wf.jobs.values():
+        if not is_per_cell(job):
+            continue
+        for step, _ in steps_of(job):
+            try:
+                cmds = [classify(argv) for argv in commands(str(step.get("run", "")))]
+            except ScriptError:
+                continue
+            if any(c.subcommand == "smoke" or c.tool == "nox" and "smoke" in c.sessions
+                   for c in cmds):
+                return True
+    return False
+
+
+def check_variant_paths(wf: Workflow, project: Project, report: Report,
+                        inputs: dict[str, Any] | None = None) -> None:
+    """In a pipeline (a workflow that smoke-tests cells), with its default inputs or a
+    caller's: every variant is built, uploaded, downloaded and smoked."""
     producers = {job_id: _matrix_producer(job)[1] for job_id, job in wf.jobs.items()}
     producers = {job_id: cmds for job_id, cmds in producers.items() if cmds}
     if not producers:
         report(wf, line_of(wf.data, "jobs"), "jobs",
                "no job runs 'opforge matrix --github' to feed the cells")
         return
-    for job_id, cmds in producers.items():
-        for cmd in cmds:
-            for flag in FILTER_FLAGS:
-                if cmd.option(flag) is not None or flag in cmd.args:
-                    report(wf, line_of(wf.jobs[job_id]), f"jobs.{job_id}",
-                           f"'opforge matrix {flag}' drops cells: {wf.path.name} builds every "
-                           "variant (--pull-request trims Pythons, nothing else)")
+    for job_id in producers:
+        job = wf.jobs[job_id]
+        for step, _ in steps_of(job):
+            try:
+                argvs = resolved_commands(wf, job, step, context(wf, None, inputs=inputs))
+                cmds = [classify(argv) for argv in argvs]
+            except (ScriptError, ExpressionError):
+                continue  # reported by check_run_steps
+            for cmd in cmds:
+                if cmd.subcommand != "matrix":
+                    continue
+                for flag in FILTER_FLAGS:
+                    if cmd.option(flag) or flag in cmd.args and cmd.option(flag) is None:
+                        report(wf, line_of(job), f"jobs.{job_id}",
+                               f"'opforge matrix {flag} {cmd.option(flag) or ''}' drops cells: "
+                               f"{wf.path.name} builds every variant (--pull-request trims "
+                               "Pythons, nothing else)")
     for variant in project.matrix.variants:
         for cell in [c for c in project.cells if c["variant"] == variant.name]:
-            problems = _cell_path_problems(wf, project, cell)
+            problems = _cell_path_problems(wf, project, cell, inputs)
             for problem in problems:
                 report(wf, line_of(wf.data, "jobs"), f"variant {variant.name}",
                        f"{problem} (cell {cell['name']})")
@@ -281,10 +358,11 @@ def check_variant_paths(wf: Workflow, project: Project, report: Report) -> None:
                 break  # one cell shows what is wrong with the variant
 
 
-def _cell_path_problems(wf: Workflow, project: Project, cell: dict[str, Any]) -> list[str]:
+def _cell_path_problems(wf: Workflow, project: Project, cell: dict[str, Any],
+                        inputs: dict[str, Any] | None = None) -> list[str]:
     problems: list[str] = []
     for event in ("push", "pull_request"):
-        found = _find_path(wf, cell, context(wf, cell, event))
+        found = _find_path(wf, cell, context(wf, cell, event, inputs))
         problems = _judge_path(wf, cell, found)
         if problems:
             return [f"on {event}: {p}" for p in problems]
@@ -330,7 +408,8 @@ def _find_path(wf: Workflow, cell: dict[str, Any], ctx: dict[str, Any]) -> _Foun
 def _judge_path(wf: Workflow, cell: dict[str, Any], found: _Found) -> list[str]:
     problems = []
     if not found.build:
-        problems.append(f"no step runs {cell['build_session']}")
+        problems.append(f"no step builds it (opforge build --variant {cell['variant']}, or "
+                        f"nox -s {cell['build_session']})")
     if not found.upload:
         problems.append(f"no step uploads artifact {cell['artifact']!r}")
     if not found.download:
@@ -371,15 +450,8 @@ def _judge_path(wf: Workflow, cell: dict[str, Any], found: _Found) -> list[str]:
 
 
 def check_bisect_dispatch(wf: Workflow, project: Project, report: Report) -> None:
-    """bisect.yml: dispatch inputs that list exactly matrix.yaml's choices."""
+    """Dispatch choice inputs named variant, platform or python list exactly matrix.yaml's."""
     inputs = wf.dispatch_inputs
-    if not inputs:
-        report(wf, line_of(wf.data, "on") or 1, "on.workflow_dispatch.inputs",
-               "needs inputs good, bad, variant, python, match")
-        return
-    for name in ("good", "bad", "variant", "python", "match"):
-        if name not in inputs:
-            report(wf, line_of(inputs), f"on.workflow_dispatch.inputs.{name}", "missing")
     expected = {"variant": [v.name for v in project.matrix.variants],
                 "platform": list(project.matrix.platforms),
                 "python": list(project.matrix.pythons)}

@@ -39,7 +39,7 @@ def check_hygiene(wf: Workflow, report: Report) -> None:
             _permissions(wf, job["permissions"], line_of(job, "permissions"),
                          f"{where}.permissions", report)
         if "uses" in job:
-            _pinned(wf, str(job["uses"]), line_of(job, "uses"), where, report)
+            _called(wf, job, where, report)
         for step, swhere in steps_of(job):
             swhere = f"{where}.{swhere}"
             if "uses" in step:
@@ -51,6 +51,14 @@ def check_hygiene(wf: Workflow, report: Report) -> None:
 
 def _concurrency(wf: Workflow, report: Report) -> None:
     conc = wf.data.get("concurrency")
+    if wf.is_called_only:
+        # the caller's run holds the group; in a called workflow github.workflow is the
+        # caller's name, so a group keyed on it here equals the caller's (GitHub cancels one)
+        if conc is not None and "github.workflow" in str(conc):
+            report(wf, line_of(wf.data, "concurrency"), "concurrency",
+                   "a reusable workflow's group on github.workflow is its caller's group: "
+                   "leave concurrency to the caller")
+        return
     if not isinstance(conc, dict):
         report(wf, line_of(wf.data, "concurrency") or 1, "concurrency",
                "missing a concurrency group with cancel-in-progress: true")
@@ -88,6 +96,23 @@ def _permissions(wf: Workflow, perms: Any, line: int, where: str, report: Report
         report(wf, line, where, f"{perms!r} is not a permissions mapping")
 
 
+def _called(wf: Workflow, job: dict, where: str, report: Report) -> None:
+    """A job that calls a reusable workflow: this repository's own file, or one pinned."""
+    uses, line = str(job["uses"]), line_of(job, "uses")
+    if uses.startswith("./"):
+        if not re.fullmatch(r"\./\.github/workflows/[\w.-]+\.ya?ml", uses):
+            report(wf, line, where, f"{uses}: a local reusable workflow is "
+                                    "./.github/workflows/<file>.yml")
+        elif not (wf.path.parent / uses.rsplit("/", 1)[1]).is_file():
+            report(wf, line, where, f"{uses}: no such workflow")
+    else:
+        _pinned(wf, uses, line, where, report)
+    if job.get("secrets") == "inherit":
+        report(wf, line_of(job, "secrets"), f"{where}.secrets",
+               "secrets: inherit hands every secret to the called workflow; pass only the "
+               "ones it declares (opforge's workflows need none)")
+
+
 def _pinned(wf: Workflow, uses: str, line: int, where: str, report: Report) -> None:
     if uses.startswith("./"):
         report(wf, line, where, f"{uses}: local actions would hide their steps from this check")
@@ -98,7 +123,8 @@ def _pinned(wf: Workflow, uses: str, line: int, where: str, report: Report) -> N
         return
     ref = uses.split("@", 1)[1] if "@" in uses else ""
     if not _SHA.match(ref):
-        report(wf, line, where, f"{uses}: pin third-party actions to a full 40-hex commit SHA")
+        report(wf, line, where, f"{uses}: pin third-party actions and workflows to a full "
+                                "40-hex commit SHA (a tag or branch can be moved)")
         return
     text = wf.lines[line - 1] if 0 < line <= len(wf.lines) else ""
     if not _VERSION_COMMENT.search(text):

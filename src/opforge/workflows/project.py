@@ -1,4 +1,5 @@
-"""What the workflows are checked against: matrix.yaml, the noxfile's sessions, the CLI."""
+"""What the workflows are checked against: matrix.yaml, the noxfile's sessions, the CLI, and
+whether the repository is opforge itself (elsewhere ``pip install .`` installs the extension)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
+
+from packaging.utils import canonicalize_name
 
 from opforge.matrix import Matrix, load_matrix
 
@@ -20,15 +24,32 @@ _LISTED = re.compile(r"^[*-] (\S+)(?: -> .*)?$")
 @dataclass
 class Project:
     root: Path
-    matrix: Matrix
-    sessions: frozenset[str] | None          # None: could not be listed (session_error says why)
-    session_error: str | None = None
+    matrix: Matrix | None                    # None: the repository has no matrix file
+    distribution: str | None = None          # [project] name of the repository's pyproject.toml
     opforge_commands: dict[str, argparse.ArgumentParser] = field(default_factory=dict)
+
+    @property
+    def is_opforge(self) -> bool:
+        """The repository is opforge's own: here ``pip install .`` installs opforge."""
+        return self.distribution == "opforge"
+
+    @cached_property
+    def _listed(self) -> tuple[frozenset[str] | None, str | None]:
+        return nox_sessions(self.root)  # asked only when a workflow runs nox
+
+    @property
+    def sessions(self) -> frozenset[str] | None:
+        """The noxfile's session names; None when they could not be listed."""
+        return self._listed[0]
+
+    @property
+    def session_error(self) -> str | None:
+        return self._listed[1]
 
     @property
     def cells(self) -> list[dict[str, Any]]:
         """Every cell of the full matrix, as ``opforge matrix --github`` emits them."""
-        return self.matrix.github_matrix()["include"]
+        return self.matrix.github_matrix()["include"] if self.matrix else []
 
     @property
     def fields(self) -> set[str]:
@@ -36,6 +57,8 @@ class Project:
 
     @property
     def runners(self) -> set[str]:
+        if self.matrix is None:
+            return set()
         return {p.runner for p in self.matrix.platforms.values()} | \
             {v.runner for v in self.matrix.variants if v.runner}
 
@@ -85,8 +108,23 @@ def opforge_commands() -> dict[str, argparse.ArgumentParser]:
     return {}
 
 
-def load_project(root: Path) -> Project:
-    """Read matrix.yaml (MatrixError, exit 2, when it is malformed) and list the sessions."""
-    matrix = load_matrix(root / "matrix.yaml")
-    sessions, error = nox_sessions(root)
-    return Project(root, matrix, sessions, error, opforge_commands())
+def distribution_name(root: Path) -> str | None:
+    """The normalized ``[project] name`` of ``root/pyproject.toml`` (None: none readable)."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    try:
+        data = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None
+    name = (data.get("project") or {}).get("name") if isinstance(data, dict) else None
+    return canonicalize_name(name) if isinstance(name, str) else None
+
+
+def load_project(root: Path, matrix_file: Path | None = None) -> Project:
+    """Read the matrix (``matrix_file``, else ``root/matrix.yaml`` when there is one;
+    MatrixError, exit 2, when it is malformed). Sessions are listed when first asked for."""
+    path = matrix_file if matrix_file is not None else root / "matrix.yaml"
+    matrix = load_matrix(path) if matrix_file is not None or path.is_file() else None
+    return Project(root, matrix, distribution_name(root), opforge_commands())

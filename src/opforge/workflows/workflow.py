@@ -83,8 +83,21 @@ class Workflow:
 
     @property
     def dispatch_inputs(self) -> dict[str, Any]:
-        dispatch = self.triggers.get("workflow_dispatch")
-        inputs = dispatch.get("inputs") if isinstance(dispatch, dict) else None
+        return self._inputs("workflow_dispatch")
+
+    @property
+    def call_inputs(self) -> dict[str, Any]:
+        """``on.workflow_call.inputs``: what a caller's ``with:`` may pass."""
+        return self._inputs("workflow_call")
+
+    @property
+    def is_called_only(self) -> bool:
+        """A reusable workflow that nothing but a caller starts."""
+        return set(self.triggers) == {"workflow_call"}
+
+    def _inputs(self, trigger: str) -> dict[str, Any]:
+        spec = self.triggers.get(trigger)
+        inputs = spec.get("inputs") if isinstance(spec, dict) else None
         return inputs if isinstance(inputs, dict) else {}
 
 
