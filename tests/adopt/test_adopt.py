@@ -105,7 +105,11 @@ def test_third_party_extension_init_build_inspect_smoke_bisect(name, tmp_path, b
     # init never touches the project's own files, and refuses to overwrite its own
     assert {p: p.read_bytes() for p in before} == before
     written = {p for p in project.rglob("*") if p.is_file()} - set(before)
-    assert {p.name for p in written} == {"matrix.yaml", "opforge_recipes.py", "noxfile.py"}
+    assert {p.name for p in written} == {"matrix.yaml", "opforge_recipes.py", "noxfile.py",
+                                         "opforge-ci.yml", "opforge-nightly.yml",
+                                         "opforge-bisect.yml"}
+    # the callers it wrote pass the workflow checks in the project's repository
+    _ok(opforge_cli("workflows", "check", cwd=project), "workflows check")
     again = opforge_cli("init", cwd=project)
     assert again.returncode == 2 and "would overwrite" in again.stderr
     assert "Traceback" not in again.stderr

@@ -337,6 +337,24 @@ def test_filters_matching_no_job_are_a_usage_error():
     assert "no job in matrix.yaml matches --variant mps --platform linux-x86_64" in result.stderr
 
 
+def test_filters_take_comma_lists_and_empty_means_all(capsys):
+    """The reusable workflows pass their inputs as --variant "$VARIANTS": "a,b" or ""."""
+    path = str(ROOT / "matrix.yaml")
+    assert main(["matrix", "--file", path, "--json", "--variant", "cu130,cpu",
+                 "--python", "3.11"]) == 0
+    names = [job["name"] for job in json.loads(capsys.readouterr().out)]
+    want = [job.name for job in load_matrix(ROOT / "matrix.yaml").jobs(python="3.11")
+            if job.variant.name in ("cpu", "cu130")]   # the matrix's order, not the filter's
+    assert names == want and {n.split("-")[0] for n in names} == {"cpu", "cu130"}
+    assert main(["matrix", "--file", path, "--json"]) == 0
+    every = json.loads(capsys.readouterr().out)
+    assert main(["matrix", "--file", path, "--json", "--variant", "", "--platform", "",
+                 "--python", ""]) == 0
+    assert json.loads(capsys.readouterr().out) == every
+    assert main(["matrix", "--file", path, "--json", "--variant", "cpu,cu999"]) == 2
+    assert "unknown variant 'cu999'" in capsys.readouterr().err
+
+
 def test_check_honours_filters(capsys):
     path = str(ROOT / "matrix.yaml")
     assert main(["matrix", "--file", path, "--check", "--variant", "cu130"]) == 0
