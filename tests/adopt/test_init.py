@@ -232,3 +232,15 @@ def test_the_written_noxfile_registers_the_matrix_sessions(tmp_path):
     assert listed.returncode == 0, listed.stderr
     names = {line.split()[1] for line in listed.stdout.splitlines() if line.startswith("* ")}
     assert names == {"build_cpu", "build_cu130", "smoke", "matrix", "bisect"}
+
+
+def test_the_release_stamp_is_empty_or_a_full_commit_and_wins_over_the_checkout(monkeypatch):
+    """A release ships the commit it was cut from (opforge/_release.py); init pins to it and
+    installs that release, not the checkout's commit."""
+    from opforge import __version__, _release, init
+
+    assert _release.WORKFLOWS_COMMIT == "" or re.fullmatch(r"[0-9a-f]{40}",
+                                                           _release.WORKFLOWS_COMMIT)
+    monkeypatch.setattr(_release, "WORKFLOWS_COMMIT", "e" * 40)
+    pin = init.workflows_pin()
+    assert (pin.commit, pin.opforge) == ("e" * 40, f"opforge=={__version__}")
