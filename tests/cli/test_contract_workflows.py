@@ -68,7 +68,7 @@ def mutated_workflow(draw) -> tuple[str, bytes]:
     return name, data
 
 
-@examples(40)
+@examples(20)
 @given(broken=mutated_workflow())
 def test_broken_workflows_are_problems_never_crashes(work, broken):
     name, data = broken
@@ -78,7 +78,7 @@ def test_broken_workflows_are_problems_never_crashes(work, broken):
     check(["workflows", "check", "--root", str(root)], {0, 1}, watch=(root,))
 
 
-@examples(15)
+@examples(8)
 @given(matrix=mutated_matrix())
 def test_a_broken_matrix_is_exit_2_or_a_problem(work, matrix):
     root = _repo(work / "repo", {k: v.encode() for k, v in WORKFLOWS.items()}, matrix)
