@@ -192,7 +192,8 @@ def test_an_unknown_nox_session_is_caught(repo):
 
 
 def test_a_session_removed_from_the_noxfile_is_caught(repo):
-    repo.replace("noxfile.py", "@nox.session\ndef lint(", "def lint(")
+    repo.replace("noxfile.py", "@nox.session(venv_backend=opforge.nox.VENV_BACKEND)\ndef lint(",
+                 "def lint(")
     assert one(repo.problems(), "ci.yml", "nox session 'lint' is not defined in noxfile.py")
 
 
