@@ -93,18 +93,88 @@ def zero_offsets_give_conv2d(call, args, out):
     return None
 
 
+# ----------------------------------------------------------------------------- workloads
+# `opforge bench` times each op on these shapes (forward, and backward where `grad` says) against
+# torchvision's kernel; the smoke speed check times the first one (small) against the CPU.
+
+
+def _torchvision(op):
+    """torchvision's kernel of the same schema (torchvision is imported only when bench calls it)."""
+    def reference(*args):
+        import torchvision  # noqa: F401 - registers torch.ops.torchvision
+
+        return getattr(torch.ops.torchvision, op)(*args)
+    reference.__name__ = f"torchvision::{op}"
+    return reference
+
+
+def _random_boxes(n, size, g):
+    xy = torch.rand(n, 2, generator=g) * size
+    wh = torch.rand(n, 2, generator=g) * size / 4 + 1
+    return torch.cat([xy, xy + wh], dim=1)
+
+
+def _nms_load(n):
+    def inputs(dtype):
+        g = torch.Generator().manual_seed(n)
+        return [_random_boxes(n, 512.0, g).to(dtype), torch.rand(n, generator=g).to(dtype), 0.5]
+    return {"inputs": inputs}
+
+
+def _roi_load(batch, channels, size, rois, extra):
+    """Features batch x channels x size x size, `rois` boxes spread over the batch."""
+    def inputs(dtype):
+        g = torch.Generator().manual_seed(channels * size + rois)
+        x = torch.rand(batch, channels, size, size, generator=g)
+        index = torch.randint(0, batch, (rois, 1), generator=g).float()
+        boxes = _random_boxes(rois, size * 0.9, g)
+        return [x.to(dtype), torch.cat([index, boxes], dim=1).to(dtype), *extra]
+    return {"inputs": inputs}
+
+
+def _roi_workloads(pooled, extra_tail, channels_per_bin=None):
+    """small / medium / large for the four RoI ops; ps_ ops need channels = C * PH * PW."""
+    def channels(c):
+        return c if channels_per_bin is None else channels_per_bin * c * pooled * pooled // 16
+    head = [1.0, pooled, pooled]
+    return {"small": _roi_load(1, channels(16), 32, 32, [*head, *extra_tail]),
+            "medium": _roi_load(2, channels(64), 64, 128, [*head, *extra_tail]),
+            "large": _roi_load(2, channels(256), 64, 512, [*head, *extra_tail])}
+
+
+def _deform_load(batch, channels, size):
+    def inputs(dtype):
+        g = torch.Generator().manual_seed(channels * size)
+        x = torch.rand(batch, channels, size, size, generator=g)
+        w = torch.rand(channels, channels, 3, 3, generator=g) / channels
+        offset = torch.rand(batch, 18, size, size, generator=g) * 2 - 1
+        mask = torch.rand(batch, 9, size, size, generator=g)
+        b = torch.rand(channels, generator=g)
+        return [*(t.to(dtype) for t in (x, w, offset, mask, b)), 1, 1, 1, 1, 1, 1, 1, 1, True]
+    return {"inputs": inputs}
+
+
 RECIPES = {
     # boxes 3, 0, 1 overlap (IoU > 0.5): 3 wins; boxes 2 and 4 overlap: 2 wins
-    "nms": {"inputs": nms_inputs, "expected": [3, 2], "autocast": [0]},
+    "nms": {"inputs": nms_inputs, "expected": [3, 2], "autocast": [0],
+            "reference": "torchvision.ops.nms",
+            "workloads": {"small": _nms_load(200), "medium": _nms_load(2000),
+                          "large": _nms_load(10000)}},
     "roi_align": {"inputs": roi_align_inputs, "check": constant_map_gives_the_constant,
-                  "grad": [0], "autocast": [0]},
+                  "grad": [0], "autocast": [0], "reference": _torchvision("roi_align"),
+                  "workloads": _roi_workloads(7, [2, False])},
     # argmax ties may legitimately resolve differently per device: compare the values only
     "roi_pool": {"inputs": roi_pool_inputs, "check": constant_map_gives_the_constant,
-                 "grad": [0], "outputs": [0]},
+                 "grad": [0], "outputs": [0], "reference": _torchvision("roi_pool"),
+                 "workloads": _roi_workloads(7, [])},
     "ps_roi_align": {"inputs": ps_roi_align_inputs, "check": each_bin_reads_its_own_channel,
-                     "grad": [0], "autocast": [0]},
+                     "grad": [0], "autocast": [0], "reference": _torchvision("ps_roi_align"),
+                     "workloads": _roi_workloads(4, [2], channels_per_bin=1)},
     "ps_roi_pool": {"inputs": ps_roi_pool_inputs, "check": each_bin_reads_its_own_channel,
-                    "grad": [0], "autocast": [0]},
+                    "grad": [0], "autocast": [0], "reference": _torchvision("ps_roi_pool"),
+                    "workloads": _roi_workloads(4, [], channels_per_bin=1)},
     "deform_conv2d": {"inputs": deform_conv2d_inputs, "check": zero_offsets_give_conv2d,
-                      "grad": [0, 1, 2, 3, 4]},
+                      "grad": [0, 1, 2, 3, 4], "reference": _torchvision("deform_conv2d"),
+                      "workloads": {"small": _deform_load(1, 8, 16), "medium": _deform_load(2, 32, 32),
+                                    "large": _deform_load(4, 64, 64)}},
 }

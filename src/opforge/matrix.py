@@ -69,6 +69,7 @@ class Op:
     keys: tuple[str, ...] | None = None
     add: tuple[str, ...] = ()
     remove: tuple[str, ...] = ()
+    max_slowdown: float | None = None   # the smoke speed check's factor for this op
 
     def expected_keys(self, variant: Variant) -> tuple[str, ...]:
         if self.keys is not None:
@@ -90,6 +91,12 @@ class Extension:
     namespace: str
     op_specs: tuple[Op, ...]
     recipes: str | None = None    # the recipes file, relative to the matrix file's directory
+    # smoke fails a device kernel more than this many times slower than the CPU's
+    max_slowdown: float = 10.0
+
+    def slowdown_factors(self) -> dict[str, float]:
+        """op -> its own max_slowdown, for the ops that override the extension's."""
+        return {op.name: op.max_slowdown for op in self.op_specs if op.max_slowdown is not None}
 
     @property
     def ops(self) -> tuple[str, ...]:
@@ -456,7 +463,7 @@ def parse_matrix(text: str, path: Path) -> Matrix:
 def _extension(r: _Reader, node: yaml.Node) -> Extension:
     m = r.mapping(node, "extension", {"path": True, "package": True, "distribution": False,
                                       "namespace": True, "ops": True, "internal_ops": False,
-                                      "recipes": False})
+                                      "recipes": False, "max_slowdown": False})
     package = r.scalar(m["package"], "extension.package")
     r.check(m["package"], "extension.package", field_checks.identifier(package, "an import name"))
     namespace = r.scalar(m["namespace"], "extension.namespace")
@@ -482,12 +489,24 @@ def _extension(r: _Reader, node: yaml.Node) -> Extension:
     if recipes is not None and not recipes.endswith(".py"):
         raise r.fail(m["recipes"], "extension.recipes",
                      f"{recipes!r}: the recipes file is a Python file (.py)")
+    max_slowdown = _factor(r, m["max_slowdown"], "extension.max_slowdown") \
+        if "max_slowdown" in m else 10.0
     return Extension(path=path, package=package,
                      distribution=distribution, namespace=namespace, op_specs=tuple(specs),
-                     recipes=recipes)
+                     recipes=recipes, max_slowdown=max_slowdown)
 
 
-_OP_FIELDS = {"keys": False, "add": False, "remove": False, "backward": False}
+def _factor(r: _Reader, node: yaml.Node, key: str) -> float:
+    """A slowdown factor: a number greater than 1 (``10`` = ten times the CPU's time)."""
+    value = r.scalar(node, key, float)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1 < value < float("inf"):
+        raise r.fail(node, key, f"{value!r}: a factor is a finite number greater than 1 "
+                                "(10 = ten times the CPU's time)")
+    return float(value)
+
+
+_OP_FIELDS = {"keys": False, "add": False, "remove": False, "backward": False,
+              "max_slowdown": False}
 
 
 def _ops(r: _Reader, node: yaml.Node, key: str) -> list[Op]:
@@ -518,7 +537,9 @@ def _ops(r: _Reader, node: yaml.Node, key: str) -> list[Op]:
                  if f in fields}
         backward = r.scalar(fields["backward"], f"{where}.backward", bool) \
             if "backward" in fields else False
-        ops.append(Op(name=name, backward=backward, **lists))
+        factor = _factor(r, fields["max_slowdown"], f"{where}.max_slowdown") \
+            if "max_slowdown" in fields else None
+        ops.append(Op(name=name, backward=backward, max_slowdown=factor, **lists))
     return ops
 
 

@@ -171,7 +171,7 @@ MALFORMED = [
      "extension.ops.nms.remove[0]", "unknown dispatch key 'Autogard'", "{remove: [Autogard]}"),
     ("op-unknown-field", _with("  ops: [nms, roi_align, roi_pool, ps_roi_align, ps_roi_pool, deform_conv2d]",
                                "  ops:\n    - roi_align\n    - nms: {without: [Autograd]}"),
-     "extension.ops.nms.without", "unknown key (allowed: add, backward, keys, remove)",
+     "extension.ops.nms.without", "unknown key (allowed: add, backward, keys, max_slowdown, remove)",
      "{without: [Autograd]}"),
     ("op-two-names", _with("  ops: [nms, roi_align, roi_pool, ps_roi_align, ps_roi_pool, deform_conv2d]",
                            "  ops:\n    - {nms: {backward: true}, roi_align: {}}"),
@@ -182,6 +182,18 @@ MALFORMED = [
     ("op-backward-not-bool", _with("  ops: [nms, roi_align, roi_pool, ps_roi_align, ps_roi_pool, deform_conv2d]",
                                    "  ops: [nms, {_b: {backward: yes please}}]"),
      "extension.ops._b.backward", "expected true or false", "  ops: [nms, {_b:"),
+    ("slowdown-not-a-number", _with("  recipes: extension/recipes.py",
+                                    "  recipes: extension/recipes.py\n  max_slowdown: fast"),
+     "extension.max_slowdown", "greater than 1", "  max_slowdown: fast"),
+    ("slowdown-below-one", _with("  recipes: extension/recipes.py",
+                                 "  recipes: extension/recipes.py\n  max_slowdown: 0.5"),
+     "extension.max_slowdown", "greater than 1", "  max_slowdown: 0.5"),
+    ("op-slowdown-bool", _with("  ops: [nms, roi_align, roi_pool, ps_roi_align, ps_roi_pool, deform_conv2d]",
+                               "  ops: [nms, {roi_align: {max_slowdown: true}}]"),
+     "extension.ops.roi_align.max_slowdown", "greater than 1", "  ops: [nms, {roi_align:"),
+    ("op-slowdown-infinite", _with("  ops: [nms, roi_align, roi_pool, ps_roi_align, ps_roi_pool, deform_conv2d]",
+                                   "  ops: [nms, {roi_align: {max_slowdown: .inf}}]"),
+     "extension.ops.roi_align.max_slowdown", "greater than 1", "  ops: [nms, {roi_align:"),
     ("recipes-not-python", _with("  recipes: extension/recipes.py", "  recipes: recipes.yaml"),
      "extension.recipes", "is a Python file", "  recipes: recipes.yaml"),
     ("unknown-cuda", _with('cuda: "12.8"', 'cuda: "12.7"'),
@@ -388,3 +400,12 @@ def test_github_output_is_appended(tmp_path, capsys, monkeypatch):
                  "--variant", "cpu", "--python", "3.11"]) == 0
     lines = output.read_text().splitlines()
     assert lines[0] == "before=1" and lines[1].startswith('matrix={"include":')
+
+
+def test_slowdown_factors_default_and_override(tmp_path):
+    path = tmp_path / "matrix.yaml"
+    path.write_text(_with("  ops: [nms, roi_align, roi_pool, ps_roi_align, ps_roi_pool, deform_conv2d]",
+                          "  max_slowdown: 4\n  ops: [nms, {roi_align: {max_slowdown: 25}}]"))
+    ext = load_matrix(path).extension
+    assert ext.max_slowdown == 4.0 and ext.slowdown_factors() == {"roi_align": 25.0}
+    assert load_matrix(ROOT / "matrix.yaml").extension.max_slowdown == 10.0

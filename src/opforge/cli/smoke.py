@@ -54,6 +54,10 @@ def register(subparsers) -> None:
     p.add_argument("--env-dir", type=Path, help="create the fresh environment here")
     p.add_argument("--device-checks", choices=("auto", "skip"), default="auto",
                    help="auto: run ops on every device that is present; skip: CPU only")
+    p.add_argument("--speed-check", choices=("auto", "skip"), default="auto",
+                   help="auto: fail a device kernel far slower than the same op on this "
+                        "machine's CPU (matrix.yaml: extension.max_slowdown, default 10x); "
+                        "skip: do not time")
     p.add_argument("--recipes", type=Path, metavar="FILE",
                    help="recipes file saying how to call each op (default: the matrix's "
                         "extension.recipes, for the matrix's package)")
@@ -221,8 +225,19 @@ def resolve(args: argparse.Namespace):
     request = ProbeRequest(package=package, namespace=namespace, op_keys=chosen["op_keys"],
                            backward_ops=tuple(chosen["backward_ops"]),
                            default_keys=tuple(chosen["default_keys"]),
-                           device_checks=device_checks, variants=variants, recipes=recipes)
+                           device_checks=device_checks, variants=variants, recipes=recipes,
+                           speed=speed_spec(ext if own else None, args.speed_check))
     return target, request, variant_name
+
+
+def speed_spec(ext, mode: str) -> dict:
+    """The probe's speed-check settings: the matrix's factors (10x when it has none)."""
+    spec: dict = {"enabled": mode != "skip", "factor": ext.max_slowdown if ext else 10.0,
+                  "op_factors": ext.slowdown_factors() if ext else {}}
+    devices = os.environ.get("OPFORGE_SPEED_EXTRA_DEVICES", "")
+    if devices:  # for tests on a machine without an accelerator (docs/adopt.md)
+        spec["devices"] = list(_csv(devices))
+    return spec
 
 
 def run(args: argparse.Namespace) -> int:

@@ -46,7 +46,7 @@ def headline(doc: dict) -> str:
 # --------------------------------------------------------------------------- terminal
 
 
-RUN_CATEGORIES = ("run", "backward", "fake", "compile", "autocast")
+RUN_CATEGORIES = ("run", "backward", "fake", "compile", "autocast", "speed")
 SKIP_LABEL = {"no-device": "no device", "no-kernel": "no kernel", "import-failed": "not run",
               "disabled": "disabled",
               "no-recipe": "census only"}

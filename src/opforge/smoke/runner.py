@@ -51,6 +51,8 @@ class ProbeRequest:
     device_checks: str = "auto"
     variants: dict[str, dict] = field(default_factory=dict)
     recipes: Path | None = None
+    # the speed check: {"enabled": bool, "factor": x, "op_factors": {op: x}, "devices": [...]}
+    speed: dict = field(default_factory=dict)
 
     @property
     def promises(self) -> bool:
@@ -60,7 +62,8 @@ class ProbeRequest:
         spec: dict = {"op_keys": {op: list(keys) for op, keys in self.op_keys.items()},
                       "backward_ops": list(self.backward_ops),
                       "default_keys": list(self.default_keys),
-                      "recipes": str(self.recipes.resolve()) if self.recipes else None}
+                      "recipes": str(self.recipes.resolve()) if self.recipes else None,
+                      "speed": self.speed}
         if self.variants and not self.promises:
             spec["variants"] = self.variants
         return spec

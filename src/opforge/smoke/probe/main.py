@@ -44,7 +44,8 @@ def parse_args(argv):
     p.add_argument("--package", required=True)
     p.add_argument("--namespace", required=True)
     # JSON: op_keys {op: [keys]}, backward_ops, default_keys, recipes (a path), and
-    # variants {variant: {op_keys, backward_ops, default_keys}} when the build record chooses
+    # variants {variant: {op_keys, backward_ops, default_keys}} when the build record chooses,
+    # speed {enabled, factor, op_factors, devices}: the speed check
     p.add_argument("--spec", type=_read_spec, default={})
     p.add_argument("--device-checks", choices=("auto", "skip"), default="auto")
     p.add_argument("--out", required=True)
@@ -101,7 +102,8 @@ def probe(args) -> dict:
     devices = probe_devices(report, args, torch)
     path = args.spec.get("recipes")
     recipes = load_recipes(report, path) if import_ok else None
-    OpRunner(report, torch, args.namespace, rows, devices, recipes, path).run_all(import_ok)
+    OpRunner(report, torch, args.namespace, rows, devices, recipes, path,
+             args.spec.get("speed")).run_all(import_ok)
     return report.finish()
 
 

@@ -15,12 +15,17 @@ name to a dict with these fields (docs/adopt.md has the full reference):
   atol, rtol, grad_atol, grad_rtol, autocast_atol   tolerances against the CPU (float32)
   skip       {check: reason}: checks that do not apply (run, backward, fake, compile, autocast)
   overload   the overload to call (default "default")
+  workloads  {name: {inputs, grad?, devices?, reference?}}: benchmark shapes (small, medium,
+             large) for `opforge bench`; the smoke speed check times the first one
+  reference  what bench compares against: a callable taking the op's arguments, a dotted name
+             of one ("torchvision.ops.nms"), or "cpu" (the op's own CPU kernel, the default)
 
 A recipe that raises is reported as that recipe's failure with its file:line.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 import sys
@@ -30,7 +35,9 @@ from .common import first_line
 
 CHECKS = ("run", "backward", "fake", "compile", "autocast")
 FIELDS = {"inputs", "dtypes", "expected", "check", "grad", "autocast", "mutates", "outputs",
-          "atol", "rtol", "grad_atol", "grad_rtol", "autocast_atol", "skip", "overload"}
+          "atol", "rtol", "grad_atol", "grad_rtol", "autocast_atol", "skip", "overload",
+          "workloads", "reference"}
+WORKLOAD_FIELDS = {"inputs", "grad", "devices", "reference"}
 
 
 class RecipeError(Exception):
@@ -67,19 +74,87 @@ def validate(op: str, recipe, path: str) -> str | None:
     """What is wrong with one recipe's shape, or None."""
     if not isinstance(recipe, dict):
         return f"{path}: RECIPES[{op!r}] is {type(recipe).__name__}, expected a dict"
-    unknown = sorted(set(recipe) - FIELDS)
-    if unknown:
-        return (f"{path}: RECIPES[{op!r}] has unknown field(s) {', '.join(unknown)} "
-                f"(known: {', '.join(sorted(FIELDS))})")
-    if not callable(recipe.get("inputs")):
-        return f"{path}: RECIPES[{op!r}] needs 'inputs', a function (dtype) -> list of arguments"
+    problem = _fields_and_inputs(f"{path}: RECIPES[{op!r}]", recipe, FIELDS)
+    if problem:
+        return problem
     skip = recipe.get("skip") or {}
     if not isinstance(skip, dict) or set(skip) - set(CHECKS):
         return (f"{path}: RECIPES[{op!r}]['skip'] maps checks ({', '.join(CHECKS)}) to the "
                 "reason they do not apply")
     for name in ("grad", "autocast", "mutates", "outputs"):
         value = recipe.get(name)
-        if value is not None and not (isinstance(value, (list, tuple))
-                                      and all(isinstance(i, int) for i in value)):
+        if not _indices(value):
             return f"{path}: RECIPES[{op!r}][{name!r}] must be a list of argument indices"
+    return _validate_reference(f"{path}: RECIPES[{op!r}]", recipe.get("reference")) or \
+        _validate_workloads(op, recipe.get("workloads"), path)
+
+
+def _fields_and_inputs(where_: str, mapping: dict, known: set[str]) -> str | None:
+    unknown = sorted(set(mapping) - known)
+    if unknown:
+        return (f"{where_} has unknown field(s) {', '.join(unknown)} "
+                f"(known: {', '.join(sorted(known))})")
+    if not callable(mapping.get("inputs")):
+        return f"{where_} needs 'inputs', a function (dtype) -> list of arguments"
     return None
+
+
+def _indices(value) -> bool:
+    """None, or a list of argument indices."""
+    return value is None or (isinstance(value, (list, tuple))
+                             and all(isinstance(i, int) for i in value))
+
+
+def _validate_reference(where_: str, reference) -> str | None:
+    if reference is None or callable(reference) or (isinstance(reference, str) and reference):
+        return None
+    return (f"{where_}['reference'] must be a callable, a dotted name of one "
+            "(\"torchvision.ops.nms\") or \"cpu\"")
+
+
+def _validate_workloads(op: str, workloads, path: str) -> str | None:
+    if workloads is None:
+        return None
+    where_ = f"{path}: RECIPES[{op!r}]['workloads']"
+    if not isinstance(workloads, dict) or not workloads:
+        return f"{where_} must be a non-empty dict: shape name -> {{'inputs': (dtype) -> list}}"
+    for name, load in workloads.items():
+        if not isinstance(name, str) or not isinstance(load, dict):
+            return f"{where_} maps a shape name to a dict, got {name!r}: {type(load).__name__}"
+        problem = _fields_and_inputs(f"{where_}[{name!r}]", load, WORKLOAD_FIELDS)
+        if problem:
+            return problem
+        if not _indices(load.get("grad")):
+            return f"{where_}[{name!r}]['grad'] must be a list of argument indices"
+        devices = load.get("devices")
+        if devices is not None and not (isinstance(devices, (list, tuple))
+                                        and all(isinstance(d, str) for d in devices)):
+            return f"{where_}[{name!r}]['devices'] must be a list of device names (cpu, cuda, mps)"
+        problem = _validate_reference(f"{where_}[{name!r}]", load.get("reference"))
+        if problem:
+            return problem
+    return None
+
+
+def resolve_reference(reference):
+    """A workload's reference as a callable, or "cpu" (raises RecipeError naming what failed)."""
+    if reference is None or reference == "cpu" or callable(reference):
+        return reference or "cpu"
+    parts = reference.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError as exc:
+            if cut == 1:
+                raise RecipeError(f"reference {reference!r}: cannot import it: "
+                                  f"{first_line(exc)}") from None
+            continue
+        try:
+            for attr in parts[cut:]:
+                obj = getattr(obj, attr)
+        except (AttributeError, RuntimeError) as exc:
+            raise RecipeError(f"reference {reference!r}: {first_line(exc)}") from None
+        if not callable(obj):
+            raise RecipeError(f"reference {reference!r} is not callable")
+        return obj
+    raise RecipeError(f"reference {reference!r}: cannot import it")

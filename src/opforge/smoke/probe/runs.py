@@ -7,6 +7,11 @@ import warnings
 
 from .common import AUTOCAST_KEY, DEVICE_KEY, DEVICES, Report, first_line
 from .recipes import RecipeError, validate, where
+from .speed import block_timer, calls_per_block, paired, seconds, synchronizer
+
+# the smoke speed check: blocks of about this long, rounds until this budget is spent
+SPEED_BLOCK_S = 0.01
+SPEED_BUDGET_S = 0.1
 
 
 def _to(t, value, device, dtype=None):
@@ -71,8 +76,10 @@ class _ExplainingReport:
 
 class OpRunner:
     def __init__(self, report: Report, t, namespace: str, rows: dict[str, dict],
-                 devices: list[str], recipes: dict | None, recipes_path: str | None):
+                 devices: list[str], recipes: dict | None, recipes_path: str | None,
+                 speed: dict | None = None):
         self.report = _ExplainingReport(report, rows)
+        self.speed = speed or {}
         self.t, self.ns, self.rows, self.devices = t, namespace, rows, devices
         self.recipes, self.path = recipes, recipes_path
 
@@ -156,6 +163,7 @@ class OpRunner:
                         self.compile_run(op, fn, recipe, dtype, cpu_out)
                         if recipe.get("autocast"):
                             self.autocast_runs(op, fn, recipe)
+                        self.speed_runs(op, fn, recipe, dtype)
             except RecipeError as exc:
                 self.report.check(f"recipe:{op}", "run", "fail", str(exc), op=op,
                                   recipe_error=True)
@@ -415,3 +423,59 @@ class OpRunner:
             except Exception as exc:  # noqa: BLE001
                 self.report.check(check_id, "autocast", "fail", f"{op} under torch.autocast("
                                   f"'{device}', {low}): {first_line(exc)}", op=op, device=device)
+
+    def speed_runs(self, op, fn, recipe, dtype):
+        """Each device kernel against the same op on this machine's CPU: fail far slower ones.
+
+        The first workload's inputs (else the recipe's), forward only; ``speed`` (the spec's)
+        gives ``factor`` (default 10), ``op_factors`` and ``devices``: more devices to time,
+        for tests on a machine without an accelerator (``meta``, whose kernel a test
+        extension makes slow on purpose).
+        """
+        t = self.t
+        if self.speed.get("enabled") is False or "cpu" not in self.devices:
+            return
+        extra = [d for d in self.speed.get("devices") or () if d not in self.devices]
+        devices = [d for d in self.devices if d != "cpu"] + extra
+        factor = float((self.speed.get("op_factors") or {}).get(op, self.speed.get("factor", 10)))
+        workloads = recipe.get("workloads") or {}
+        make = next(iter(workloads.values()))["inputs"] if workloads else recipe["inputs"]
+        ran = {c["id"]: c["status"] for c in self.report.doc["checks"]}
+        for device in devices:
+            check_id = f"speed:{op}:{device}"
+            key = DEVICE_KEY.get(device, "Meta" if device == "meta" else device.upper())
+            if device not in extra and ran.get(f"run:{op}:{device}") != "pass":
+                if f"run:{op}:{device}" in ran:
+                    self.report.check(check_id, "speed", "skip", f"{op} on {device} did not "
+                                      "run correctly: nothing to time", op=op, device=device,
+                                      reason="run-failed")
+                continue
+            if not self.runnable(op, key):
+                continue
+            cpu_args = self._recipe_call(op, "workload inputs", make, dtype)
+            args = [_to(t, a, device) for a in cpu_args]
+            try:
+                self.time_against_cpu(op, fn, device, cpu_args, args, factor, check_id)
+            except Exception as exc:  # noqa: BLE001
+                self.report.check(check_id, "speed", "fail", f"timing {op} on {device}: "
+                                  f"{first_line(exc)}", op=op, device=device)
+
+    def time_against_cpu(self, op, fn, device, cpu_args, args, factor, check_id):
+        sync, no_sync = synchronizer(self.t, device), synchronizer(self.t, "cpu")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cpu_call, dev_call = (lambda: fn(*cpu_args)), (lambda: fn(*args))
+            n_cpu = calls_per_block(cpu_call, no_sync, SPEED_BLOCK_S)
+            n_dev = calls_per_block(dev_call, sync, SPEED_BLOCK_S)
+            result = paired(lambda: block_timer(cpu_call, no_sync, n_cpu),
+                            lambda: block_timer(dev_call, sync, n_dev),
+                            budget_s=SPEED_BUDGET_S)
+        ratio = result["ratio"]
+        slow = ratio > factor
+        message = (f"{op} on {device}: {seconds(result['b_s'])} per call, on cpu "
+                   f"{seconds(result['a_s'])}: {ratio:.1f}x the CPU's time "
+                   f"({'more than' if slow else 'within'} the {factor:g}x allowed; median of "
+                   f"{result['rounds']} paired rounds)")
+        self.report.check(check_id, "speed", "fail" if slow else "pass", message, op=op,
+                          device=device, device_s=result["b_s"], cpu_s=result["a_s"],
+                          ratio=round(ratio, 3), factor=factor, spread=round(result["spread"], 3))
