@@ -51,10 +51,15 @@ FLAGS = st.lists(st.sampled_from([
 @examples(80)
 @given(data=mutated_matrix(), flags=FLAGS)
 def test_smoke_on_mutated_matrix(work, python, data, flags):
+    on_mutated_matrix("smoke", work, python, data, flags)
+
+
+def on_mutated_matrix(command: str, work: Path, python: Path, data: bytes, flags) -> None:
+    """``command --python PYTHON --file <data> FLAGS...`` exits 1 (the probe) or 2 (refused)."""
     folder = work / "inputs"
     folder.mkdir(exist_ok=True)
     (folder / "matrix.yaml").write_bytes(data)
-    argv = ["smoke", "--python", str(python), "--file", str(folder / "matrix.yaml")]
+    argv = [command, "--python", str(python), "--file", str(folder / "matrix.yaml")]
     for pair in flags:
         argv += pair
     check(argv, {1, 2}, watch=(folder,))

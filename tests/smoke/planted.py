@@ -1,11 +1,18 @@
-"""A pure-Python op extension whose second kernel is slow on purpose (or not), for speed tests.
+"""A pure-Python op extension with kernels slow on purpose, for the speed tests.
 
-``write_planted(root, slowdown)`` writes the package ``planted`` (op ``torch.ops.planted.work``)
-and its recipes file. The CPU kernel applies ``sin`` ``reps`` times; the Meta kernel is the
-"device" kernel the tests time against it (a CPU-only machine has no other device: smoke's
-``OPFORGE_SPEED_EXTRA_DEVICES=meta`` adds it): it does the same work ``slowdown`` times on a
-CPU copy, then returns an empty meta tensor. ``slowdown=1`` is a kernel only as fast as the
-CPU's; the two builds differ only in speed.
+``write_planted(root)`` writes the package ``planted`` and its recipes file. Every op applies
+``sin`` ``reps`` times; the Meta kernel is the "device" kernel the smoke speed check times
+against the CPU's (a CPU-only machine has no other device: ``OPFORGE_SPEED_EXTRA_DEVICES=meta``
+adds it): it does the work on a CPU copy, then returns an empty meta tensor. Kernels that are
+slow do the same work ``SLOWDOWN`` times over (same result), so a slow and a fair build differ
+only in speed. The recipes' reference (for ``opforge bench``) is the work in plain torch.
+
+| op | CPU kernel | Meta kernel | smoke speed check | bench against the reference |
+| --- | --- | --- | --- | --- |
+| fair | 1x | 1x | pass | pass |
+| slow_device | 1x | 30x | fail (30x the CPU) | pass |
+| slow_cpu | 30x | 30x | pass (as fast as the CPU) | fail (30x slower) |
+| mismatch | 1x | 1x | pass | fail: the reference disagrees |
 """
 
 from __future__ import annotations
@@ -13,13 +20,15 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+SLOWDOWN = 30
+
 PACKAGE = '''
 import torch
 
-SLOWDOWN = {slowdown}
+KERNELS = {{"fair": (1, 1), "slow_device": (1, {slow}), "slow_cpu": ({slow}, {slow}),
+           "mismatch": (1, 1)}}  # op -> (CPU repeats, Meta repeats)
 
 lib = torch.library.Library("planted", "DEF")
-lib.define("work(Tensor x, int reps) -> Tensor")
 
 
 def _work(x, reps):
@@ -28,19 +37,25 @@ def _work(x, reps):
     return x
 
 
-def _cpu(x, reps):
-    return _work(x, reps)
+def _kernels(cpu_repeats, meta_repeats):
+    def cpu(x, reps):
+        for _ in range(cpu_repeats - 1):
+            _work(x, reps)
+        return _work(x, reps)
+
+    def meta(x, reps):
+        shadow = torch.ones(x.shape, dtype=x.dtype, device="cpu")
+        for _ in range(meta_repeats):
+            _work(shadow, reps)
+        return torch.empty_like(x)
+    return cpu, meta
 
 
-def _meta(x, reps):
-    shadow = torch.ones(x.shape, dtype=x.dtype, device="cpu")
-    for _ in range(SLOWDOWN):
-        _work(shadow, reps)
-    return torch.empty_like(x)
-
-
-lib.impl("work", _cpu, "CPU")
-lib.impl("work", _meta, "Meta")
+for _op, (_cpu_repeats, _meta_repeats) in KERNELS.items():
+    lib.define(f"{{_op}}(Tensor x, int reps) -> Tensor")
+    _cpu, _meta = _kernels(_cpu_repeats, _meta_repeats)
+    lib.impl(_op, _cpu, "CPU")
+    lib.impl(_op, _meta, "Meta")
 '''
 
 RECIPES = '''
@@ -51,20 +66,37 @@ def inputs(dtype):
     return [torch.rand(4096, generator=torch.Generator().manual_seed(0)).to(dtype), 8]
 
 
-RECIPES = {
-    "work": {"inputs": inputs, "skip": {"compile": "not what these tests are about",
-                                          "fake": "its Meta kernel is the planted device"},
-             "workloads": {"small": {"inputs": inputs}}},
-}
+def reference(x, reps):
+    for _ in range(reps):
+        x = torch.sin(x)
+    return x
+
+
+def wrong_reference(x, reps):
+    return reference(x, reps) + 1
+
+
+def recipe(ref):
+    return {"inputs": inputs, "reference": ref, "workloads": {"small": {"inputs": inputs}},
+            "skip": {"compile": "not what these tests are about",
+                     "fake": "its Meta kernel is the planted device"}}
+
+
+RECIPES = {"fair": recipe(reference), "slow_device": recipe(reference),
+           "slow_cpu": recipe(reference), "mismatch": recipe(wrong_reference)}
 '''
 
 
-def write_planted(root: Path, slowdown: int) -> tuple[Path, Path]:
+def write_planted(root: Path) -> tuple[Path, Path]:
     """(the directory to put on PYTHONPATH, the recipes file)."""
     pkg = root / "planted"
     pkg.mkdir(parents=True, exist_ok=True)
-    (pkg / "__init__.py").write_text(textwrap.dedent(PACKAGE.format(slowdown=slowdown)),
+    (pkg / "__init__.py").write_text(textwrap.dedent(PACKAGE.format(slow=SLOWDOWN)),
                                      encoding="utf-8")
     recipes = root / "planted_recipes.py"
     recipes.write_text(textwrap.dedent(RECIPES), encoding="utf-8")
     return root, recipes
+
+
+def planted_env(root: Path) -> dict[str, str]:
+    return {"PYTHONPATH": str(root), "OPFORGE_SPEED_EXTRA_DEVICES": "meta"}

@@ -77,7 +77,11 @@ class ProbeRequest:
 def probe_archive(target: Path) -> Path:
     """The probe package as one runnable zip archive (``python probe.pyz ARGS``)."""
     with zipfile.ZipFile(target, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-        archive.writestr("__main__.py", f"import sys\nfrom {PROBE_NAME}.main import main\n"
+        # `probe.pyz ARGS` runs the smoke probe, `probe.pyz bench ARGS` the benchmark
+        archive.writestr("__main__.py", f"import sys\nif sys.argv[1:2] == ['bench']:\n"
+                                        f"    from {PROBE_NAME}.bench import main\n"
+                                        "    sys.exit(main(sys.argv[2:]))\n"
+                                        f"from {PROBE_NAME}.main import main\n"
                                         "sys.exit(main())\n")
         for source in sorted(PROBE_PACKAGE.glob("*.py")):
             archive.write(source, f"{PROBE_NAME}/{source.name}")
@@ -226,15 +230,19 @@ def _source_roots() -> list[Path]:
     return [here] if (here / "matrix.yaml").exists() or (here / ".git").exists() else []
 
 
-def run_probe(env: Environment, request: ProbeRequest, timeout_s: float = PROBE_TIMEOUT_S) -> dict:
-    """Run the probe with a new interpreter in a scratch directory; return its document."""
+def run_probe(env: Environment, request: ProbeRequest, timeout_s: float = PROBE_TIMEOUT_S,
+              mode: tuple[str, ...] = (), extra_argv: tuple[str, ...] = ()) -> dict:
+    """Run the probe with a new interpreter in a scratch directory; return its document.
+
+    ``mode`` ``("bench",)`` runs the benchmark instead, with ``extra_argv`` its own options.
+    """
     scratch = Path(tempfile.mkdtemp(prefix="opforge-smoke-run-"))
     try:
         probe = probe_archive(scratch / "opforge_smoke_probe.pyz")
         out = scratch / "result.json"
         spec_path = scratch / "spec.json"
         spec_path.write_text(json.dumps(request.spec(), indent=1), encoding="utf-8")
-        cmd = [str(env.python), str(probe), *request.argv(out, spec_path)]
+        cmd = [str(env.python), str(probe), *mode, *request.argv(out, spec_path), *extra_argv]
         t0 = time.monotonic()
         try:
             proc = subprocess.run(cmd, cwd=scratch, env=_clean_env(env.fresh),

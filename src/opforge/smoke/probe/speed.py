@@ -33,12 +33,13 @@ def block_timer(call, sync, number: int) -> float:
 
 
 def calls_per_block(call, sync, target_s: float, limit: int = 10_000) -> int:
-    """How many calls make a block of about ``target_s`` (at least one)."""
-    once = block_timer(call, sync, 1)
+    """How many calls make a block of about ``target_s`` (at least one): from the fastest of
+    three single calls, so a stall of a busy machine does not shrink every block to one call."""
+    once = min(block_timer(call, sync, 1) for _ in range(3))
     return max(1, min(limit, int(target_s / max(once, 1e-7))))
 
 
-def paired(time_a, time_b, budget_s: float = 0.25, min_rounds: int = 3,
+def paired(time_a, time_b, budget_s: float = 0.25, min_rounds: int = 5,
            max_rounds: int = 15) -> dict:
     """Alternate ``time_a()`` and ``time_b()`` (each: seconds per call of one block).
 

@@ -1,0 +1,127 @@
+"""``opforge bench``: time a wheel's ops against their references, where users run them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from opforge.cli.smoke import _csv, add_target_arguments
+from opforge.errors import UsageError
+from opforge.files import check_writable, write_atomic
+
+# a row's timing budget: rounds stop once it is spent (at least 5 rounds)
+DEFAULT_BUDGET_S = 0.3
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value < 3600:
+        raise argparse.ArgumentTypeError(f"{text!r}: a positive number of seconds below 3600")
+    return value
+
+
+def _positive_ratio(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: a positive, finite ratio (0.1 = ten "
+                                         "times slower than the reference)")
+    return value
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "bench", help="time the recipes' workloads against their references in a fresh env",
+        description="Install the wheel in a fresh virtual environment as `opforge smoke` does, "
+                    "then time every workload of the recipes file on every present device, "
+                    "forward and backward, against its reference (another library's function, "
+                    "or the op's own CPU kernel): torch.utils.benchmark, the sides in "
+                    "alternation, the median of paired ratios, a noise estimate (ours against "
+                    "itself). Each row first checks that the sides agree. Exit 0 pass, 1 a row "
+                    "failed (disagreement, error), 2 usage.")
+    add_target_arguments(p)
+    p.add_argument("--with", dest="extras", action="append", default=[], metavar="REQ",
+                   help="also install this requirement (e.g. torchvision, for the references); "
+                        "repeatable")
+    p.add_argument("--ops", type=_csv, metavar="OP1,OP2", help="bench only these ops")
+    p.add_argument("--workloads", type=_csv, metavar="NAME,...",
+                   help="only these workloads (e.g. small,medium)")
+    p.add_argument("--reference", choices=("recipe", "cpu"), default="recipe",
+                   help="recipe: each workload's reference (default); cpu: the op's own CPU "
+                        "kernel")
+    p.add_argument("--min-speedup", type=_positive_ratio, default=0.1, metavar="X",
+                   help="fail a row slower than the reference by more than 1/X beyond its "
+                        "noise (default 0.1: ten times slower)")
+    p.add_argument("--forward-only", action="store_true", help="skip the backward rows")
+    p.add_argument("--budget", type=_positive_seconds, default=DEFAULT_BUDGET_S, metavar="S",
+                   help=f"seconds of timing per row (default {DEFAULT_BUDGET_S}; at least 5 "
+                        "rounds)")
+    p.add_argument("--device-checks", choices=("auto", "skip"), default="auto",
+                   help="auto: every present device; skip: CPU only")
+    p.add_argument("--json", type=Path, metavar="PATH", help="write the JSON document here")
+    p.add_argument("--summary", type=Path, metavar="PATH",
+                   help="write the Markdown summary (table and speed-up charts) here "
+                        "(also appended to $GITHUB_STEP_SUMMARY when set)")
+    # smoke's options that bench does not take
+    p.set_defaults(func=run, expect_keys=None, internal_ops=None, junit=None, speed_check="skip")
+
+
+def run(args: argparse.Namespace) -> int:
+    from opforge.cli.smoke import resolve
+    from opforge.smoke import benchreport
+    from opforge.smoke.runner import cleanup, prepare_environment, run_probe
+    from opforge.venv import pip
+
+    if args.summary is not None:
+        check_writable(args.summary, what="--summary")
+    for extra in args.extras:
+        _requirement(extra)
+    if args.python is not None and args.extras:
+        raise UsageError("--with installs into a fresh environment, not --python")
+    target, request, _variant = resolve(args)
+    if request.recipes is None:
+        raise UsageError("no recipes file: name one in matrix.yaml (extension.recipes) or "
+                         "pass --recipes FILE (its workloads are what bench times)")
+    options = {"ops": list(args.ops or ()), "workloads": list(args.workloads or ()),
+               "reference": args.reference, "budget_s": args.budget,
+               "min_speedup": args.min_speedup,
+               "directions": ["forward"] if args.forward_only else ["forward", "backward"]}
+    print(f"opforge bench: {target.describe()}"
+          + (f" with {', '.join(args.extras)}" if args.extras else ""), file=sys.stderr,
+          flush=True)
+    env = prepare_environment(target)
+    try:
+        if args.extras:
+            env.installs.append(f"pip install {' '.join(args.extras)}")
+            pip(env.python, "install", "-q", *args.extras)
+        doc = run_probe(env, request, mode=("bench",),
+                        extra_argv=("--bench", json.dumps(options)))
+    finally:
+        cleanup(env, keep=args.keep_env)
+    benchreport.render_terminal(doc)
+    if args.json:
+        write_atomic(args.json, json.dumps(doc, indent=1) + "\n")
+    summary = benchreport.markdown(doc)
+    if args.summary:
+        write_atomic(args.summary, summary)
+    if os.environ.get("GITHUB_STEP_SUMMARY"):
+        with open(os.environ["GITHUB_STEP_SUMMARY"], "a", encoding="utf-8") as fh:
+            fh.write(summary)
+    return benchreport.exit_code(doc)
+
+
+def _requirement(text: str) -> None:
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    try:
+        Requirement(text)
+    except InvalidRequirement as exc:
+        raise UsageError(f"--with {text!r}: not a requirement ({exc})") from None

@@ -1,0 +1,132 @@
+"""``opforge bench``'s document as a terminal table, a Markdown summary with an SVG speed-up
+chart per op, and an exit code. The SVG is written here (bars on a log scale, 1x marked):
+nothing to install for one chart."""
+
+from __future__ import annotations
+
+import base64
+import math
+import sys
+from html import escape
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from opforge.smoke.probe.speed import seconds
+
+STATUS_STYLE = {"pass": "", "fail": "bold red", "skip": "dim"}
+
+
+def exit_code(doc: dict) -> int:
+    bad = doc.get("probe_error") or any(c.get("status") == "fail" for c in doc.get("checks", []))
+    return 1 if bad or any(r.get("status") == "fail" for r in doc.get("rows", [])) else 0
+
+
+def _label(row: dict) -> str:
+    return f"{row.get('workload', '')} {'fwd+bwd' if row.get('direction') == 'backward' else 'fwd'}"
+
+
+def headline(doc: dict) -> str:
+    rows = doc.get("rows", [])
+    n = {s: sum(1 for r in rows if r.get("status") == s) for s in ("pass", "fail", "skip")}
+    verdict = "FAIL" if exit_code(doc) else "PASS"
+    return (f"{verdict} opforge bench {doc.get('package')}: {n['pass']} timed, {n['fail']} "
+            f"failed, {n['skip']} skipped on {', '.join(doc.get('devices') or ['?'])}")
+
+
+def render_terminal(doc: dict, console: Console | None = None) -> None:
+    console = console or Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+    env = doc.get("environment") or {}
+    console.print(f"[bold]opforge bench[/] {doc.get('package')} · torch "
+                  f"{env.get('torch_version', '?')} · {env.get('threads', '?')} threads")
+    table = Table(title="speed-up = reference time / ours (median of paired, alternating "
+                        "rounds); noise = ours timed against itself", title_justify="left",
+                  box=box.SIMPLE_HEAD)
+    for name, justify in (("op", "left"), ("workload", "left"), ("device", "left"),
+                          ("reference", "left"), ("ours", "right"), ("reference time", "right"),
+                          ("speed-up", "right"), ("noise", "right"), ("status", "left")):
+        table.add_column(name, justify=justify, no_wrap=name != "status")
+    for row in doc.get("rows", []):
+        timed = "speedup" in row
+        table.add_row(
+            row.get("op", ""), _label(row), row.get("device", ""), str(row.get("reference", "")),
+            seconds(row["ours_s"]) if timed else "", seconds(row["reference_s"]) if timed else "",
+            Text(f"{row['speedup']:.2f}x", style="green" if row["speedup"] >= 1 else "yellow")
+            if timed else "",
+            f"±{row['noise'] * 100:.0f}%" if timed else "",
+            Text("ok" if row.get("status") == "pass" else f"{row.get('status')}: "
+                 f"{row.get('message', '')}",
+                 style=STATUS_STYLE.get(row.get("status"), "")))
+    console.print(table)
+    for c in doc.get("checks", []):
+        if c.get("status") == "fail":
+            console.print(Text(f"FAIL {c['id']}: {c['message']}", style="bold red"))
+    if doc.get("probe_error"):
+        console.print(Text("the benchmark itself failed: "
+                           + doc["probe_error"].strip().splitlines()[-1], style="bold red"))
+    console.print(Text(headline(doc), style="bold red" if exit_code(doc) else "bold green"))
+
+
+def svg_chart(op: str, rows: list[dict]) -> str:
+    """A horizontal bar per timed row: speed-up on a log2 axis, the 1x line marked."""
+    timed = [r for r in rows if "speedup" in r]
+    bar_h, gap, left, width, top = 18, 6, 190, 360, 28
+    low = min([0.25] + [r["speedup"] for r in timed])
+    high = max([4.0] + [r["speedup"] for r in timed])
+    lo, hi = math.log2(low), math.log2(high)
+
+    def x(value: float) -> float:
+        return left + (math.log2(value) - lo) / (hi - lo) * width
+
+    height = top + len(timed) * (bar_h + gap) + 24
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + width + 70}" '
+             f'height="{height}" font-family="sans-serif" font-size="12">',
+             f'<text x="4" y="16" font-weight="bold">{escape(op)}: speed-up over the reference'
+             '</text>']
+    for i, row in enumerate(timed):
+        y = top + i * (bar_h + gap)
+        one, end = x(1.0), x(row["speedup"])
+        colour = "#2e7d32" if row["speedup"] >= 1 else "#c62828"
+        parts.append(f'<text x="{left - 6}" y="{y + 13}" text-anchor="end">'
+                     f'{escape(_label(row))} · {escape(row.get("device", ""))}</text>')
+        parts.append(f'<rect x="{min(one, end):.1f}" y="{y}" width="{abs(end - one):.1f}" '
+                     f'height="{bar_h}" fill="{colour}"/>')
+        parts.append(f'<text x="{max(one, end) + 4:.1f}" y="{y + 13}">'
+                     f'{row["speedup"]:.2f}x</text>')
+    axis_y = top + len(timed) * (bar_h + gap)
+    parts.append(f'<line x1="{x(1.0):.1f}" y1="{top - 4}" x2="{x(1.0):.1f}" y2="{axis_y}" '
+                 'stroke="#333" stroke-dasharray="3,2"/>')
+    parts.append(f'<text x="{x(1.0):.1f}" y="{axis_y + 14}" text-anchor="middle">1x</text>')
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"
+
+
+def markdown(doc: dict) -> str:
+    """The job summary: headline, one table, one chart per op (an inline SVG image)."""
+    env = doc.get("environment") or {}
+    lines = [f"### opforge bench: {doc.get('package')}", "", f"**{headline(doc)}**", "",
+             f"torch `{env.get('torch_version', '?')}`; speed-up = reference time / ours, the "
+             "median of paired alternating rounds; noise = ours against itself.", "",
+             "| op | workload | device | reference | ours | reference | speed-up | noise | |",
+             "|---|---|---|---|---:|---:|---:|---:|---|"]
+    for row in doc.get("rows", []):
+        if "speedup" in row:
+            mark = "✅" if row.get("status") == "pass" else f"❌ {escape(row.get('message', ''))}"
+            lines.append(f"| `{row['op']}` | {_label(row)} | {row['device']} | "
+                         f"{row.get('reference', '')} | {seconds(row['ours_s'])} | "
+                         f"{seconds(row['reference_s'])} | **{row['speedup']:.2f}x** | "
+                         f"±{row['noise'] * 100:.0f}% | {mark} |")
+        else:
+            mark = "❌" if row.get("status") == "fail" else "·"
+            lines.append(f"| `{row.get('op', '')}` | {_label(row)} | {row.get('device', '')} | "
+                         f"{row.get('reference', '')} | | | | | {mark} "
+                         f"{escape(row.get('message', ''))} |")
+    lines.append("")
+    ops = list(dict.fromkeys(r.get("op") for r in doc.get("rows", []) if "speedup" in r))
+    for op in ops:
+        svg = svg_chart(op, [r for r in doc["rows"] if r.get("op") == op])
+        data = base64.b64encode(svg.encode()).decode()
+        lines += [f"![{op} speed-up](data:image/svg+xml;base64,{data})", ""]
+    return "\n".join(lines) + "\n"

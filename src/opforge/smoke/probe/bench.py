@@ -1,0 +1,270 @@
+"""``opforge bench`` inside the environment under test: time the recipes' workloads.
+
+Every workload of every op runs on every present device (the ones its ``devices`` allow),
+forward and, where ``grad`` names arguments, forward + backward, against its reference (the
+recipe's: another library's function, or the op's own CPU kernel). A row first checks that the
+two sides agree (so a fast wrong kernel cannot pass), then times them with
+``torch.utils.benchmark`` in alternating blocks: the speed-up is the median of the per-round
+ratios reference / ours, and the noise is the same measurement of ours against itself.
+Standard library and torch only, like the rest of the probe; one JSON document out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import io
+import json
+import platform
+import sys
+import time
+import traceback
+import warnings
+
+from . import recipes as recipes_file
+from .common import DEVICES, first_line
+from .runs import _outputs, _to, compare
+from .speed import paired, synchronizer
+
+SCHEMA = 1
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description="opforge bench (runs in the environment under test)")
+    p.add_argument("--package", required=True)
+    p.add_argument("--namespace", required=True)
+    p.add_argument("--spec", type=lambda path: json.load(open(path, encoding="utf-8")),
+                   default={})
+    p.add_argument("--device-checks", choices=("auto", "skip"), default="auto")
+    p.add_argument("--out", required=True)
+    # bench's own: {ops, workloads, reference ("recipe" | "cpu"), budget_s, directions}
+    p.add_argument("--bench", type=json.loads, default={})
+    return p.parse_args(argv)
+
+
+class Row(dict):
+    """One op x workload x direction x device; ``status`` pass | fail | skip."""
+
+
+class Bench:
+    def __init__(self, torch_mod, namespace: str, recipes: dict, path: str, options: dict):
+        self.t, self.ns, self.recipes, self.path = torch_mod, namespace, recipes, path
+        self.ops = options.get("ops") or None
+        self.workloads = options.get("workloads") or None
+        self.force_cpu_reference = options.get("reference") == "cpu"
+        self.budget_s = float(options.get("budget_s", 0.3))
+        self.min_speedup = float(options.get("min_speedup", 0.1))
+        self.directions = options.get("directions") or ["forward", "backward"]
+        self.rows: list[Row] = []
+
+    # ----------------------------------------------------------------- plumbing
+
+    def devices(self, device_checks: str) -> list[str]:
+        t = self.t
+        present = ["cpu"]
+        if device_checks != "skip":
+            if t.cuda.is_available():
+                present.append("cuda")
+            mps = getattr(t.backends, "mps", None)
+            if mps is not None and mps.is_available():
+                present.append("mps")
+        return [d for d in DEVICES if d in present]
+
+    def reference_of(self, recipe: dict, load: dict):
+        if self.force_cpu_reference:
+            return "cpu"
+        return recipes_file.resolve_reference(load.get("reference", recipe.get("reference")))
+
+    def call_maker(self, fn, cpu_args, device, grad):
+        """A zero-argument call (forward, or forward + backward of ``grad``'s arguments) and
+        a function returning what it computed, for the agreement check."""
+        t = self.t
+        args = [_to(t, a, device) for a in cpu_args]
+        leaves = []
+        for i in grad:
+            if i >= len(args) or not isinstance(args[i], t.Tensor) or \
+                    not args[i].is_floating_point():
+                raise recipes_file.RecipeError(f"workload grad names argument {i}, which is "
+                                               "not a floating-point tensor")
+            args[i] = args[i].detach().requires_grad_(True)
+            leaves.append(args[i])
+        sync = synchronizer(t, device)
+
+        def run():
+            out = _outputs(fn(*args))
+            if not leaves:
+                return out
+            floats = [o for o in out if isinstance(o, t.Tensor) and o.requires_grad]
+            return list(t.autograd.grad(sum(o.sum() for o in floats), leaves,
+                                        allow_unused=True))
+
+        def call():
+            run()
+            sync()
+        return call, run
+
+    # ----------------------------------------------------------------- rows
+
+    def run(self, device_list: list[str]) -> list[Row]:
+        for op, recipe in self.recipes.items():
+            if self.ops and op not in self.ops:
+                continue
+            if not isinstance(recipe, dict) or not recipe.get("workloads"):
+                continue
+            problem = recipes_file.validate(op, recipe, self.path)
+            if problem:
+                self.rows.append(Row(op=op, status="fail", message=problem, recipe_error=True))
+                continue
+            try:
+                fn = getattr(getattr(getattr(self.t.ops, self.ns), op),
+                             recipe.get("overload") or "default")
+            except (AttributeError, RuntimeError) as exc:
+                self.rows.append(Row(op=op, status="fail",
+                                     message=f"torch.ops.{self.ns}.{op}: {first_line(exc)}"))
+                continue
+            for name, load in recipe["workloads"].items():
+                if self.workloads and name not in self.workloads:
+                    continue
+                self.workload(op, recipe, fn, name, load, device_list)
+        return self.rows
+
+    def workload(self, op, recipe, fn, name, load, device_list):
+        grad = list(load.get("grad", recipe.get("grad")) or [])
+        directions = [d for d in self.directions if d == "forward" or grad]
+        base = {"op": op, "workload": name}
+        try:
+            reference = self.reference_of(recipe, load)
+            cpu_args = list(load["inputs"](self.t.float32))
+        except recipes_file.RecipeError as exc:
+            for device in device_list:
+                self.rows.append(Row(base, device=device, status="skip", reason="no-reference",
+                                     message=str(exc)))
+            return
+        except Exception as exc:  # noqa: BLE001 - the recipe's bug, with its file:line
+            self.rows.append(Row(base, status="fail", recipe_error=True, message=(
+                f"workload {op}/{name} inputs raised {first_line(exc)} at "
+                f"{recipes_file.where(exc, self.path)}")))
+            return
+        ref_name = reference if isinstance(reference, str) else \
+            getattr(reference, "__name__", None) or repr(reference)
+        for device in device_list:
+            if load.get("devices") is not None and device not in load["devices"]:
+                continue
+            for direction in directions:
+                row = Row(base, device=device, direction=direction, reference=ref_name)
+                self.rows.append(row)
+                if reference == "cpu" and device == "cpu":
+                    row.update(status="skip", reason="same-kernel",
+                               message="the reference is this op's own CPU kernel")
+                    continue
+                try:
+                    self.measure(row, fn, reference, cpu_args, device,
+                                 grad if direction == "backward" else [], recipe)
+                except Exception as exc:  # noqa: BLE001 - one row's failure, reported there
+                    row.update(status="fail", message=f"{op}/{name} {direction} on {device}: "
+                                                      f"{first_line(exc)}")
+
+    def measure(self, row, fn, reference, cpu_args, device, grad, recipe):
+        ours, ours_run = self.call_maker(fn, cpu_args, device, grad)
+        if reference == "cpu":
+            ref, ref_run = self.call_maker(fn, cpu_args, "cpu", grad)
+        else:
+            ref, ref_run = self.call_maker(reference, cpu_args, device, grad)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                want = ref_run()
+            except ImportError as exc:
+                row.update(status="skip", reason="no-reference",
+                           message=f"reference {row['reference']}: {first_line(exc)}")
+                return
+            got = ours_run()
+            keep = recipe.get("outputs") if not grad else None
+            if keep is not None:
+                want, got = [want[i] for i in keep], [got[i] for i in keep]
+            atol = recipe.get("grad_atol" if grad else "atol", 1e-3 if grad else 1e-4)
+            rtol = recipe.get("grad_rtol" if grad else "rtol", 1e-3)
+            problem = compare(self.t, want, got, atol, rtol)
+            if problem:
+                row.update(status="fail", message=f"ours and the reference disagree: "
+                           f"{problem.replace('the CPU', 'the reference').replace('CPU', 'reference')}")
+                return
+            ours_block, ref_block = _block(self.t, ours), _block(self.t, ref)
+            speed = paired(ours_block, ref_block, budget_s=self.budget_s)
+            noise = paired(ours_block, ours_block, budget_s=self.budget_s / 2)
+        # an A/A run: how far ours against itself strays from 1 (its spread is reported apart)
+        noise_level = abs(noise["ratio"] - 1)
+        # slower than the floor even after granting ours its own measured noise
+        slow = speed["ratio"] * (1 + noise_level) < self.min_speedup
+        row.update(status="fail" if slow else "pass", ours_s=speed["a_s"],
+                   reference_s=speed["b_s"], speedup=speed["ratio"], spread=speed["spread"],
+                   rounds=speed["rounds"], noise=noise_level,
+                   message=f"{speed['ratio']:.3g}x the reference's speed"
+                   + (f": slower than the {self.min_speedup:g}x allowed" if slow else ""))
+
+
+def _block(t, call, target_s: float = 0.02):
+    """Seconds per call of one block, timed by torch.utils.benchmark (calls per block fixed
+    once, so every round of a row does the same work)."""
+    from torch.utils.benchmark import Timer
+
+    timer = Timer(stmt="call()", globals={"call": call})
+    once = min(timer.timeit(1).mean for _ in range(3))  # a stall must not set the block size
+    number = max(1, min(10_000, int(target_s / max(once, 1e-7))))
+    return lambda: timer.timeit(number).mean
+
+
+def bench(args) -> dict:
+    doc: dict = {"schema": SCHEMA, "kind": "bench", "package": args.package,
+                 "namespace": args.namespace, "rows": [], "checks": []}
+    started = time.monotonic()
+    try:
+        import torch
+    except BaseException as exc:  # noqa: BLE001
+        doc["checks"].append({"id": "import-torch", "category": "import", "status": "fail",
+                              "message": f"import torch fails: {first_line(exc)}"})
+        return doc
+    doc["environment"] = {"python": platform.python_version(), "executable": sys.executable,
+                          "platform": platform.platform(), "torch_version": torch.__version__,
+                          "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available()
+                          else None, "threads": torch.get_num_threads()}
+    try:
+        module = importlib.import_module(args.package)
+        doc["import"] = {"file": getattr(module, "__file__", None)}
+    except BaseException as exc:  # noqa: BLE001
+        doc["checks"].append({"id": "import", "category": "import", "status": "fail",
+                              "message": f"import {args.package}: {first_line(exc)}"})
+        return doc
+    path = args.spec.get("recipes")
+    try:
+        recipes = recipes_file.load(path) if path else {}
+    except recipes_file.RecipeError as exc:
+        doc["checks"].append({"id": "recipes", "category": "run", "status": "fail",
+                              "message": f"recipes file: {exc}", "recipe_error": True})
+        return doc
+    runner = Bench(torch, args.namespace, recipes, path or "recipes", args.bench)
+    devices = runner.devices(args.device_checks)
+    doc["devices"] = devices
+    doc["rows"] = runner.run(devices)
+    doc["duration_s"] = round(time.monotonic() - started, 2)
+    return doc
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    captured = io.StringIO()
+    with contextlib.redirect_stdout(captured):
+        try:
+            doc = bench(args)
+        except BaseException:  # noqa: BLE001 - the document is always written
+            doc = {"schema": SCHEMA, "kind": "bench", "package": args.package,
+                   "namespace": args.namespace, "rows": [], "checks": [],
+                   "probe_error": traceback.format_exc()}
+    doc["stdout"] = captured.getvalue()[-4000:]
+    failed = doc.get("probe_error") or any(r.get("status") == "fail" for r in doc["rows"]) or \
+        any(c["status"] == "fail" for c in doc["checks"])
+    doc["summary"] = {"status": "fail" if failed else "pass"}
+    with open(args.out, "w", encoding="utf-8") as fh:
+        json.dump(doc, fh, indent=1, default=str)
+    return 1 if failed else 0
