@@ -24,7 +24,8 @@ FLAGS = st.lists(st.sampled_from([
     ["--min-speedup", "inf"], ["--reference", "cpu"], ["--reference", "torchvision"],
     ["--ops", "nms,roi_align"], ["--ops", "1x"], ["--workloads", "small"], ["--forward-only"],
     ["--with", "torchvision"], ["--with", "not a requirement!"], ["--variant", "cpu"],
-    ["--variant", "cu999"], ["--device-checks", "maybe"], ["--bogus"]]), max_size=3)
+    ["--variant", "cu999"], ["--device-checks", "maybe"], ["--against", "never-saved"],
+    ["--regression", "0.5"], ["--save", "a/b"], ["--bogus"]]), max_size=3)
 
 
 @examples(40)
@@ -64,10 +65,16 @@ def test_bench_path_of_every_kind(tmp_path, python, option, kind):
     (["--budget", "0"], "a positive number of seconds"),
     (["--min-speedup", "-2"], "a positive, finite ratio"),
     (["--with", "torch vision"], "not a requirement"),
+    (["--save", "../escape"], "a baseline name is letters"),
+    (["--regression", "1"], "a factor greater than 1"),
+    (["--against", "never-saved"], "no such baseline"),
+    (["--against", "missing.json"], "--against missing.json"),
 ])
-def test_bench_bad_numbers_and_requirements_say_so(python, capsys, argv, message):
+def test_bench_bad_numbers_and_requirements_say_so(python, capsys, monkeypatch, tmp_path,
+                                                   argv, message):
     from opforge.cli import main
 
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path))
     assert main(["bench", "--python", str(python), "--package", "demo", "--namespace", "demo",
                  "--recipes", str(ROOT / "extension" / "recipes.py"), *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()

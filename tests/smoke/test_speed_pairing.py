@@ -26,21 +26,31 @@ def test_median_of_ratios_ignores_a_machine_that_slows_down_for_a_while():
         factor["now"] = next(load)
         return 1e-3 * factor["now"]
 
-    result = paired(a, lambda: 20e-3 * factor["now"], budget_s=0, min_rounds=7)
+    result = paired(a, lambda: 20e-3 * factor["now"], budget_s=0, min_rounds=7, inner=1)
     assert result["ratio"] == pytest.approx(20) and result["spread"] == pytest.approx(0)
     assert result["rounds"] == 7
 
 
 def test_one_outlier_round_does_not_move_the_verdict():
-    result = paired(_times(1e-3), _times(1e-3, 1e-3, 50e-3, 1e-3, 1e-3), budget_s=0, min_rounds=5)
+    result = paired(_times(1e-3), _times(1e-3, 1e-3, 50e-3, 1e-3, 1e-3), budget_s=0,
+                    min_rounds=5, inner=1)
     assert result["ratio"] == pytest.approx(1)
+
+
+def test_a_stalled_block_inside_a_round_does_not_move_its_ratio():
+    # every round has one block of each side stalled 40x: the fastest blocks still say 10
+    a = _times(1e-3, 40e-3, 1e-3)
+    b = _times(400e-3, 10e-3, 10e-3)
+    result = paired(a, b, budget_s=0, min_rounds=5, max_rounds=5, inner=3)
+    assert result["ratio"] == pytest.approx(10) and result["rounds"] == 5
+    assert result["a_s"] == pytest.approx(1e-3) and result["b_s"] == pytest.approx(10e-3)
 
 
 def test_sides_alternate_order():
     order = []
     paired(lambda: order.append("a") or 1.0, lambda: order.append("b") or 1.0, budget_s=0,
-           min_rounds=4, max_rounds=4)
-    assert order == ["a", "b", "b", "a", "a", "b", "b", "a"]
+           min_rounds=2, max_rounds=2, inner=2)
+    assert "".join(order) == "abba" + "baab"
 
 
 def test_spread_and_seconds():

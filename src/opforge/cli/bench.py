@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from opforge.cli.smoke import _csv, add_target_arguments
 from opforge.errors import UsageError
 from opforge.files import check_writable, write_atomic
 
+_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}\Z")
 # a row's timing budget: rounds stop once it is spent (at least 5 rounds)
 DEFAULT_BUDGET_S = 0.3
 
@@ -35,6 +37,44 @@ def _positive_ratio(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r}: a positive, finite ratio (0.1 = ten "
                                          "times slower than the reference)")
     return value
+
+
+def _baseline_name(text: str) -> str:
+    if not _NAME.match(text):
+        raise argparse.ArgumentTypeError(f"{text!r}: a baseline name is letters, digits, "
+                                         "'.', '_' and '-' (at most 64)")
+    return text
+
+
+def _factor(text: str) -> float:
+    value = _positive_ratio(text)
+    if value <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a factor greater than 1 (1.5 = half as "
+                                         "fast again)")
+    return value
+
+
+def baseline_dir() -> Path:
+    from opforge.bisect.envs import cache_dir
+
+    return cache_dir() / "bench"
+
+
+def load_baseline(text: str) -> tuple[str, dict]:
+    """(the name shown, the saved rows by key) of ``--against NAME|FILE`` (UsageError if none)."""
+    from opforge.files import read_json
+    from opforge.smoke.benchreport import baseline_rows
+
+    saved = baseline_dir() / f"{text}.json"
+    if _NAME.match(text) and saved.is_file():
+        return text, baseline_rows(read_json(saved, what=f"baseline {text}"), f"baseline {text}")
+    if text.endswith(".json"):
+        return text, baseline_rows(read_json(text, what="--against"), f"--against {text}")
+    known = sorted(p.stem for p in baseline_dir().glob("*.json")) if baseline_dir().is_dir() \
+        else []
+    raise UsageError(f"--against {text!r}: no such baseline (saved: "
+                     f"{', '.join(known) or 'none'}; a baseline is saved with --save NAME, "
+                     "or give an earlier run's --json FILE)")
 
 
 def register(subparsers) -> None:
@@ -70,6 +110,13 @@ def register(subparsers) -> None:
     p.add_argument("--summary", type=Path, metavar="PATH",
                    help="write the Markdown summary (table and speed-up charts) here "
                         "(also appended to $GITHUB_STEP_SUMMARY when set)")
+    p.add_argument("--save", metavar="NAME", type=_baseline_name,
+                   help="store this run as baseline NAME (under $OPFORGE_CACHE_DIR/bench)")
+    p.add_argument("--against", metavar="NAME|FILE",
+                   help="compare with baseline NAME (or a --json FILE of an earlier run): "
+                        "fail a row whose speed-up fell by more than --regression beyond noise")
+    p.add_argument("--regression", type=_factor, default=1.5, metavar="X",
+                   help="with --against: the slowdown a row may show (default 1.5)")
     # smoke's options that bench does not take
     p.set_defaults(func=run, expect_keys=None, internal_ops=None, junit=None, speed_check="skip")
 
@@ -86,6 +133,9 @@ def run(args: argparse.Namespace) -> int:
         _requirement(extra)
     if args.python is not None and args.extras:
         raise UsageError("--with installs into a fresh environment, not --python")
+    baseline = load_baseline(args.against) if args.against else None
+    if args.save:
+        check_writable(baseline_dir() / f"{args.save}.json", what="--save")
     target, request, _variant = resolve(args)
     if request.recipes is None:
         raise UsageError("no recipes file: name one in matrix.yaml (extension.recipes) or "
@@ -106,7 +156,13 @@ def run(args: argparse.Namespace) -> int:
                         extra_argv=("--bench", json.dumps(options)))
     finally:
         cleanup(env, keep=args.keep_env)
+    if baseline:
+        benchreport.compare_to_baseline(doc, baseline[1], baseline[0], args.regression)
     benchreport.render_terminal(doc)
+    if args.save and benchreport.exit_code(doc) == 0:
+        write_atomic(baseline_dir() / f"{args.save}.json", json.dumps(doc, indent=1) + "\n")
+        print(f"saved as baseline {args.save} ({baseline_dir() / (args.save + '.json')})",
+              file=sys.stderr)
     if args.json:
         write_atomic(args.json, json.dumps(doc, indent=1) + "\n")
     summary = benchreport.markdown(doc)

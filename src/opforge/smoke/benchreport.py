@@ -46,7 +46,8 @@ def render_terminal(doc: dict, console: Console | None = None) -> None:
                   box=box.SIMPLE_HEAD)
     for name, justify in (("op", "left"), ("workload", "left"), ("device", "left"),
                           ("reference", "left"), ("ours", "right"), ("reference time", "right"),
-                          ("speed-up", "right"), ("noise", "right"), ("status", "left")):
+                          ("speed-up", "right"), ("noise", "right"), ("vs baseline", "right"),
+                          ("status", "left")):
         table.add_column(name, justify=justify, no_wrap=name != "status")
     for row in doc.get("rows", []):
         timed = "speedup" in row
@@ -56,6 +57,7 @@ def render_terminal(doc: dict, console: Console | None = None) -> None:
             Text(f"{row['speedup']:.2f}x", style="green" if row["speedup"] >= 1 else "yellow")
             if timed else "",
             f"±{row['noise'] * 100:.0f}%" if timed else "",
+            _change(row),
             Text("ok" if row.get("status") == "pass" else f"{row.get('status')}: "
                  f"{row.get('message', '')}",
                  style=STATUS_STYLE.get(row.get("status"), "")))
@@ -67,6 +69,11 @@ def render_terminal(doc: dict, console: Console | None = None) -> None:
         console.print(Text("the benchmark itself failed: "
                            + doc["probe_error"].strip().splitlines()[-1], style="bold red"))
     console.print(Text(headline(doc), style="bold red" if exit_code(doc) else "bold green"))
+
+
+def _change(row: dict) -> str:
+    base = row.get("baseline")
+    return f"{base['change']:.2f}x of {base['name']}" if base else ""
 
 
 def svg_chart(op: str, rows: list[dict]) -> str:
@@ -109,19 +116,19 @@ def markdown(doc: dict) -> str:
     lines = [f"### opforge bench: {doc.get('package')}", "", f"**{headline(doc)}**", "",
              f"torch `{env.get('torch_version', '?')}`; speed-up = reference time / ours, the "
              "median of paired alternating rounds; noise = ours against itself.", "",
-             "| op | workload | device | reference | ours | reference | speed-up | noise | |",
-             "|---|---|---|---|---:|---:|---:|---:|---|"]
+             "| op | workload | device | reference | ours | reference | speed-up | noise | "
+             "vs baseline | |", "|---|---|---|---|---:|---:|---:|---:|---:|---|"]
     for row in doc.get("rows", []):
         if "speedup" in row:
             mark = "✅" if row.get("status") == "pass" else f"❌ {escape(row.get('message', ''))}"
             lines.append(f"| `{row['op']}` | {_label(row)} | {row['device']} | "
                          f"{row.get('reference', '')} | {seconds(row['ours_s'])} | "
                          f"{seconds(row['reference_s'])} | **{row['speedup']:.2f}x** | "
-                         f"±{row['noise'] * 100:.0f}% | {mark} |")
+                         f"±{row['noise'] * 100:.0f}% | {_change(row)} | {mark} |")
         else:
             mark = "❌" if row.get("status") == "fail" else "·"
             lines.append(f"| `{row.get('op', '')}` | {_label(row)} | {row.get('device', '')} | "
-                         f"{row.get('reference', '')} | | | | | {mark} "
+                         f"{row.get('reference', '')} | | | | | | {mark} "
                          f"{escape(row.get('message', ''))} |")
     lines.append("")
     ops = list(dict.fromkeys(r.get("op") for r in doc.get("rows", []) if "speedup" in r))
@@ -130,3 +137,45 @@ def markdown(doc: dict) -> str:
         data = base64.b64encode(svg.encode()).decode()
         lines += [f"![{op} speed-up](data:image/svg+xml;base64,{data})", ""]
     return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- baselines
+
+
+def row_key(row: dict) -> tuple:
+    return tuple(row.get(k) for k in ("op", "workload", "direction", "device", "reference"))
+
+
+def baseline_rows(doc: object, label: str) -> dict[tuple, dict]:
+    """A saved run's timed rows by key (raises UsageError naming ``label`` when it is not one)."""
+    from opforge.errors import UsageError
+
+    if not isinstance(doc, dict) or doc.get("kind") != "bench":
+        raise UsageError(f"{label}: not an `opforge bench` JSON document")
+    rows = doc.get("rows")
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise UsageError(f"{label}: its 'rows' is not a list of rows")
+    out = {}
+    for r in rows:
+        speedup = r.get("speedup")
+        if isinstance(speedup, (int, float)) and not isinstance(speedup, bool) and speedup > 0:
+            out[row_key(r)] = r
+    return out
+
+
+def compare_to_baseline(doc: dict, base: dict[tuple, dict], name: str, threshold: float) -> None:
+    """Mark each timed row with its change against the baseline; fail a slowdown beyond
+    ``threshold`` and beyond both runs' noise. The change compares speed-ups (each a ratio
+    measured within its own run), never absolute times across runs."""
+    for row in doc.get("rows", []):
+        old = base.get(row_key(row))
+        if "speedup" not in row or old is None:
+            continue
+        change = row["speedup"] / old["speedup"]
+        row["baseline"] = {"name": name, "speedup": old["speedup"], "change": change}
+        noise = row.get("noise", 0) + float(old.get("noise") or 0)
+        if change * threshold * (1 + noise) < 1:
+            row["status"] = "fail"
+            row["message"] = (f"{1 / change:.2f}x slower than baseline {name} (speed-up "
+                              f"{row['speedup']:.3g}x, was {old['speedup']:.3g}x; allowed "
+                              f"{threshold:g}x beyond noise ±{noise * 100:.0f}%)")

@@ -10,7 +10,7 @@ from .recipes import RecipeError, validate, where
 from .speed import block_timer, calls_per_block, paired, seconds, synchronizer
 
 # the smoke speed check: blocks of about this long, rounds until this budget is spent
-SPEED_BLOCK_S = 0.01
+SPEED_BLOCK_S = 0.005
 SPEED_BUDGET_S = 0.1
 
 

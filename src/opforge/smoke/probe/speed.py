@@ -40,20 +40,29 @@ def calls_per_block(call, sync, target_s: float, limit: int = 10_000) -> int:
 
 
 def paired(time_a, time_b, budget_s: float = 0.25, min_rounds: int = 5,
-           max_rounds: int = 15) -> dict:
+           max_rounds: int = 15, inner: int = 3) -> dict:
     """Alternate ``time_a()`` and ``time_b()`` (each: seconds per call of one block).
 
-    Returns both sides' median times, ``ratio`` (median of b/a over the rounds), its
-    ``spread`` (the ratios' inter-quartile range over their median) and ``rounds``. Stops at
-    ``max_rounds`` or when ``budget_s`` is spent, but never before ``min_rounds``.
+    A round alternates the two sides ``inner`` times (a b a b ..., starting with the other
+    side every round) and yields one ratio, fastest b over fastest a: a busy machine only ever
+    adds time, so the fastest block of each side is the one least disturbed, and the two were
+    measured moments apart. Returns both sides' median (over rounds) of those fastest times,
+    ``ratio`` (the median of the rounds' ratios b/a), its ``spread`` (the ratios'
+    inter-quartile range over their median) and ``rounds``. Stops at ``max_rounds`` or when
+    ``budget_s`` is spent, but never before ``min_rounds``.
     """
     a_times, b_times, ratios = [], [], []
     t0 = time.perf_counter()
     for i in range(max_rounds):
-        if i % 2 == 0:
-            a, b = time_a(), time_b()
-        else:
-            b, a = time_b(), time_a()
+        a_block, b_block = [], []
+        for j in range(inner):
+            if (i + j) % 2 == 0:
+                a_block.append(time_a())
+                b_block.append(time_b())
+            else:
+                b_block.append(time_b())
+                a_block.append(time_a())
+        a, b = min(a_block), min(b_block)
         a_times.append(a)
         b_times.append(b)
         ratios.append(b / max(a, 1e-12))
