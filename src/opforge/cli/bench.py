@@ -125,7 +125,8 @@ def run(args: argparse.Namespace) -> int:
     from opforge.cli.smoke import resolve
     from opforge.smoke import benchreport
     from opforge.smoke.runner import cleanup, prepare_environment, run_probe
-    from opforge.venv import pip
+    from opforge.torchsource import pip_index_args
+    from opforge.venv import install
 
     if args.summary is not None:
         check_writable(args.summary, what="--summary")
@@ -151,7 +152,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.extras:
             env.installs.append(f"pip install {' '.join(args.extras)}")
-            pip(env.python, "install", "-q", *args.extras)
+            # from torch's index too: a library built for that torch (torchvision) lives there
+            install(env.python, *args.extras, *pip_index_args(target.torch_index),
+                    what=", ".join(args.extras))
         doc = run_probe(env, request, mode=("bench",),
                         extra_argv=("--bench", json.dumps(options)))
     finally:
