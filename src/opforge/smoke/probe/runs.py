@@ -3,6 +3,7 @@ autocast. The probe knows no op: everything op-specific comes from the recipes f
 
 from __future__ import annotations
 
+import time
 import warnings
 
 from .common import AUTOCAST_KEY, DEVICE_KEY, DEVICES, Report, first_line
@@ -462,6 +463,7 @@ class OpRunner:
 
     def time_against_cpu(self, op, fn, device, cpu_args, args, factor, check_id):
         sync, no_sync = synchronizer(self.t, device), synchronizer(self.t, "cpu")
+        started = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             cpu_call, dev_call = (lambda: fn(*cpu_args)), (lambda: fn(*args))
@@ -478,4 +480,5 @@ class OpRunner:
                    f"{result['rounds']} paired rounds)")
         self.report.check(check_id, "speed", "fail" if slow else "pass", message, op=op,
                           device=device, device_s=result["b_s"], cpu_s=result["a_s"],
-                          ratio=round(ratio, 3), factor=factor, spread=round(result["spread"], 3))
+                          ratio=round(ratio, 3), factor=factor, spread=round(result["spread"], 3),
+                          cost_s=round(time.perf_counter() - started, 3))
