@@ -21,7 +21,9 @@ Test PyTorch nightlies between a good and a bad date by halving, like git bisect
 the last good and first bad nightly with their commits. The test is, by default, building the
 extension from this checkout against the nightly and running the smoke test; --wheel PATH
 installs a prebuilt wheel beside each nightly instead; `-- CMD ...` runs any command in the
-nightly's environment (exit 0 good, 125 skip, 1-127 bad, 128 and above abort).
+nightly's environment (exit 0 good, 125 skip, 1-127 bad, 128 and above abort). Builds go
+through the compiler cache, as `opforge build`'s do (a nightly never reuses another torch's
+objects; a rerun of one reuses its own); OPFORGE_COMPILER_CACHE=off compiles everything.
 """
 
 EPILOG = """\
