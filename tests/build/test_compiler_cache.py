@@ -281,3 +281,23 @@ def test_the_job_summary_gets_the_hit_rate(tmp_path, monkeypatch):
     write_summary("cpu", CacheStats(requests=10, hits=9, misses=1, not_cacheable=0, errors=0,
                                     cache_dir="/c"))
     assert "| 9 | 1 | 90% | 0 |" in summary.read_text(encoding="utf-8")
+
+
+def test_the_workflows_persist_the_directory_builds_use(monkeypatch):
+    """The workflows' actions/cache paths are opforge's default cache directory (Linux and
+    containers: ~/.cache; macOS: ~/Library/Caches), where `opforge build` puts objects."""
+    import yaml
+
+    monkeypatch.delenv("SCCACHE_DIR", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    default = "~/" + str(compiler_cache.default_cache_dir({}).relative_to(Path.home()))
+    cached = {}
+    for name in ("reusable-build-smoke.yml", "ci.yml"):
+        data = yaml.safe_load((ROOT / ".github" / "workflows" / name).read_text())
+        for job_id, job in data["jobs"].items():
+            for step in job.get("steps", []):
+                if str(step.get("uses", "")).startswith("actions/cache@"):
+                    cached[f"{name}:{job_id}"] = step["with"]["path"].split()
+    assert set(cached) == {"reusable-build-smoke.yml:build", "ci.yml:tests"}, cached
+    assert all(default in paths for paths in cached.values()), (default, cached)
+    assert "~/Library/Caches/opforge/sccache" in cached["reusable-build-smoke.yml:build"]

@@ -11,7 +11,9 @@ The few actions the jobs use are emulated:
 * ``actions/setup-python``: a fresh virtual environment of this interpreter's Python, put first
   on PATH (its ``cache:`` is pip's own cache, already on this machine);
 * ``actions/upload-artifact`` / ``download-artifact``: files copied into, and out of, a
-  directory that stands for the run's artifact store.
+  directory that stands for the run's artifact store;
+* ``actions/cache``: the runner's own disk (a self-hosted runner): the paths keep what the
+  last run left, so the compiler cache is this machine's (``opforge build``'s default).
 
 A job that calls a reusable workflow of this repository (``uses: ./.github/workflows/x.yml``)
 is followed with ``Runner.call(job_id)``: a runner for the called workflow, given the caller's
@@ -260,8 +262,20 @@ class Runner:
             return self._upload(args, workspace)
         if action == "actions/download-artifact":
             return self._download(args, workspace)
+        if action == "actions/cache":
+            return self._cache(args)
         raise EmulationError(f"{step['uses']}: not an action this emulator knows; add it to "
                              f"{Path(__file__).name}")
+
+    def _cache(self, args: dict[str, str]):
+        """A persistent runner's disk: the cached paths hold what the last run left (nothing
+        is copied in or out); a step without a key or a path fails, as on GitHub."""
+        paths = [line.strip() for line in args.get("path", "").splitlines() if line.strip()]
+        if not args.get("key") or not paths:
+            return "failure", "cache", "actions/cache needs `key` and `path`"
+        kept = [p for p in paths if Path(os.path.expanduser(p)).exists()]
+        return "success", f"cache {args['key']}", \
+            f"the runner's disk keeps {', '.join(kept) or 'none of ' + ', '.join(paths)}"
 
     def _setup_python(self, args: dict[str, str], home: Path, job_env: dict[str, str]):
         want = args.get("python-version", "")
