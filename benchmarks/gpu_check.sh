@@ -7,13 +7,15 @@
 # It copies extension/ to a scratch folder, builds opforge_ops there for sm_90 (TORCH_CUDA_ARCH_LIST=9.0, FORCE_CUDA=1) against the torch
 # of that machine's python3, runs extension/tests/test_cuda.py and then the other extension
 # tests with the CUDA build, and runs benchmarks/bench_cuda.py beside torchvision. Everything
-# lands in $OUT (seven files, within the device tool's limit of eight):
+# lands in $OUT (eight files, the device tool's limit):
 #   summary.txt   what ran, how long each step took, exit codes, the benchmark table
 #   env.txt       nvidia-smi, nvcc, python, torch, torchvision
 #   build.log     the full build log, -Xptxas -v register and spill lines included
 #   test_cuda.log pytest -rA of tests/test_cuda.py
 #   tests_other.log pytest of the other extension tests
 #   bench.txt bench.json   the benchmark table
+#   opforge_bench.txt      `opforge bench` (the recipes' workloads vs torchvision) and smoke's
+#                          speed check (speed:<op>:cuda lines)
 # Budget: about 8 minutes on 16 cores (build ~3, tests ~4, benchmarks ~1). Each step has its
 # own timeout so that a hang still leaves the logs of the steps before it (BUILD_TIMEOUT,
 # default 300 s, and MAX_JOBS, default nproc, can be set for slower machines).
@@ -128,4 +130,15 @@ fi
 cd "$ROOT" || exit 1
 step bench 150 "$OUT/bench.txt" env PYTHONPATH="$EXT" "$PY" benchmarks/bench_cuda.py --json "$OUT/bench.json"
 cat "$OUT/bench.txt" >>"$OUT/summary.txt"
+# The recipes' workloads through `opforge bench` (cuda and cpu rows, torchvision's kernels as
+# the references) and smoke's speed check (each CUDA kernel against the CPU's): opforge from
+# this checkout, the CUDA build from $EXT, this interpreter (nothing installed). Needs opforge's
+# own dependencies (pyyaml, rich, packaging, platformdirs) in $PY; the log says so otherwise.
+step opforge_bench 240 "$OUT/opforge_bench.txt" env PYTHONPATH="$ROOT/src:$EXT" COLUMNS=200 \
+  "$PY" -m opforge bench --python "$PY" --file "$ROOT/matrix.yaml" --budget 0.2
+step opforge_smoke 240 "$OUT/opforge_bench.txt.smoke" env PYTHONPATH="$ROOT/src:$EXT" \
+  "$PY" -m opforge smoke --python "$PY" --file "$ROOT/matrix.yaml" --variant cu130
+grep -E "speed:|PASS|FAIL" "$OUT/opforge_bench.txt.smoke" >>"$OUT/opforge_bench.txt"
+rm -f "$OUT/opforge_bench.txt.smoke"
+tail -n 60 "$OUT/opforge_bench.txt" >>"$OUT/summary.txt"
 note "done"
