@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 namespace opforge {
 
@@ -49,7 +50,8 @@ inline void check_same_device_and_dtype(const char* op, const char* name_a, cons
               b.scalar_type());
 }
 
-inline void check_nms_inputs(const at::Tensor& dets, const at::Tensor& scores) {
+// The shape rules of nms, shared by the float kernels of every backend and the QuantizedCPU one.
+inline void check_nms_shapes(const at::Tensor& dets, const at::Tensor& scores) {
   check_storage_holds("nms", "boxes (dets)", dets);
   check_storage_holds("nms", "scores", scores);
   TORCH_CHECK(dets.dim() == 2 && dets.size(1) == 4,
@@ -59,14 +61,42 @@ inline void check_nms_inputs(const at::Tensor& dets, const at::Tensor& scores) {
   TORCH_CHECK(dets.size(0) == scores.size(0),
               "nms: boxes (dets) and scores must have the same length, got ", dets.size(0),
               " boxes and ", scores.size(0), " scores");
+}
+
+inline void check_nms_inputs(const at::Tensor& dets, const at::Tensor& scores) {
+  check_nms_shapes(dets, scores);
   check_same_device_and_dtype("nms", "boxes (dets)", dets, "scores", scores);
   TORCH_CHECK(is_supported_float(dets), "nms: boxes (dets) must be a floating point tensor, got ",
               dets.scalar_type());
 }
 
-// Checks shared by roi_align and roi_pool (forward).
-inline void check_roi_inputs(const char* op, const at::Tensor& input, const at::Tensor& rois,
-                             int64_t pooled_height, int64_t pooled_width) {
+// Sizes the kernels index with int32 (argmax, channel_mapping, tap tables) or hand to
+// torchvision-style int parameters stay below 2^31.
+inline constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
+
+// The plane size must fit the int32 offsets (argmax, tap tables) the kernels use.
+inline void check_plane_fits_int32(const char* op, int64_t height, int64_t width) {
+  TORCH_CHECK(height <= 0 || width <= 0 ||
+                  (height <= kMaxInt32 && width <= kMaxInt32 && height * width <= kMaxInt32),
+              op, ": an input plane of height x width = ", height, " x ", width,
+              " has 2^31 or more elements, more than the kernels' int32 offsets address");
+}
+
+// A fixed sampling_ratio bounds every roi's bilinear samples without reading the rois.
+inline constexpr int64_t kMaxSamplesPerRoi = int64_t(1) << 24;
+
+inline void check_sampling_ratio(const char* op, int64_t sampling_ratio, int64_t pooled_height,
+                                 int64_t pooled_width) {
+  TORCH_CHECK(sampling_ratio <= 0 || double(sampling_ratio) * double(sampling_ratio) *
+                                             double(pooled_height) * double(pooled_width) <=
+                                         double(kMaxSamplesPerRoi),
+              op, ": sampling_ratio ", sampling_ratio, " with output_size (", pooled_height, ", ",
+              pooled_width, ") needs more than ", kMaxSamplesPerRoi,
+              " samples per roi; pass a smaller sampling_ratio (or <= 0 for adaptive sampling)");
+}
+
+// The shape rules of a roi op's input and rois, shared with the QuantizedCPU roi_align.
+inline void check_roi_shapes(const char* op, const at::Tensor& input, const at::Tensor& rois) {
   check_storage_holds(op, "input", input);
   check_storage_holds(op, "rois", rois);
   TORCH_CHECK(input.dim() == 4, op, ": input must be a 4-D tensor [N, C, H, W], got shape ",
@@ -74,12 +104,32 @@ inline void check_roi_inputs(const char* op, const at::Tensor& input, const at::
   TORCH_CHECK(rois.dim() == 2 && rois.size(1) == 5, op,
               ": rois (boxes) must have shape [K, 5] (batch index, x1, y1, x2, y2), got shape ",
               rois.sizes());
+}
+
+// output_size and the input plane of a roi op (input is 4-D).
+inline void check_roi_output_size(const char* op, const at::Tensor& input, int64_t pooled_height,
+                                  int64_t pooled_width) {
+  TORCH_CHECK(pooled_height >= 0 && pooled_width >= 0 && pooled_height <= kMaxInt32 &&
+                  pooled_width <= kMaxInt32,
+              op,
+              ": output_size (pooled_height, pooled_width) must not be negative and must be "
+              "below 2^31, got (",
+              pooled_height, ", ", pooled_width, ")");
+  check_plane_fits_int32(op, input.size(2), input.size(3));
+}
+
+// Checks shared by the roi forwards (roi_align, roi_pool, and the ps ops below).
+inline void check_roi_inputs(const char* op, const at::Tensor& input, const at::Tensor& rois,
+                             int64_t pooled_height, int64_t pooled_width) {
+  check_roi_shapes(op, input, rois);
   check_same_device_and_dtype(op, "input", input, "rois", rois);
   TORCH_CHECK(is_supported_float(input), op, ": input must be a floating point tensor, got ",
               input.scalar_type());
-  TORCH_CHECK(pooled_height >= 0 && pooled_width >= 0, op,
-              ": output_size (pooled_height, pooled_width) must not be negative, got (",
-              pooled_height, ", ", pooled_width, ")");
+  check_roi_output_size(op, input, pooled_height, pooled_width);
+  // Every roi names an image of the input: with none, any roi is out of range.
+  TORCH_CHECK(input.size(0) > 0 || rois.size(0) == 0, op,
+              ": input has no images (batch size 0), but rois hold ", rois.size(0),
+              " boxes that each name one");
 }
 
 // Checks shared by the roi backward kernels.
@@ -101,6 +151,7 @@ inline void check_roi_backward_inputs(const char* op, const at::Tensor& grad,
               ", ", channels, ", ", height, ", ", width);
   TORCH_CHECK(is_supported_float(grad), op, ": grad must be a floating point tensor, got ",
               grad.scalar_type());
+  check_plane_fits_int32(op, height, width);
 }
 
 // The int32 index tensor a forward returned beside its output (roi_pool's
@@ -135,9 +186,10 @@ inline void check_ps_roi_backward_inputs(const char* op, const at::Tensor& grad,
                                          int64_t pooled_height, int64_t pooled_width,
                                          int64_t batch_size, int64_t channels, int64_t height,
                                          int64_t width) {
-  TORCH_CHECK(pooled_height > 0 && pooled_width > 0, op,
-              ": pooled_height and pooled_width must be positive, got (", pooled_height, ", ",
-              pooled_width, ")");
+  TORCH_CHECK(pooled_height > 0 && pooled_width > 0 && pooled_height <= kMaxInt32 &&
+                  pooled_width <= kMaxInt32,
+              op, ": pooled_height and pooled_width must be positive and below 2^31, got (",
+              pooled_height, ", ", pooled_width, ")");
   TORCH_CHECK(channels >= 0 && channels % (pooled_height * pooled_width) == 0, op, ": channels (",
               channels, ") must be a non-negative multiple of pooled_height * pooled_width (",
               pooled_height * pooled_width, ")");
@@ -167,12 +219,6 @@ inline void check_rois_values(const char* op, const T* rois, int64_t num_rois, i
                   "] = ", static_cast<double>(r[k]), " is not finite");
     }
   }
-}
-
-// The plane size must fit the int32 offsets (argmax, tap tables) the kernels use.
-inline void check_plane_fits_int32(const char* op, int64_t height, int64_t width) {
-  TORCH_CHECK(height * width < (int64_t(1) << 31), op, ": height * width = ", height * width,
-              " is too large (must be below 2^31)");
 }
 
 // Host-side check of a contiguous CPU int32 channel_mapping: every entry names

@@ -134,7 +134,7 @@ std::tuple<at::Tensor, at::Tensor> ps_roi_align_forward_kernel(
     const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t pooled_height,
     int64_t pooled_width, int64_t sampling_ratio) {
   check_ps_roi_inputs("ps_roi_align", input, rois, pooled_height, pooled_width);
-  check_plane_fits_int32("ps_roi_align", input.size(2), input.size(3));
+  check_sampling_ratio("ps_roi_align", sampling_ratio, pooled_height, pooled_width);
   const int64_t channels_out = input.size(1) / (pooled_height * pooled_width);
   const std::vector<int64_t> shape{rois.size(0), channels_out, pooled_height, pooled_width};
   at::Tensor output = at::empty(shape, input.options());
@@ -162,7 +162,7 @@ at::Tensor ps_roi_align_backward_kernel(const at::Tensor& grad, const at::Tensor
   constexpr const char* op = "_ps_roi_align_backward";
   check_ps_roi_backward_inputs(op, grad, rois, channel_mapping, pooled_height, pooled_width,
                                batch_size, channels, height, width);
-  check_plane_fits_int32(op, height, width);
+  check_sampling_ratio(op, sampling_ratio, pooled_height, pooled_width);
   const auto acc_dtype = at::toOpMathType(grad.scalar_type());
   at::Tensor grad_input =
       at::zeros({batch_size, channels, height, width}, grad.options().dtype(acc_dtype));

@@ -127,9 +127,7 @@ at::Tensor roi_align_forward_kernel(const at::Tensor& input, const at::Tensor& r
                                     double spatial_scale, int64_t pooled_height,
                                     int64_t pooled_width, int64_t sampling_ratio, bool aligned) {
   check_roi_inputs("roi_align", input, rois, pooled_height, pooled_width);
-  TORCH_CHECK(input.size(2) * input.size(3) <= std::numeric_limits<int32_t>::max(),
-              "roi_align: input planes (H * W) of more than 2^31 - 1 elements are not supported on "
-              "the CPU");
+  check_sampling_ratio("roi_align", sampling_ratio, pooled_height, pooled_width);
   at::Tensor output =
       at::empty({rois.size(0), input.size(1), pooled_height, pooled_width}, input.options());
   if (output.numel() == 0) {
@@ -151,11 +149,9 @@ at::Tensor roi_align_backward_kernel(const at::Tensor& grad, const at::Tensor& r
                                      int64_t pooled_width, int64_t batch_size, int64_t channels,
                                      int64_t height, int64_t width, int64_t sampling_ratio,
                                      bool aligned) {
-  TORCH_CHECK(height * width <= std::numeric_limits<int32_t>::max(),
-              "_roi_align_backward: input planes (height * width) of more than 2^31 - 1 elements "
-              "are not supported on the CPU");
   check_roi_backward_inputs("_roi_align_backward", grad, rois, pooled_height, pooled_width,
                             batch_size, channels, height, width);
+  check_sampling_ratio("_roi_align_backward", sampling_ratio, pooled_height, pooled_width);
   const auto acc_dtype = at::toOpMathType(grad.scalar_type());
   at::Tensor grad_input =
       at::zeros({batch_size, channels, height, width}, grad.options().dtype(acc_dtype));

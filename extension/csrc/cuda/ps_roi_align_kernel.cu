@@ -87,6 +87,7 @@ std::tuple<at::Tensor, at::Tensor> ps_roi_align_forward_cuda(
   constexpr const char* op = "ps_roi_align";
   check_cuda(op, "input", input);
   check_ps_roi_inputs(op, input, rois, pooled_height, pooled_width);
+  check_sampling_ratio(op, sampling_ratio, pooled_height, pooled_width);
   const c10::cuda::CUDAGuard device_guard(input.device());
   const int64_t channels_out = input.size(1) / (pooled_height * pooled_width);
   auto output =
@@ -123,6 +124,7 @@ at::Tensor ps_roi_align_backward_cuda(const at::Tensor& grad, const at::Tensor& 
   check_cuda(op, "grad", grad);
   check_ps_roi_backward_inputs(op, grad, rois, channel_mapping, pooled_height, pooled_width,
                                batch_size, channels, height, width);
+  check_sampling_ratio(op, sampling_ratio, pooled_height, pooled_width);
   const c10::cuda::CUDAGuard device_guard(grad.device());
   const int64_t total = grad.numel();
   if (total == 0 || batch_size * channels * height * width == 0) {

@@ -83,22 +83,13 @@ __global__ void roi_align_backward_kernel(int64_t total, const scalar_t* __restr
   }
 }
 
-// A fixed sampling_ratio bounds every roi's samples without reading the rois.
-void check_sample_count(const char* op, int64_t pooled_height, int64_t pooled_width,
-                        int64_t sampling_ratio) {
-  TORCH_CHECK(sampling_ratio <= 0 || double(sampling_ratio) * double(sampling_ratio) *
-                                             double(pooled_height) * double(pooled_width) <=
-                                         double(kMaxSamplesPerRoi),
-              op, ": sampling_ratio ", sampling_ratio, " needs more than ", kMaxSamplesPerRoi,
-              " samples per roi; pass a smaller sampling_ratio");
-}
-
 at::Tensor roi_align_forward_cuda(const at::Tensor& input, const at::Tensor& rois,
                                   double spatial_scale, int64_t pooled_height, int64_t pooled_width,
                                   int64_t sampling_ratio, bool aligned) {
   constexpr const char* op = "roi_align";
   check_cuda(op, "input", input);
   check_roi_inputs(op, input, rois, pooled_height, pooled_width);
+  check_sampling_ratio(op, sampling_ratio, pooled_height, pooled_width);
 
   const c10::cuda::CUDAGuard device_guard(input.device());
   const int64_t num_rois = rois.size(0);
@@ -113,7 +104,6 @@ at::Tensor roi_align_forward_cuda(const at::Tensor& input, const at::Tensor& roi
   // Rois are not validated here: that would copy them to the host (a sync) on every call.
   // A roi the CPU rejects (bad batch index, non-finite coordinate, too many samples)
   // reads nothing and yields 0 (roi_is_valid in roi_geometry).
-  check_sample_count(op, pooled_height, pooled_width, sampling_ratio);
   if (input.numel() == 0) {
     return output.zero_();  // an empty (H, W) plane: every sample is outside
   }
@@ -144,6 +134,7 @@ at::Tensor roi_align_backward_cuda(const at::Tensor& grad, const at::Tensor& roi
   check_cuda(op, "grad", grad);
   check_roi_backward_inputs(op, grad, rois, pooled_height, pooled_width, batch_size, channels,
                             height, width);
+  check_sampling_ratio(op, sampling_ratio, pooled_height, pooled_width);
 
   const c10::cuda::CUDAGuard device_guard(grad.device());
   const int64_t total = grad.numel();

@@ -117,9 +117,6 @@ std::tuple<at::Tensor, at::Tensor> roi_pool_forward_cuda(const at::Tensor& input
   constexpr const char* op = "roi_pool";
   check_cuda(op, "input", input);
   check_roi_inputs(op, input, rois, pooled_height, pooled_width);
-  TORCH_CHECK(input.size(2) * input.size(3) <= std::numeric_limits<int32_t>::max(), op,
-              ": the argmax is int32, so H*W must be below 2^31, got ", input.size(2), "x",
-              input.size(3));
 
   const c10::cuda::CUDAGuard device_guard(input.device());
   const int64_t num_rois = rois.size(0);

@@ -87,9 +87,8 @@ __device__ __forceinline__ void bilinear_scatter(acc_t* plane, int64_t height, i
   gpuAtomicAdd(plane + c.o4, grad * c.w4);
 }
 
-// Adaptive sampling of a huge roi would keep the GPU busy for hours: past this many
-// samples per roi (the CPU kernels' bound, where they raise) the roi contributes 0.
-constexpr int64_t kMaxSamplesPerRoi = int64_t(1) << 24;
+// Adaptive sampling of a huge roi would keep the GPU busy for hours: past kMaxSamplesPerRoi
+// (common.h; a fixed sampling_ratio past it is refused up front) the roi contributes 0.
 
 // The regular grid of bilinear samples inside each bin of one roi.
 template <typename acc_t>

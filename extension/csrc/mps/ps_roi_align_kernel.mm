@@ -35,6 +35,7 @@ std::tuple<at::Tensor, at::Tensor> ps_roi_align_forward_mps(
     int64_t pooled_width, int64_t sampling_ratio) {
   constexpr const char* op = "ps_roi_align";
   check_ps_roi_inputs(op, input, rois, pooled_height, pooled_width);
+  check_sampling_ratio(op, sampling_ratio, pooled_height, pooled_width);
   check_mps(op, "input", input);
   const char* type = metal_type(input, op);
   const int64_t channels_out = input.size(1) / (pooled_height * pooled_width);
@@ -78,6 +79,7 @@ at::Tensor ps_roi_align_backward_mps(const at::Tensor& grad, const at::Tensor& r
   constexpr const char* op = "_ps_roi_align_backward";
   check_ps_roi_backward_inputs(op, grad, rois, channel_mapping, pooled_height, pooled_width,
                                batch_size, channels, height, width);
+  check_sampling_ratio(op, sampling_ratio, pooled_height, pooled_width);
   check_mps(op, "grad", grad);
   const char* type = metal_type(grad, op);
   const int64_t total = grad.numel();

@@ -33,6 +33,7 @@ at::Tensor roi_align_forward_mps(const at::Tensor& input, const at::Tensor& rois
                                  double spatial_scale, int64_t pooled_height, int64_t pooled_width,
                                  int64_t sampling_ratio, bool aligned) {
   check_roi_inputs("roi_align", input, rois, pooled_height, pooled_width);
+  check_sampling_ratio("roi_align", sampling_ratio, pooled_height, pooled_width);
   check_mps("roi_align", "input", input);
   const char* type = metal_type(input, "roi_align");
   const int64_t num_rois = rois.size(0);
@@ -73,6 +74,7 @@ at::Tensor roi_align_backward_mps(const at::Tensor& grad, const at::Tensor& rois
                                   int64_t width, int64_t sampling_ratio, bool aligned) {
   check_roi_backward_inputs("_roi_align_backward", grad, rois, pooled_height, pooled_width,
                             batch_size, channels, height, width);
+  check_sampling_ratio("_roi_align_backward", sampling_ratio, pooled_height, pooled_width);
   check_mps("_roi_align_backward", "grad", grad);
   const char* type = metal_type(grad, "_roi_align_backward");
   const int64_t total = grad.numel();

@@ -36,7 +36,6 @@ std::tuple<at::Tensor, at::Tensor> roi_pool_forward_mps(const at::Tensor& input,
   const int64_t channels = input.size(1);
   const int64_t height = input.size(2);
   const int64_t width = input.size(3);
-  check_plane_fits_int32("roi_pool", height, width);
   const int64_t total = metal::roi_work_items(num_rois, channels, pooled_height, pooled_width);
   at::Tensor output = at::empty({num_rois, channels, pooled_height, pooled_width}, input.options());
   at::Tensor argmax =

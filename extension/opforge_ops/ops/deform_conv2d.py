@@ -16,6 +16,8 @@ from torch.nn import init
 from torch.nn.modules.utils import _pair
 from torch.nn.parameter import Parameter
 
+from ._checks import check_storage_holds, sizes
+from ._checks import scalar_type_name as _scalar_type_name
 from ._utils import fx_leaf_call
 
 __all__ = ["deform_conv2d", "DeformConv2d"]
@@ -196,24 +198,20 @@ class DeformConv2d(nn.Module):
 _MAX_PARAM = 2**31 - 1
 
 
-def _scalar_type_name(dtype: torch.dtype) -> str:
-    """c10's name of a dtype (Float, Double, Half, BFloat16...), as TORCH_CHECK prints it."""
-    return torch.empty(0, dtype=dtype).type().rsplit(".", 1)[-1].removesuffix("Tensor")
-
-
 def _sizes(t: Tensor) -> str:
-    return f"[{', '.join(str(s) for s in t.shape)}]"
+    return sizes(t.shape)
 
 
 def _check_shapes(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w,
                   dilation_h, dilation_w, groups, offset_groups, use_mask):
-    """check_deform_conv2d_args (csrc/ops/deform_conv2d.h) for tracing: the same rules, in the
-    same order, with the same messages, so torch.compile / export / FakeTensorMode refuse
-    exactly what the eager kernels refuse (test_deform_conv2d_fake_rules.py holds them equal).
+    """check_deform_conv2d_args (csrc/common.h) for tracing: the same rules, in the same order,
+    with the same messages, so torch.compile / export / FakeTensorMode refuse exactly what the
+    eager kernels refuse (tests/test_fake_rules.py holds them equal).
     """
-    device_name = input.device.type.upper() if input.device.type != "mps" else "MPS"
+    device_name = _device_name(input)
     for name, t in (("input", input), ("weight", weight), ("offset", offset), ("mask", mask),
                     ("bias", bias)):
+        check_storage_holds("deform_conv2d", name, t)
         torch._check(
             t.device == input.device,
             lambda name=name, t=t: f"deform_conv2d: {name} must be a {device_name} tensor on the "
@@ -293,6 +291,31 @@ def _check_shapes(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, 
     return out_h, out_w
 
 
+def _device_name(t: Tensor) -> str:
+    """c10::DeviceTypeName of a tensor's device type (CPU, CUDA, MPS, META)."""
+    return t.device.type.upper() if t.device.type != "mps" else "MPS"
+
+
+def _check_grad(grad, input, out_shape):
+    """check_deform_conv2d_grad (csrc/common.h)."""
+    check_storage_holds("deform_conv2d backward", "grad", grad)
+    torch._check(
+        grad.device == input.device,
+        lambda: f"deform_conv2d backward: grad must be a {_device_name(input)} tensor on the same "
+        f"device as input ({input.device}), got {grad.device}",
+    )
+    torch._check(
+        grad.dtype == input.dtype,
+        lambda: "deform_conv2d backward: expected grad to have the same dtype as input "
+        f"({_scalar_type_name(input.dtype)}), got {_scalar_type_name(grad.dtype)}",
+    )
+    torch._check(
+        grad.dim() == 4 and tuple(grad.shape) == tuple(out_shape),
+        lambda: "deform_conv2d backward: grad must have the output shape "
+        f"({', '.join(str(s) for s in out_shape)}), got {_sizes(grad)}",
+    )
+
+
 @torch.library.register_fake("opforge::deform_conv2d")
 def _deform_conv2d_fake(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w,
                         dilation_h, dilation_w, groups, offset_groups, use_mask):
@@ -305,8 +328,9 @@ def _deform_conv2d_fake(input, weight, offset, mask, bias, stride_h, stride_w, p
 def _deform_conv2d_backward_fake(grad, input, weight, offset, mask, bias, stride_h, stride_w,
                                  pad_h, pad_w, dilation_h, dilation_w, groups, offset_groups,
                                  use_mask):
-    _check_shapes(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w,
-                  dilation_h, dilation_w, groups, offset_groups, use_mask)
+    out_h, out_w = _check_shapes(input, weight, offset, mask, bias, stride_h, stride_w, pad_h,
+                                 pad_w, dilation_h, dilation_w, groups, offset_groups, use_mask)
+    _check_grad(grad, input, (input.shape[0], weight.shape[0], out_h, out_w))
     return (
         input.new_empty(input.shape),
         weight.new_empty(weight.shape),

@@ -9,6 +9,7 @@ import torch
 import torch.fx
 from torch import Tensor
 
+from ._checks import check_nms_inputs
 from ._utils import fx_leaf_call
 
 
@@ -84,20 +85,6 @@ def _batched_nms_vanilla(
 
 @torch.library.register_fake("opforge::nms")
 def _nms_fake(dets, scores, iou_threshold):
-    torch._check(
-        dets.dim() == 2 and dets.size(1) == 4,
-        lambda: f"nms: boxes (dets) must have shape [N, 4], got {list(dets.shape)}",
-    )
-    torch._check(
-        scores.dim() == 1,
-        lambda: f"nms: scores must be a 1-D tensor [N], got shape {list(scores.shape)}",
-    )
-    torch._check(
-        dets.size(0) == scores.size(0),
-        lambda: "nms: boxes (dets) and scores must have the same length",
-    )
-    torch._check(
-        dets.dtype == scores.dtype, lambda: "nms: boxes (dets) and scores must have the same dtype"
-    )
+    check_nms_inputs(dets, scores)
     kept = torch.library.get_ctx().new_dynamic_size()
     return dets.new_empty(kept, dtype=torch.int64)

@@ -7,9 +7,9 @@ from torch import Tensor, nn
 from torch.jit.annotations import BroadcastingList2
 from torch.nn.modules.utils import _pair
 
+from ._checks import check_ps_roi_backward_inputs, check_ps_roi_inputs, check_sampling_ratio
 from ._first_order import forbid_double_backward
 from ._utils import fx_leaf_call, rois_from_boxes
-from .roi_align import _check_roi_inputs
 
 
 @torch.fx.wrap
@@ -63,50 +63,15 @@ class PSRoIAlign(nn.Module):
         )
 
 
-def _check_ps_roi_inputs(op, input, rois, pooled_height, pooled_width):
-    """The fake kernels' twin of common.h check_ps_roi_inputs (same messages)."""
-    _check_roi_inputs(op, input, rois, pooled_height, pooled_width)
-    torch._check(
-        pooled_height > 0 and pooled_width > 0,
-        lambda: (
-            f"{op}: output_size (pooled_height, pooled_width) must be positive, "
-            f"got ({pooled_height}, {pooled_width})"
-        ),
-    )
-    bins = pooled_height * pooled_width
-    torch._check(
-        input.size(1) % bins == 0,
-        lambda: (
-            f"{op}: input channels ({input.size(1)}) must be a multiple of "
-            f"pooled_height * pooled_width ({bins})"
-        ),
-    )
-
-
 def _ps_roi_outputs(input, rois, pooled_height, pooled_width):
     shape = (rois.size(0), input.size(1) // (pooled_height * pooled_width), pooled_height, pooled_width)
     return input.new_empty(shape), input.new_empty(shape, dtype=torch.int32)
 
 
-def _ps_roi_backward_fake(op, grad, rois, channel_mapping, batch_size, channels, height, width):
-    torch._check(
-        grad.dim() == 4,
-        lambda: f"{op}: grad must be a 4-D tensor [K, channels / (PH * PW), PH, PW], got shape {list(grad.shape)}",
-    )
-    torch._check(
-        grad.dtype == rois.dtype,
-        lambda: f"{op}: grad and rois must have the same dtype, got grad {grad.dtype} and rois {rois.dtype}",
-    )
-    torch._check(
-        channel_mapping.dtype == torch.int32,
-        lambda: f"{op}: channel_mapping must be int32, got {channel_mapping.dtype}",
-    )
-    return grad.new_empty((batch_size, channels, height, width))
-
-
 @torch.library.register_fake("opforge::ps_roi_align")
 def _ps_roi_align_fake(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio):
-    _check_ps_roi_inputs("ps_roi_align", input, rois, pooled_height, pooled_width)
+    check_ps_roi_inputs("ps_roi_align", input, rois, pooled_height, pooled_width)
+    check_sampling_ratio("ps_roi_align", sampling_ratio, pooled_height, pooled_width)
     return _ps_roi_outputs(input, rois, pooled_height, pooled_width)
 
 
@@ -124,9 +89,11 @@ def _ps_roi_align_backward_fake(
     height,
     width,
 ):
-    return _ps_roi_backward_fake(
-        "_ps_roi_align_backward", grad, rois, channel_mapping, batch_size, channels, height, width
-    )
+    op = "_ps_roi_align_backward"
+    check_ps_roi_backward_inputs(op, grad, rois, channel_mapping, pooled_height, pooled_width,
+                                 batch_size, channels, height, width)
+    check_sampling_ratio(op, sampling_ratio, pooled_height, pooled_width)
+    return grad.new_empty((batch_size, channels, height, width))
 
 
 def _ps_roi_align_setup_context(ctx, inputs, output):

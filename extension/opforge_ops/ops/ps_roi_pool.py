@@ -7,9 +7,10 @@ from torch import Tensor, nn
 from torch.jit.annotations import BroadcastingList2
 from torch.nn.modules.utils import _pair
 
+from ._checks import check_ps_roi_backward_inputs, check_ps_roi_inputs
 from ._first_order import forbid_double_backward
 from ._utils import fx_leaf_call, rois_from_boxes
-from .ps_roi_align import _check_ps_roi_inputs, _ps_roi_backward_fake, _ps_roi_outputs
+from .ps_roi_align import _ps_roi_outputs
 
 
 @torch.fx.wrap
@@ -57,7 +58,7 @@ class PSRoIPool(nn.Module):
 
 @torch.library.register_fake("opforge::ps_roi_pool")
 def _ps_roi_pool_fake(input, rois, spatial_scale, pooled_height, pooled_width):
-    _check_ps_roi_inputs("ps_roi_pool", input, rois, pooled_height, pooled_width)
+    check_ps_roi_inputs("ps_roi_pool", input, rois, pooled_height, pooled_width)
     return _ps_roi_outputs(input, rois, pooled_height, pooled_width)
 
 
@@ -74,9 +75,9 @@ def _ps_roi_pool_backward_fake(
     height,
     width,
 ):
-    return _ps_roi_backward_fake(
-        "_ps_roi_pool_backward", grad, rois, channel_mapping, batch_size, channels, height, width
-    )
+    check_ps_roi_backward_inputs("_ps_roi_pool_backward", grad, rois, channel_mapping,
+                                 pooled_height, pooled_width, batch_size, channels, height, width)
+    return grad.new_empty((batch_size, channels, height, width))
 
 
 def _ps_roi_pool_setup_context(ctx, inputs, output):

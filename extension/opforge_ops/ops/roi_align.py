@@ -10,6 +10,7 @@ from torch import Tensor, nn
 from torch.jit.annotations import BroadcastingList2
 from torch.nn.modules.utils import _pair
 
+from ._checks import check_roi_backward_inputs, check_roi_inputs, check_sampling_ratio
 from ._first_order import forbid_double_backward
 from ._utils import check_quantized_rois, fx_leaf_call, rois_from_boxes
 
@@ -73,43 +74,12 @@ class RoIAlign(nn.Module):
         )
 
 
-def _check_roi_inputs(op, input, rois, pooled_height, pooled_width):
-    torch._check(
-        input.dim() == 4,
-        lambda: f"{op}: input must be a 4-D tensor [N, C, H, W], got shape {list(input.shape)}",
-    )
-    torch._check(
-        rois.dim() == 2 and rois.size(1) == 5,
-        lambda: (
-            f"{op}: rois (boxes) must have shape [K, 5] (batch index, x1, y1, x2, y2), got shape {list(rois.shape)}"
-        ),
-    )
-    torch._check(
-        input.device == rois.device, lambda: f"{op}: input and rois must be on the same device"
-    )
-    torch._check(
-        input.dtype == rois.dtype,
-        lambda: (
-            f"{op}: input and rois must have the same dtype, got {input.dtype} and {rois.dtype}"
-        ),
-    )
-    torch._check(
-        input.dtype.is_floating_point,
-        lambda: f"{op}: input must be a floating point tensor, got {input.dtype}",
-    )
-    torch._check(
-        pooled_height >= 0 and pooled_width >= 0,
-        lambda: (
-            f"{op}: output_size (pooled_height, pooled_width) must not be negative, got ({pooled_height}, {pooled_width})"
-        ),
-    )
-
-
 @torch.library.register_fake("opforge::roi_align")
 def _roi_align_fake(
     input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned
 ):
-    _check_roi_inputs("roi_align", input, rois, pooled_height, pooled_width)
+    check_roi_inputs("roi_align", input, rois, pooled_height, pooled_width)
+    check_sampling_ratio("roi_align", sampling_ratio, pooled_height, pooled_width)
     return input.new_empty((rois.size(0), input.size(1), pooled_height, pooled_width))
 
 
@@ -127,14 +97,9 @@ def _roi_align_backward_fake(
     sampling_ratio,
     aligned,
 ):
-    torch._check(
-        grad.dim() == 4,
-        lambda: f"_roi_align_backward: grad must be 4-D, got shape {list(grad.shape)}",
-    )
-    torch._check(
-        grad.dtype == rois.dtype,
-        lambda: "_roi_align_backward: grad and rois must have the same dtype",
-    )
+    check_roi_backward_inputs("_roi_align_backward", grad, rois, pooled_height, pooled_width,
+                              batch_size, channels, height, width)
+    check_sampling_ratio("_roi_align_backward", sampling_ratio, pooled_height, pooled_width)
     return grad.new_empty((batch_size, channels, height, width))
 
 

@@ -10,9 +10,9 @@ from torch import Tensor, nn
 from torch.jit.annotations import BroadcastingList2
 from torch.nn.modules.utils import _pair
 
+from ._checks import check_int32_like_grad, check_roi_backward_inputs, check_roi_inputs
 from ._first_order import forbid_double_backward
 from ._utils import fx_leaf_call, rois_from_boxes
-from .roi_align import _check_roi_inputs
 
 
 @torch.fx.wrap
@@ -55,7 +55,7 @@ class RoIPool(nn.Module):
 
 @torch.library.register_fake("opforge::roi_pool")
 def _roi_pool_fake(input, rois, spatial_scale, pooled_height, pooled_width):
-    _check_roi_inputs("roi_pool", input, rois, pooled_height, pooled_width)
+    check_roi_inputs("roi_pool", input, rois, pooled_height, pooled_width)
     shape = (rois.size(0), input.size(1), pooled_height, pooled_width)
     return input.new_empty(shape), input.new_empty(shape, dtype=torch.int32)
 
@@ -73,14 +73,10 @@ def _roi_pool_backward_fake(
     height,
     width,
 ):
-    torch._check(
-        grad.dim() == 4,
-        lambda: f"_roi_pool_backward: grad must be 4-D, got shape {list(grad.shape)}",
-    )
-    torch._check(
-        argmax.dtype == torch.int32,
-        lambda: f"_roi_pool_backward: argmax must be int32, got {argmax.dtype}",
-    )
+    op = "_roi_pool_backward"
+    check_roi_backward_inputs(op, grad, rois, pooled_height, pooled_width, batch_size, channels,
+                              height, width)
+    check_int32_like_grad(op, "argmax", argmax, grad)
     return grad.new_empty((batch_size, channels, height, width))
 
 

@@ -224,6 +224,7 @@ def _roi_common_cases(op: str, call) -> Iterator[Case]:
         "boxes-3d": (lambda: (x(2, 3, 8, 8), r()[:, :, None]), call),
         "input-zero-height": (lambda: (x(2, 3, 0, 8), r()), call),
         "input-zero-width": (lambda: (x(2, 3, 8, 0), r()), call),
+        "zero-batch-with-rois": (lambda: (x(0, 3, 8, 8), r(3, 1)), call),
     }
     for name, (make, fn) in cases.items():
         yield Case(op, name, make, fn)
@@ -492,6 +493,9 @@ TORCHVISION_CRASHES: dict[str, str] = {
     "ps_roi_pool-output-size-0": "RuntimeError",
     "ps_roi_pool-output-size-0-by-2": "RuntimeError",
     "deform_conv2d-stride-zero": "RuntimeError",  # torchvision: SIGFPE (division by zero)
+    # torchvision: rois that name an image of an input with none read outside it
+    **{f"{op}-zero-batch-with-rois": "RuntimeError"
+       for op in ("roi_align", "roi_pool", "ps_roi_align", "ps_roi_pool")},
 }
 
 

@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "../../common.h"
+
 namespace opforge::quantized_cpu {
 namespace {
 
@@ -64,13 +66,7 @@ at::Tensor nms_impl(const at::Tensor& dets, const at::Tensor& scores, double iou
 }
 
 at::Tensor nms_kernel(const at::Tensor& dets, const at::Tensor& scores, double iou_threshold) {
-  TORCH_CHECK(dets.dim() == 2 && dets.size(1) == 4,
-              "nms: boxes (dets) must have shape [N, 4], got ", dets.sizes());
-  TORCH_CHECK(scores.dim() == 1, "nms: scores must be a 1-D tensor [N], got shape ",
-              scores.sizes());
-  TORCH_CHECK(dets.size(0) == scores.size(0),
-              "nms: boxes (dets) and scores must have the same length, got ", dets.size(0),
-              " boxes and ", scores.size(0), " scores");
+  check_nms_shapes(dets, scores);
   TORCH_CHECK(
       dets.is_quantized() && scores.is_quantized() && dets.scalar_type() == scores.scalar_type(),
       "nms: quantized boxes (dets) need scores quantized to the same dtype, got ",

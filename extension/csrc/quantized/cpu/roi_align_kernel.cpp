@@ -130,12 +130,7 @@ void roi_align_impl(const at::Tensor& input, const std::vector<float>& rois, at:
 at::Tensor roi_align_kernel(const at::Tensor& input, const at::Tensor& rois, double spatial_scale,
                             int64_t pooled_height, int64_t pooled_width, int64_t sampling_ratio,
                             bool aligned) {
-  TORCH_CHECK(input.dim() == 4, "roi_align: input must be a 4-D tensor [N, C, H, W], got shape ",
-              input.sizes());
-  TORCH_CHECK(
-      rois.dim() == 2 && rois.size(1) == 5,
-      "roi_align: rois (boxes) must have shape [K, 5] (batch index, x1, y1, x2, y2), got shape ",
-      rois.sizes());
+  check_roi_shapes("roi_align", input, rois);
   TORCH_CHECK(input.is_quantized() && rois.is_quantized() &&
                   input.qscheme() == at::kPerTensorAffine && rois.qscheme() == at::kPerTensorAffine,
               "roi_align: a quantized input needs rois quantized too, both per tensor (affine)");
@@ -146,9 +141,8 @@ at::Tensor roi_align_kernel(const at::Tensor& input, const at::Tensor& rois, dou
               "roi_align: a quantized input holds one image (batch size 1, as in torchvision), got "
               "batch size ",
               input.size(0));
-  TORCH_CHECK(pooled_height >= 0 && pooled_width >= 0,
-              "roi_align: output_size (pooled_height, pooled_width) must not be negative, got (",
-              pooled_height, ", ", pooled_width, ")");
+  check_roi_output_size("roi_align", input, pooled_height, pooled_width);
+  check_sampling_ratio("roi_align", sampling_ratio, pooled_height, pooled_width);
   at::Tensor output =
       at::_empty_affine_quantized({rois.size(0), input.size(1), pooled_height, pooled_width},
                                   input.options(), input.q_scale(), input.q_zero_point());
