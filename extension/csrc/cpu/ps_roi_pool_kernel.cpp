@@ -75,7 +75,9 @@ void ps_roi_pool_forward_impl(const at::Tensor& input, const at::Tensor& rois, a
   const scalar_t* roi_p = rois.const_data_ptr<scalar_t>();
   scalar_t* out = output.data_ptr<scalar_t>();
   int32_t* mapping = channel_mapping.data_ptr<int32_t>();
-  const int64_t grain = std::max<int64_t>(1, 2048 / bins);
+  // Enough work per chunk that a small call (a few rois) runs on one thread: waking the
+  // pool costs more than it saves there, and much more on a loaded machine.
+  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, bins * 4));
 
   at::parallel_for(0, rois.size(0) * channels_out, grain, [&](int64_t begin, int64_t end) {
     PsBins b;
@@ -111,6 +113,9 @@ void ps_roi_pool_forward_impl(const at::Tensor& input, const at::Tensor& rois, a
   });
 }
 
+// Below this many grad entries a backward runs on one thread (see the forward's grain).
+constexpr int64_t kOneThreadGradEntries = 16384;
+
 template <typename scalar_t>
 void ps_roi_pool_backward_impl(const at::Tensor& grad, const at::Tensor& rois,
                                const at::Tensor& channel_mapping, at::Tensor& grad_input,
@@ -127,7 +132,9 @@ void ps_roi_pool_backward_impl(const at::Tensor& grad, const at::Tensor& rois,
   const int32_t* mapping = channel_mapping.const_data_ptr<int32_t>();
   acc_t* gi = grad_input.data_ptr<acc_t>();
 
-  at::parallel_for(0, channels, 1, [&](int64_t c_begin, int64_t c_end) {
+  // Each thread owns a range of input channels; a small grad (a few rois) is one thread's work.
+  const int64_t grain = grad.numel() < kOneThreadGradEntries ? std::max<int64_t>(1, channels) : 1;
+  at::parallel_for(0, channels, grain, [&](int64_t c_begin, int64_t c_end) {
     PsBins b;
     for (int64_t n = 0; n < num_rois; ++n) {
       bool built = false;
