@@ -14,6 +14,9 @@ from opforge.errors import UsageError
 from opforge.files import check_writable, write_atomic
 
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,64}\Z")
+# every workload of every op on every device, large ones included, on a slow machine: the
+# smoke probe's 900 s is too short (a full run of opforge_ops on a loaded 2-core CPU took longer)
+BENCH_TIMEOUT_S = 3 * 3600
 # a row's timing budget: rounds stop once it is spent (at least 5 rounds)
 DEFAULT_BUDGET_S = 0.3
 
@@ -155,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
             # from torch's index too: a library built for that torch (torchvision) lives there
             install(env.python, *args.extras, *pip_index_args(target.torch_index),
                     what=", ".join(args.extras))
-        doc = run_probe(env, request, mode=("bench",),
+        doc = run_probe(env, request, BENCH_TIMEOUT_S, mode=("bench",),
                         extra_argv=("--bench", json.dumps(options)))
     finally:
         cleanup(env, keep=args.keep_env)
