@@ -4,7 +4,7 @@ The same malformed call goes to the CPU kernel (eager), to meta tensors (the Met
 registered by ``register_fake``) and through FakeTensorMode (what torch.compile and export
 trace with); all three must raise the same exception with the same message, so a traced
 graph never accepts a call that fails at run time. Valid calls must give the same shapes.
-The rules live in csrc/common.h (and csrc/ops/deform_conv2d.h); the fake kernels' twins are
+The rules live in csrc/common.h (deform_conv2d's too); the fake kernels' twins are
 opforge_ops/ops/_checks.py and deform_conv2d.py's _check_shapes. Tensors whose storage is
 smaller than their sizes are refused on all three paths (meta and fake twins keep the short
 storage). What only data can tell (a roi's batch index or coordinates, argmax and

@@ -440,15 +440,7 @@ deform_conv2d_backward_kernel(const at::Tensor& grad, const at::Tensor& input,
   const Geometry g = check_deform_conv2d_args(c10::DeviceType::CPU, input, weight, offset, mask,
                                               bias, stride_h, stride_w, pad_h, pad_w, dilation_h,
                                               dilation_w, groups, offset_groups, use_mask);
-  TORCH_CHECK(grad.device().is_cpu(), "deform_conv2d backward: grad must be a CPU tensor, got ",
-              grad.device());
-  TORCH_CHECK(grad.scalar_type() == input.scalar_type(),
-              "deform_conv2d backward: expected grad to have the same dtype as input (",
-              input.scalar_type(), "), got ", grad.scalar_type());
-  TORCH_CHECK(grad.dim() == 4 && grad.size(0) == g.batch && grad.size(1) == g.out_channels &&
-                  grad.size(2) == g.out_h && grad.size(3) == g.out_w,
-              "deform_conv2d backward: grad must have the output shape (", g.batch, ", ",
-              g.out_channels, ", ", g.out_h, ", ", g.out_w, "), got ", grad.sizes());
+  check_deform_conv2d_grad(c10::DeviceType::CPU, grad, input, g);
   if (is_reduced_float(input.scalar_type())) {
     const auto t = input.scalar_type();
     auto [gi, gw, go, gm, gb] =

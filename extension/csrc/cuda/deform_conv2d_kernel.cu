@@ -243,16 +243,17 @@ __global__ void deform_coord_grad_kernel(int64_t total, DeformGeometry g, int64_
 struct Checked {
   DeformGeometry geometry;
   int64_t batch, out_channels, groups;
+  DeformConv2dGeometry shared;  // what the shared checks (common.h) computed
 };
 
-// The shared argument checks (ops/deform_conv2d.h, the same messages on every backend),
+// The shared argument checks (common.h, the same messages on every backend),
 // turned into the geometry the kernels take.
 Checked check_deform_args(const at::Tensor& input, const at::Tensor& weight,
                           const at::Tensor& offset, const at::Tensor& mask, const at::Tensor& bias,
                           int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w,
                           int64_t dilation_h, int64_t dilation_w, int64_t groups,
                           int64_t offset_groups, bool use_mask) {
-  const ops::DeformConv2dGeometry s = ops::check_deform_conv2d_args(
+  const DeformConv2dGeometry s = check_deform_conv2d_args(
       c10::DeviceType::CUDA, input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w,
       dilation_h, dilation_w, groups, offset_groups, use_mask);
   DeformGeometry g;
@@ -272,7 +273,7 @@ Checked check_deform_args(const at::Tensor& input, const at::Tensor& weight,
   g.offset_groups = s.offset_groups;
   g.channels_per_offset_group = s.channels_per_offset_group();
   g.use_mask = s.use_mask;
-  return Checked{g, s.batch, s.out_channels, s.groups};
+  return Checked{g, s.batch, s.out_channels, s.groups, s};
 }
 
 int64_t images_per_chunk(const DeformGeometry& g, int64_t batch) {
@@ -352,18 +353,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
       check_deform_args(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w,
                         dilation_h, dilation_w, groups, offset_groups, use_mask);
   const DeformGeometry& g = checked.geometry;
-  // The CPU kernel's messages, with CUDA for CPU.
-  TORCH_CHECK(grad_out.device() == input.device(),
-              "deform_conv2d backward: grad must be a CUDA tensor on the device of input (",
-              input.device(), "), got ", grad_out.device());
-  TORCH_CHECK(grad_out.scalar_type() == input.scalar_type(),
-              "deform_conv2d backward: expected grad to have the same dtype as input (",
-              input.scalar_type(), "), got ", grad_out.scalar_type());
-  TORCH_CHECK(grad_out.dim() == 4 && grad_out.size(0) == checked.batch &&
-                  grad_out.size(1) == checked.out_channels && grad_out.size(2) == g.out_h &&
-                  grad_out.size(3) == g.out_w,
-              "deform_conv2d backward: grad must have the output shape (", checked.batch, ", ",
-              checked.out_channels, ", ", g.out_h, ", ", g.out_w, "), got ", grad_out.sizes());
+  check_deform_conv2d_grad(c10::DeviceType::CUDA, grad_out, input, checked.shared);
 
   const c10::cuda::CUDAGuard device_guard(input.device());
   const auto acc_dtype = at::toAccumulateType(input.scalar_type(), /*is_cuda=*/true);

@@ -5,6 +5,7 @@
 #include <opforge_metal/deform_conv2d.h>
 #include <torch/library.h>
 
+#include "common.h"
 #include "metal/deform_conv2d.h"
 #include "mps/metal_host.h"
 
@@ -24,71 +25,16 @@ int64_t max_column_elements() {
 
 OPFORGE_KERNEL_LIBRARY(deform_conv2d)
 
-struct Shape {
-  int64_t batch, channels, height, width, out_channels, kernel_h, kernel_w, out_h, out_w;
-};
+using Shape = DeformConv2dGeometry;
 
-Shape check_inputs(const char* op, const at::Tensor& input, const at::Tensor& weight,
-                   const at::Tensor& offset, const at::Tensor& mask, const at::Tensor& bias,
-                   int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w,
-                   int64_t dilation_h, int64_t dilation_w, int64_t groups, int64_t offset_groups,
-                   bool use_mask) {
-  TORCH_CHECK(input.dim() == 4, op, ": input must be [B, C, H, W], got shape ", input.sizes());
-  TORCH_CHECK(weight.dim() == 4, op, ": weight must be [OC, C/groups, KH, KW], got shape ",
-              weight.sizes());
-  TORCH_CHECK(offset.dim() == 4, op, ": offset must be 4-D, got shape ", offset.sizes());
-  check_mps(op, "input", input);
-  auto check_like_input = [&](const char* name, const at::Tensor& t) {
-    TORCH_CHECK(t.device() == input.device(), op, ": ", name, " must be on ", input.device(),
-                ", got ", t.device());
-    TORCH_CHECK(t.scalar_type() == input.scalar_type(), op, ": ", name, " must be ",
-                input.scalar_type(), ", got ", t.scalar_type());
-  };
-  check_like_input("weight", weight);
-  check_like_input("offset", offset);
-  check_like_input("bias", bias);
-  TORCH_CHECK(stride_h > 0 && stride_w > 0, op, ": stride must be positive, got (", stride_h, ", ",
-              stride_w, ")");
-  TORCH_CHECK(pad_h >= 0 && pad_w >= 0, op, ": padding must be non-negative, got (", pad_h, ", ",
-              pad_w, ")");
-  TORCH_CHECK(dilation_h > 0 && dilation_w > 0, op, ": dilation must be positive, got (",
-              dilation_h, ", ", dilation_w, ")");
-  Shape s{input.size(0),
-          input.size(1),
-          input.size(2),
-          input.size(3),
-          weight.size(0),
-          weight.size(2),
-          weight.size(3),
-          0,
-          0};
-  TORCH_CHECK(groups > 0 && offset_groups > 0, op, ": groups and offset_groups must be positive");
-  TORCH_CHECK(s.channels % groups == 0 && s.out_channels % groups == 0 &&
-                  weight.size(1) * groups == s.channels,
-              op, ": channels (", s.channels, ") and out channels (", s.out_channels,
-              ") must divide into ", groups, " groups matching weight ", weight.sizes());
-  TORCH_CHECK(s.channels % offset_groups == 0, op, ": channels (", s.channels,
-              ") must be divisible by offset_groups (", offset_groups, ")");
-  s.out_h = (s.height + 2 * pad_h - (dilation_h * (s.kernel_h - 1) + 1)) / stride_h + 1;
-  s.out_w = (s.width + 2 * pad_w - (dilation_w * (s.kernel_w - 1) + 1)) / stride_w + 1;
-  TORCH_CHECK(s.out_h > 0 && s.out_w > 0, op, ": the output would be empty (", s.out_h, "x",
-              s.out_w, "); input ", input.sizes(), " is too small for the kernel");
-  const int64_t taps = offset_groups * s.kernel_h * s.kernel_w;
-  TORCH_CHECK(offset.size(0) == s.batch && offset.size(1) == 2 * taps &&
-                  offset.size(2) == s.out_h && offset.size(3) == s.out_w,
-              op, ": offset must have shape [", s.batch, ", ", 2 * taps, ", ", s.out_h, ", ",
-              s.out_w, "], got ", offset.sizes());
-  if (use_mask) {
-    TORCH_CHECK(mask.device() == input.device() && mask.scalar_type() == input.scalar_type(), op,
-                ": mask must be a ", input.scalar_type(), " tensor on ", input.device());
-    TORCH_CHECK(mask.dim() == 4 && mask.size(0) == s.batch && mask.size(1) == taps &&
-                    mask.size(2) == s.out_h && mask.size(3) == s.out_w,
-                op, ": mask must have shape [", s.batch, ", ", taps, ", ", s.out_h, ", ", s.out_w,
-                "], got ", mask.sizes());
-  }
-  TORCH_CHECK(bias.numel() == s.out_channels, op, ": bias must have ", s.out_channels,
-              " elements, got ", bias.numel());
-  return s;
+// The shared checks (common.h: the same rules and messages as the CPU and CUDA kernels).
+Shape check_inputs(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& offset,
+                   const at::Tensor& mask, const at::Tensor& bias, int64_t stride_h,
+                   int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h,
+                   int64_t dilation_w, int64_t groups, int64_t offset_groups, bool use_mask) {
+  return check_deform_conv2d_args(kMpsDeviceType, input, weight, offset, mask, bias, stride_h,
+                                  stride_w, pad_h, pad_w, dilation_h, dilation_w, groups,
+                                  offset_groups, use_mask);
 }
 
 OpfDeformParams make_params(const Shape& s, int64_t chunk, int64_t stride_h, int64_t stride_w,
@@ -149,9 +95,8 @@ at::Tensor deform_conv2d_mps(const at::Tensor& input, const at::Tensor& weight,
                              const at::Tensor& bias, int64_t stride_h, int64_t stride_w,
                              int64_t pad_h, int64_t pad_w, int64_t dilation_h, int64_t dilation_w,
                              int64_t groups, int64_t offset_groups, bool use_mask) {
-  const Shape s =
-      check_inputs("deform_conv2d", input, weight, offset, mask, bias, stride_h, stride_w, pad_h,
-                   pad_w, dilation_h, dilation_w, groups, offset_groups, use_mask);
+  const Shape s = check_inputs(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w,
+                               dilation_h, dilation_w, groups, offset_groups, use_mask);
   const char* type = metal_type(input, "deform_conv2d");
   const int64_t out_numel = s.batch * s.out_channels * s.out_h * s.out_w;
   if (out_numel == 0)
@@ -187,14 +132,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
     int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h, int64_t dilation_w,
     int64_t groups, int64_t offset_groups, bool use_mask) {
   const char* op = "deform_conv2d_backward";
-  const Shape s = check_inputs(op, input, weight, offset, mask, bias, stride_h, stride_w, pad_h,
-                               pad_w, dilation_h, dilation_w, groups, offset_groups, use_mask);
-  TORCH_CHECK(grad.dim() == 4 && grad.size(0) == s.batch && grad.size(1) == s.out_channels &&
-                  grad.size(2) == s.out_h && grad.size(3) == s.out_w,
-              op, ": grad must have shape [", s.batch, ", ", s.out_channels, ", ", s.out_h, ", ",
-              s.out_w, "], got ", grad.sizes());
-  TORCH_CHECK(grad.device() == input.device() && grad.scalar_type() == input.scalar_type(), op,
-              ": grad must be a ", input.scalar_type(), " tensor on ", input.device());
+  const Shape s = check_inputs(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w,
+                               dilation_h, dilation_w, groups, offset_groups, use_mask);
+  check_deform_conv2d_grad(kMpsDeviceType, grad, input, s);
   const char* type = metal_type(input, op);
   const int64_t out_numel = grad.numel();
   if (metal::route_to_cpu(metal::kDeformConv2dCrossover, out_numel)) {

@@ -238,6 +238,13 @@ inline const char* metal_type(const at::Tensor& t, const char* op) {
   return "";
 }
 
+// The device type the kernels' tensors live on (CPU tensors in the emulated build).
+#ifdef OPFORGE_MPS_EMULATED
+inline constexpr c10::DeviceType kMpsDeviceType = c10::DeviceType::CPU;
+#else
+inline constexpr c10::DeviceType kMpsDeviceType = c10::DeviceType::MPS;
+#endif
+
 inline void check_mps(const char* op, const char* name, const at::Tensor& t) {
 #ifdef OPFORGE_MPS_EMULATED
   (void)op, (void)name, (void)t;  // the emulated build runs on CPU tensors
