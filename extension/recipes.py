@@ -121,25 +121,29 @@ def _nms_load(n):
     return {"inputs": inputs}
 
 
-def _roi_load(batch, channels, size, rois, extra):
-    """Features batch x channels x size x size, `rois` boxes spread over the batch."""
+def _roi_load(batch, channels, size, rois, extra, interior=False):
+    """Features batch x channels x size x size, `rois` boxes spread over the batch. interior:
+    boxes stay off the last row and column, where torchvision's ps_roi_pool backward spreads
+    gradient its forward never read from (ours is the gradient of the forward: see README)."""
     def inputs(dtype):
         g = torch.Generator().manual_seed(channels * size + rois)
         x = torch.rand(batch, channels, size, size, generator=g)
         index = torch.randint(0, batch, (rois, 1), generator=g).float()
         boxes = _random_boxes(rois, size * 0.9, g)
+        if interior:
+            boxes = boxes.clamp(max=size - 2)
         return [x.to(dtype), torch.cat([index, boxes], dim=1).to(dtype), *extra]
     return {"inputs": inputs}
 
 
-def _roi_workloads(pooled, extra_tail, channels_per_bin=None):
+def _roi_workloads(pooled, extra_tail, channels_per_bin=None, interior=False):
     """small / medium / large for the four RoI ops; ps_ ops need channels = C * PH * PW."""
     def channels(c):
         return c if channels_per_bin is None else channels_per_bin * c * pooled * pooled // 16
     head = [1.0, pooled, pooled]
-    return {"small": _roi_load(1, channels(16), 32, 32, [*head, *extra_tail]),
-            "medium": _roi_load(2, channels(64), 64, 128, [*head, *extra_tail]),
-            "large": _roi_load(2, channels(256), 64, 512, [*head, *extra_tail])}
+    return {"small": _roi_load(1, channels(16), 32, 32, [*head, *extra_tail], interior),
+            "medium": _roi_load(2, channels(64), 64, 128, [*head, *extra_tail], interior),
+            "large": _roi_load(2, channels(256), 64, 512, [*head, *extra_tail], interior)}
 
 
 def _deform_load(batch, channels, size):
@@ -172,7 +176,7 @@ RECIPES = {
                      "workloads": _roi_workloads(4, [2], channels_per_bin=1)},
     "ps_roi_pool": {"inputs": ps_roi_pool_inputs, "check": each_bin_reads_its_own_channel,
                     "grad": [0], "autocast": [0], "reference": _torchvision("ps_roi_pool"),
-                    "workloads": _roi_workloads(4, [], channels_per_bin=1)},
+                    "workloads": _roi_workloads(4, [], channels_per_bin=1, interior=True)},
     "deform_conv2d": {"inputs": deform_conv2d_inputs, "check": zero_offsets_give_conv2d,
                       "grad": [0, 1, 2, 3, 4], "reference": _torchvision("deform_conv2d"),
                       "workloads": {"small": _deform_load(1, 8, 16), "medium": _deform_load(2, 32, 32),
