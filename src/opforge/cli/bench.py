@@ -15,7 +15,7 @@ from opforge.files import check_writable, write_atomic
 
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,64}\Z")
 # every workload of every op on every device, large ones included, on a slow machine: the
-# smoke probe's 900 s is too short (a full run of opforge_ops on a loaded 2-core CPU took longer)
+# smoke probe's 900 s is too short (measured: six ops with large workloads on a loaded 2-core CPU took longer)
 BENCH_TIMEOUT_S = 3 * 3600
 # a row's timing budget: rounds stop once it is spent (at least 5 rounds)
 DEFAULT_BUDGET_S = 0.3
