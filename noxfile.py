@@ -57,6 +57,14 @@ def compat(session: nox.Session) -> None:
 
 
 @nox.session(venv_backend=opforge.nox.VENV_BACKEND)
+def realtorch(session: nox.Session) -> None:
+    """The tests that download real torch releases (several GB each; not part of .ci/run)."""
+    opforge.nox.install(session, "-e", ".[test,build]")
+    # -m here replaces the "not realtorch" that pyproject's addopts adds
+    session.run("pytest", "-m", "realtorch", "--durations=0", "tests", *session.posargs)
+
+
+@nox.session(venv_backend=opforge.nox.VENV_BACKEND)
 def lint(session: nox.Session) -> None:
     """ruff, clang-format on extension/csrc, matrix.yaml validation, the workflow checks."""
     opforge.nox.install(session, "-e", ".[lint]")
