@@ -16,6 +16,7 @@ from pathlib import Path
 from opforge.errors import UsageError
 
 GITHUB = "https://github.com/pytorch/pytorch"
+PR_NUMBER = re.compile(r"\(#(\d+)\)\s*$")  # how pytorch's merge bot ends a subject
 SUBJECT = re.compile(r"^(\d{4}-\d{2}-\d{2}) nightly release \(([0-9a-f]{7,40})\)\s*$")
 MAX_LISTED = 500
 
@@ -42,8 +43,15 @@ class CommitRange:
         return {"good_nightly_commit": self.good_nightly, "bad_nightly_commit": self.bad_nightly,
                 "good_main_commit": self.good_main, "bad_main_commit": self.bad_main,
                 "compare_url": self.compare_url,
-                "commits": [{"sha": s, "subject": t} for s, t in self.commits],
+                "commits": [_commit_json(s, t) for s, t in self.commits],
                 "truncated": self.truncated, "note": self.note}
+
+
+def _commit_json(sha: str, subject: str) -> dict:
+    found = PR_NUMBER.search(subject)
+    pr = int(found.group(1)) if found else None
+    return {"sha": sha, "subject": subject, "pr": pr,
+            "pr_url": f"{GITHUB}/pull/{pr}" if pr else None}
 
 
 def _git(repo: Path, *args: str) -> str | None:

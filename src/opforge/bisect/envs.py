@@ -29,7 +29,8 @@ from pathlib import Path
 from opforge.errors import OpforgeError
 from opforge.venv import installer
 
-from .index import Nightly, download, sha256_of
+from .index import download, sha256_of
+from .releases import Candidate, Release
 
 MARKER = "opforge-env.json"
 SCHEMA = 1
@@ -65,6 +66,8 @@ class NightlyEnv:
     sha256: str
     extras: dict[str, str] = field(default_factory=dict)  # wheel filename -> sha256
     actions: list[str] = field(default_factory=list)      # what this run downloaded/installed
+    build: dict = field(default_factory=dict)     # torch/version.py: version, git, cuda, ...
+    packages: list[str] = field(default_factory=list)  # pip freeze, when it was made
 
     @property
     def reused(self) -> bool:
@@ -106,11 +109,11 @@ class EnvCache:
         self._host_pip = _host_pip_works()
         self.installer = installer()
 
-    def env_dir(self, nightly: Nightly) -> Path:
+    def env_dir(self, nightly: Candidate) -> Path:
         stem = nightly.filename[:-4] if nightly.filename.endswith(".whl") else nightly.filename
         return self.root / "envs" / stem.replace("+", "_")
 
-    def _read_marker(self, path: Path, nightly: Nightly) -> dict | None:
+    def _read_marker(self, path: Path, nightly: Candidate) -> dict | None:
         try:
             data = json.loads((path / MARKER).read_text())
         except (OSError, ValueError):
@@ -125,54 +128,90 @@ class EnvCache:
         data = {"schema": SCHEMA,
                 "torch": {"url": url, "version": env.torch_version, "sha256": env.sha256,
                           "git_version": env.git_version},
-                "extras": env.extras}
+                "extras": env.extras, "build": env.build, "packages": env.packages}
         tmp = env.path / (MARKER + ".tmp")
         tmp.write_text(json.dumps(data, indent=1))
         os.replace(tmp, env.path / MARKER)
 
-    def pip_install(self, python: Path, *args: str) -> None:
+    def pip_install(self, python: Path, *args: str, index_args: list[str] | None = None) -> None:
+        index_args = self.pip_index_args if index_args is None else index_args
         if self.installer.uv:
-            self.installer.install(python, *args, *self.pip_index_args)
+            self.installer.install(python, *args, *index_args)
             return
         if self._host_pip:
             cmd = [sys.executable, "-m", "pip", "--python", str(python)]
         else:
             cmd = [str(python), "-m", "pip"]
         cmd += ["install", "--disable-pip-version-check", "--no-input", "-q", *args,
-                *self.pip_index_args]
+                *index_args]
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0:
             lines = (result.stderr + result.stdout).strip().splitlines()
             errors = [line for line in lines if "ERROR" in line] or lines[-3:]
             raise OpforgeError(f"pip install failed: {' | '.join(errors[-3:])}")
 
-    def ensure(self, nightly: Nightly) -> NightlyEnv:
-        """The nightly's environment, made (download, venv, pip install) only if missing."""
+    def cached(self, nightly: Candidate) -> NightlyEnv | None:
+        """The candidate's environment if it is ready, without making anything."""
         path = self.env_dir(nightly)
         marker = self._read_marker(path, nightly)
-        if marker is not None:
-            torch = marker["torch"]
-            env = NightlyEnv(path, env_python(path), torch["version"], torch.get("git_version"),
-                             torch["sha256"], dict(marker.get("extras", {})))
+        if marker is None:
+            return None
+        torch = marker["torch"]
+        return NightlyEnv(path, env_python(path), torch["version"], torch.get("git_version"),
+                          torch["sha256"], dict(marker.get("extras", {})),
+                          build=dict(marker.get("build") or {}),
+                          packages=list(marker.get("packages") or []))
+
+    def ensure(self, nightly: Candidate) -> NightlyEnv:
+        """The candidate's environment, made (download, venv, pip install) only if missing."""
+        path = self.env_dir(nightly)
+        env = self.cached(nightly)
+        if env is not None:
+            touch_used(path)
             if self.with_pip and not _has_pip(env.python):
                 _ensurepip(env.python)
                 env.actions.append("installed pip")
             return env
         actions = []
         t0 = time.monotonic()
-        wheel, sha = download(nightly, self.root / "wheels")
-        actions.append(f"downloaded {nightly.filename}")
         if path.exists():
             shutil.rmtree(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        python = self._create(path)
-        self.pip_install(python, str(wheel))
-        actions.append(f"installed torch {nightly.version} ({time.monotonic() - t0:.1f} s)")
-        wheel.unlink(missing_ok=True)  # the environment is the cache; nightly wheels are large
-        version, git_version = read_torch_version(path)
-        env = NightlyEnv(path, python, version or nightly.version, git_version, sha, {}, actions)
+        if isinstance(nightly, Release) and nightly.by_requirement:
+            # from the index by requirement: pip's / uv's own cache serves a release any other
+            # environment on this machine already downloaded
+            python = self._create(path)
+            index = [] if nightly.index is None else ["--index-url", nightly.index]
+            self.pip_install(python, f"torch=={nightly.version}", index_args=index)
+            sha = nightly.sha256 or ""
+            actions.append(f"installed torch {nightly.version} from "
+                           f"{nightly.index or 'the default index'} "
+                           f"({time.monotonic() - t0:.1f} s)")
+        else:
+            wheel, sha = download(nightly, self.root / "wheels")
+            actions.append(f"downloaded {nightly.filename}")
+            python = self._create(path)
+            self.pip_install(python, str(wheel))
+            actions.append(f"installed torch {nightly.version} ({time.monotonic() - t0:.1f} s)")
+            wheel.unlink(missing_ok=True)  # the environment is the cache; wheels are large
+        build = read_torch_build(path)
+        env = NightlyEnv(path, python, build.get("version") or nightly.version,
+                         build.get("git_version"), sha, {}, actions, build=build,
+                         packages=self.freeze(python))
         self._write_marker(env, nightly.url)
+        touch_used(path)
         return env
+
+    def freeze(self, python: Path) -> list[str]:
+        """``pip freeze`` of an environment (what the report lists); empty if it cannot."""
+        if self.installer.uv:
+            cmd = [self.installer.uv, "pip", "freeze", "--python", str(python)]
+        elif self._host_pip:
+            cmd = [sys.executable, "-m", "pip", "--python", str(python), "freeze"]
+        else:
+            cmd = [str(python), "-m", "pip", "freeze"]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        return result.stdout.split() if result.returncode == 0 else []
 
     def _create(self, path: Path) -> Path:
         if self.installer.uv:
@@ -193,7 +232,7 @@ class EnvCache:
                     "--no-setuptools", "--no-wheel", "--no-periodic-update"]
         return [self.base_python, "-m", "venv"]
 
-    def add_wheel(self, env: NightlyEnv, wheel: Path, nightly: Nightly) -> None:
+    def add_wheel(self, env: NightlyEnv, wheel: Path, nightly: Candidate) -> None:
         """Install ``wheel`` beside the nightly's torch (without its torch pin), once per sha."""
         sha = sha256_of(wheel)
         if env.extras.get(wheel.name) == sha:
@@ -223,21 +262,41 @@ def _site_packages(env_dir: Path) -> list[Path]:
     return sorted(env_dir.glob("lib/python*/site-packages"))
 
 
-def read_torch_version(env_dir: Path) -> tuple[str | None, str | None]:
-    """``torch.version.__version__`` and ``git_version``, read from the file, not imported."""
+USED = ".last-used"
+
+
+def touch_used(env_dir: Path) -> None:
+    """Mark an environment used now (the cache evicts the least recently used first)."""
+    try:
+        (env_dir / USED).write_text(f"{time.time():.0f}\n")
+    except OSError:
+        pass
+
+
+def read_torch_build(env_dir: Path) -> dict:
+    """torch's build record from ``torch/version.py`` (version, git_version, cuda, hip, ...),
+    read from the file, not imported."""
     for site in _site_packages(env_dir):
         version_file = site / "torch" / "version.py"
         if version_file.is_file():
-            return _version_fields(version_file.read_text(encoding="utf-8", errors="replace"))
-    return None, None
+            fields = _version_fields(version_file.read_text(encoding="utf-8", errors="replace"))
+            out = {("version" if k == "__version__" else k): v for k, v in fields.items()}
+            return {k: out[k] for k in sorted(out)}
+    return {}
 
 
-def _version_fields(source: str) -> tuple[str | None, str | None]:
-    values: dict[str, str] = {}
+def read_torch_version(env_dir: Path) -> tuple[str | None, str | None]:
+    """``torch.version.__version__`` and ``git_version``, read from the file, not imported."""
+    build = read_torch_build(env_dir)
+    return build.get("version"), build.get("git_version")
+
+
+def _version_fields(source: str) -> dict[str, str | None]:
+    values: dict[str, str | None] = {}
     try:
         tree = ast.parse(source)
     except SyntaxError:
-        return None, None
+        return {}
     for node in tree.body:
         targets = []
         if isinstance(node, ast.Assign):
@@ -246,6 +305,6 @@ def _version_fields(source: str) -> tuple[str | None, str | None]:
             targets, value = [node.target], node.value
         for target in targets:
             if (isinstance(target, ast.Name) and isinstance(value, ast.Constant)
-                    and isinstance(value.value, str)):
+                    and isinstance(value.value, (str, type(None)))):
                 values[target.id] = value.value
-    return values.get("__version__"), values.get("git_version")
+    return values

@@ -51,6 +51,11 @@ class Nightly:
     def day(self) -> str:
         return self.date.isoformat()
 
+    @property
+    def key(self) -> str:
+        """How the state, the log and the report name it (a release's key is its version)."""
+        return self.day
+
     def to_json(self) -> dict:
         return {"date": self.day, "version": self.version, "filename": self.filename,
                 "url": self.url, "sha256": self.sha256}

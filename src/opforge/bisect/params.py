@@ -12,10 +12,12 @@ from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
 
+from packaging.version import InvalidVersion, Version
+
 from opforge.errors import UsageError
 from opforge.files import lookup, read_json
 
-from .index import Nightly
+from .releases import Candidate, Release
 
 
 @dataclass
@@ -36,6 +38,14 @@ class Params:
     timeout_skip: bool
     cwd: str
     notes: list[str] = field(default_factory=list)  # how the endpoints were chosen
+    release_index: str | None = None  # a release bisect's index ("pypi": pip's default)
+    releases_only: bool = False       # stop at the release boundary (no nightlies after it)
+
+    @property
+    def level(self) -> str:
+        """"release" when the endpoints are versions, else "nightly" (dates)."""
+        ends = [e for e in (self.good, self.bad) if e]
+        return "release" if ends and release_version(ends[0]) is not None else "nightly"
 
     @property
     def mode(self) -> str:
@@ -53,9 +63,10 @@ class Params:
             raise TypeError("params must be an object")
         for name, types in _FIELD_TYPES.items():
             value = data.get(name)
-            if name in ("good", "bad", "wheel", "match", "timeout") and value is None:
+            if name in ("good", "bad", "wheel", "match", "timeout", "release_index") \
+                    and value is None:
                 continue
-            if name == "notes" and name not in data:
+            if name in ("notes", "release_index", "releases_only") and name not in data:
                 continue
             if not isinstance(value, types) or isinstance(value, bool) and bool not in types:
                 raise TypeError(f"params.{name} is {type(value).__name__}")
@@ -67,18 +78,33 @@ class Params:
 _FIELD_TYPES = {"good": (str,), "bad": (str,), "variant": (str,), "python": (str,),
                 "index": (str,), "command": (list,), "wheel": (str,), "match": (str,),
                 "regress": (str,), "retries": (int,), "timeout": (int, float),
-                "timeout_skip": (bool,), "cwd": (str,), "notes": (list,)}
+                "timeout_skip": (bool,), "cwd": (str,), "notes": (list,),
+                "release_index": (str,), "releases_only": (bool,)}
+
+_DATE = re.compile(r"(\d{4})-?(\d{2})-?(\d{2})")
+
+
+def release_version(text: str) -> Version | None:
+    """The version a --good / --bad names when it is a release (2.12.0, 2.13.0rc1), else None."""
+    text = text.strip()
+    if _DATE.fullmatch(text) or ".dev" in text:
+        return None
+    try:
+        version = Version(text)
+    except InvalidVersion:
+        return None
+    return None if version.is_devrelease else version
 
 
 
 def parse_day(text: str, option: str) -> date:
     """YYYY-MM-DD, YYYYMMDD, or a nightly version (2.5.0.dev20240610+cpu)."""
-    found = re.fullmatch(r"(\d{4})-?(\d{2})-?(\d{2})", text.strip())
+    found = _DATE.fullmatch(text.strip())
     if found is None:
         found = re.search(r"\.dev(\d{4})(\d{2})(\d{2})", text)
     if found is None:
-        raise UsageError(f"{option} {text!r}: expected a date like 2024-06-01 (or a nightly "
-                         "version like 2.5.0.dev20240601)")
+        raise UsageError(f"{option} {text!r}: expected a date like 2024-06-01, a nightly "
+                         "version like 2.5.0.dev20240601 or a release like 2.12.0")
     try:
         return date(*(int(g) for g in found.groups()))
     except ValueError as exc:
@@ -86,7 +112,7 @@ def parse_day(text: str, option: str) -> date:
 
 
 def endpoint(text: str | None, which: str) -> tuple[str | None, str | None]:
-    """(YYYY-MM-DD or None, a note) for --good / --bad.
+    """(YYYY-MM-DD, a release version, or None; a note) for --good / --bad.
 
     Takes a date, a nightly version, ``latest`` (--bad: the newest nightly), or the path of an
     ``opforge smoke --json`` report, whose torch version names the nightly (how CI records the
@@ -115,16 +141,47 @@ def endpoint(text: str | None, which: str) -> tuple[str | None, str | None]:
             raise UsageError(f"{option} {text}: its torch ({version}) is not a nightly")
         day = parse_day(version, option)
         return day.isoformat(), f"{option} {day} from {text} (torch {version})"
+    version = release_version(text)
+    if version is not None:
+        return str(version), None
     return parse_day(text, option).isoformat(), None
 
 
-def reproduce_command(params: Params, nightly: Nightly, python: str) -> str:
-    """Shell lines that recreate the first bad nightly's environment and run the test."""
-    env = f"/tmp/torch-{nightly.date:%Y%m%d}"
-    lines = [f"{python} -m venv {env}",
-             f"{env}/bin/python -m pip install {shlex.quote(nightly.url)}"
-             + (f" --index-url {shlex.quote(params.index)}" if "://" in params.index
-                and not params.index.startswith("file://") else "")]
+def check_endpoints(good: str | None, bad: str | None) -> None:
+    """Both ends of one kind, in order; a release --bad needs a --good (no walk-back)."""
+    g = release_version(good) if good else None
+    b = release_version(bad) if bad else None
+    if good and bad and (g is None) != (b is None):
+        raise UsageError(f"--good {good} and --bad {bad}: give two releases (2.10.0) or two "
+                         "dates (2024-06-01); the bisect goes from releases into nightlies "
+                         "by itself")
+    if b is not None and not good:
+        raise UsageError(f"--bad {bad} is a release: give --good as a release too (walking back "
+                         "without --good works over nightlies only)")
+    if g is not None and b is not None and g >= b:
+        raise UsageError(f"--good {good} must be older than --bad {bad}")
+    if g is None and b is None and good and bad and good >= bad:
+        raise UsageError(f"--good {good} must be older than --bad {bad}")
+
+
+def _install_line(params: Params, candidate: Candidate, env: str) -> str:
+    pip = f"{env}/bin/python -m pip install"
+    if isinstance(candidate, Release):
+        index = candidate.index
+        if not candidate.by_requirement:
+            return f"{pip} {shlex.quote(candidate.url)}"
+        spec = shlex.quote(f"torch=={candidate.version}")
+        return f"{pip} {spec}" + (f" --index-url {shlex.quote(index)}" if index else "")
+    return f"{pip} {shlex.quote(candidate.url)}" + (
+        f" --index-url {shlex.quote(params.index)}" if "://" in params.index
+        and not params.index.startswith("file://") else "")
+
+
+def reproduce_command(params: Params, nightly: Candidate, python: str) -> str:
+    """Shell lines that recreate a probe's environment (a nightly or a release) and run the test."""
+    label = nightly.key if isinstance(nightly, Release) else f"{nightly.date:%Y%m%d}"
+    env = f"/tmp/torch-{label.replace('+', '_')}"
+    lines = [f"{python} -m venv {env}", _install_line(params, nightly, env)]
     if params.wheel:
         lines.append(f"{env}/bin/python -m pip install --no-deps {shlex.quote(params.wheel)}")
     if params.command:
@@ -136,9 +193,13 @@ def reproduce_command(params: Params, nightly: Nightly, python: str) -> str:
     return " && \\\n  ".join(lines)
 
 
-def rerun_command(params: Params, good: Nightly, bad: Nightly) -> str:
-    argv = ["opforge", "bisect", "--good", good.day, "--bad", bad.day,
+def rerun_command(params: Params, good: Candidate, bad: Candidate) -> str:
+    argv = ["opforge", "bisect", "--good", good.key, "--bad", bad.key,
             "--variant", params.variant, "--python", params.python, "--index", params.index]
+    if isinstance(good, Release) and params.release_index:
+        argv += ["--release-index", params.release_index]
+    if params.releases_only:
+        argv.append("--releases-only")
     if params.wheel:
         argv += ["--wheel", params.wheel]
     if params.match:

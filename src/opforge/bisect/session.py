@@ -18,16 +18,28 @@ from opforge.errors import OpforgeError, UsageError
 from . import extension
 from . import state as state_mod
 from .envs import EnvCache, NightlyEnv
-from .index import Nightly, NightlyIndex, find_unlisted, with_unlisted
-from .params import Params, parse_day
+from .index import Nightly, NightlyIndex, find_unlisted, load_index, with_unlisted
+from .params import Params, parse_day, release_version
+from .releases import Candidate, Release, ReleaseIndex, nightlies_between
 from .probe import Abort, Attempt, CannotStart, classify, run_command
 from .search import EndpointError, Found, Outcome, Probe, next_step, walkback_dates
 from .state import BisectState, StepLog, StepRecord
 
 
 @dataclass
+class Level:
+    """The boundary found at one level: "release" or "nightly"."""
+
+    name: str
+    last_good: StepRecord
+    first_bad: StepRecord
+    skipped: list[StepRecord]
+    candidates: int
+
+
+@dataclass
 class Outcomes:
-    """The finished bisect, as the report needs it."""
+    """The finished bisect, as the report needs it: the deepest level's boundary first."""
 
     params: Params
     last_good: StepRecord
@@ -36,6 +48,8 @@ class Outcomes:
     candidates: int
     probes: int
     walked_back: list[str] = field(default_factory=list)
+    levels: list[Level] = field(default_factory=list)  # release, then nightly
+    level_notes: list[str] = field(default_factory=list)  # why a level below was not bisected
 
 
 class Session:
@@ -50,6 +64,8 @@ class Session:
         self.envs = envs
         self.display = display
         self.listing = NightlyIndex(params.index, tuple(state.listed))
+        self.releases = ReleaseIndex(params.release_index or "", tuple(state.releases))
+        self.level_notes: list[str] = []
         self.match = re.compile(params.match, re.MULTILINE) if params.match else None
         self.probed_now = 0
         # a bisect writes its state and log only once its endpoints checked out and its first
@@ -100,6 +116,8 @@ class Session:
     # -- the run --------------------------------------------------------------------------------
 
     def run(self) -> Outcomes:
+        if self.params.level == "release":
+            return self.run_releases()
         if not self.listing.nightlies:
             raise UsageError(f"{self.params.index}: no torch nightly for Python "
                              f"{self.params.python} on this platform")
@@ -109,10 +127,7 @@ class Session:
         good = self.resolve(self.params.good, "good") if self.params.good else None
         if good is not None and good.date >= bad.date:
             raise UsageError(f"--good {good.day} must be older than --bad {bad.day}")
-        for note in self.params.notes:  # said once the inputs are known to be usable
-            self.display.note(note)
-        if self.on_ready is not None:
-            self.on_ready()
+        self._ready()
         if good is None:
             if not self.params.bad:
                 self.display.note(f"no --bad given: using the newest nightly, {bad.day}")
@@ -121,23 +136,110 @@ class Session:
         self._fill_unlisted(good.date, bad.date)
         candidates = sorted({n.date: n for n in [*self.listing.between(good.date, bad.date),
                                                  good, bad]}.values(), key=lambda n: n.date)
+        level = self._search(candidates, "nightly")
+        assert isinstance(level, Level)
+        return self._outcomes([level], walked)
+
+    def _ready(self) -> None:
+        for note in self.params.notes:  # said once the inputs are known to be usable
+            self.display.note(note)
+        if self.on_ready is not None:
+            self.on_ready()
+
+    def _outcomes(self, levels: list[Level], walked: list[str]) -> Outcomes:
+        last = levels[-1]
+        return Outcomes(self.params, last.last_good, last.first_bad, last.skipped,
+                        last.candidates, len(self.state.steps), walked, levels, self.level_notes)
+
+    def _search(self, candidates: list[Candidate], name: str,
+                strict: bool = True) -> Level | EndpointError:
+        """Halve ``candidates`` (oldest first) down to a boundary; an endpoint that does not
+        behave as claimed stops the bisect (``strict``) or is returned."""
         while True:
-            results = {i: self.state.steps[c.day].outcome for i, c in enumerate(candidates)
-                       if c.day in self.state.steps}
+            results = {i: self.state.steps[c.key].outcome for i, c in enumerate(candidates)
+                       if c.key in self.state.steps}
             step = next_step(len(candidates), results)
             if isinstance(step, Probe):
                 self.display.left(self._left(candidates, results))
                 self.probe(candidates[step.index])
                 continue
             if isinstance(step, EndpointError):
+                if not strict:
+                    return step
                 which = candidates[0] if step.which == "good" else candidates[-1]
-                self._check_endpoint(self.state.steps[which.day], step.which)
+                self._check_endpoint(self.state.steps[which.key], step.which)
             assert isinstance(step, Found)
-            outcomes = Outcomes(self.params, self.state.steps[candidates[step.last_good].day],
-                                self.state.steps[candidates[step.first_bad].day],
-                                [self.state.steps[candidates[i].day] for i in step.skipped],
-                                len(candidates), len(self.state.steps), walked)
-            return outcomes
+            record = [self.state.steps.get(c.key) for c in candidates]
+            return Level(name, record[step.last_good], record[step.first_bad],
+                         [record[i] for i in step.skipped], len(candidates))
+
+    # -- releases, then the nightlies between them ---------------------------------------------
+
+    def resolve_release(self, text: str, which: str) -> Release:
+        version = release_version(text)
+        assert version is not None
+        found = self.releases.find(version)
+        if found is None:
+            raise UsageError(f"--{which} {text}: no such torch release in "
+                             f"{self.params.release_index} for Python {self.params.python} "
+                             f"({self.releases.neighbours(version)})")
+        return found
+
+    def run_releases(self) -> Outcomes:
+        good = self.resolve_release(self.params.good, "good")
+        bad = (self.resolve_release(self.params.bad, "bad") if self.params.bad
+               else self.releases.releases[-1])
+        if good.parsed >= bad.parsed:
+            raise UsageError(f"--good {good.key} must be older than --bad {bad.key}")
+        self._ready()
+        if not self.params.bad:
+            self.display.note(f"no --bad given: using the newest release, {bad.key}")
+        level = self._search(self.releases.between(good, bad), "release")
+        assert isinstance(level, Level)
+        levels = [level]
+        if not self.params.releases_only:
+            nightly = self._nightlies_after(level)
+            if nightly is not None:
+                levels.append(nightly)
+        return self._outcomes(levels, [])
+
+    def _nightlies_after(self, releases: Level) -> Level | None:
+        """The nightly level under a release boundary, when the nightly index covers it."""
+        good, bad = releases.last_good.nightly, releases.first_bad.nightly
+        assert isinstance(good, Release) and isinstance(bad, Release)
+        if not self.state.listed:
+            try:
+                listed = load_index(self.params.index, self.params.python)
+            except OpforgeError as exc:
+                self._level_note(f"stopping at the release boundary: {exc}")
+                return None
+            self.state.listed = list(listed.nightlies)
+            self.listing = listed
+            self.save()
+        candidates = nightlies_between(self.listing.nightlies, good, bad)
+        if len(candidates) < 2:
+            self._level_note(f"stopping at the release boundary: {self.params.index} lists "
+                             f"{len(candidates)} nightlies between {good.key} and {bad.key}'s "
+                             "branch cuts")
+            return None
+        self.display.note(f"releases: {good.key} good, {bad.key} bad; now the "
+                          f"{len(candidates)} nightlies between them ({candidates[0].day}.."
+                          f"{candidates[-1].day})")
+        found = self._search(candidates, "nightly", strict=False)
+        if isinstance(found, EndpointError):
+            end = candidates[0] if found.which == "good" else candidates[-1]
+            record = self.state.steps[end.key]
+            self._level_note(
+                f"stopping at the release boundary: the {found.which} end of the nightlies, "
+                f"{end.day} ({end.version}), is {record.outcome.value} ({record.reason}), so "
+                f"the change between {good.key} and {bad.key} is not one the nightlies isolate "
+                "(a release-branch change, or a nightly window that starts too late)")
+            return None
+        return found
+
+    def _level_note(self, text: str) -> None:
+        self.level_notes.append(text)
+        self.display.note(text)
 
     def _left(self, candidates: list[Nightly], results: dict[int, Outcome]) -> int:
         bads = [i for i, o in results.items() if o is Outcome.BAD]
@@ -175,7 +277,8 @@ class Session:
         if record.outcome is expected:
             return
         n = record.nightly
-        what = f"the {which} nightly {n.day} ({n.version})"
+        what = (f"the {which} release {n.key}" if isinstance(n, Release)
+                else f"the {which} nightly {n.day} ({n.version})")
         flip = self.params.regress == "failure"
         if record.outcome is Outcome.SKIP:
             raise OpforgeError(f"{what} could not be tested ({record.reason}); pick another --{which}")
@@ -217,8 +320,8 @@ class Session:
 
     # -- one step -------------------------------------------------------------------------------
 
-    def probe(self, nightly: Nightly) -> StepRecord:
-        done = self.state.steps.get(nightly.day)
+    def probe(self, nightly: Candidate) -> StepRecord:
+        done = self.state.steps.get(nightly.key)
         if done is not None:
             return done
         self.display.start(nightly)
@@ -251,9 +354,9 @@ class Session:
                 verdict = classify(attempt, match=self.match, regress=self.params.regress,
                                    timeout_skip=self.params.timeout_skip)
             except Abort as exc:
-                self.log.write("abort", date=nightly.day, exit_code=attempt.exit_code,
+                self.log.write("abort", date=nightly.key, exit_code=attempt.exit_code,
                                output_tail=attempt.tail, message=str(exc))
-                raise OpforgeError(f"{nightly.day}: {exc}; the finished steps are saved, "
+                raise OpforgeError(f"{nightly.key}: {exc}; the finished steps are saved, "
                                    "fix the command and rerun with --resume") from None
             if verdict.passed is not False:
                 break
@@ -278,7 +381,7 @@ class Session:
         self.begin()
         self.save()
         self.probed_now += 1
-        self.log.write("probe", date=record.nightly.day, version=record.nightly.version,
+        self.log.write("probe", date=record.nightly.key, version=record.nightly.version,
                        url=record.nightly.url, sha256=record.sha256, commit=record.git_version,
                        outcome=record.outcome.value, reason=record.reason,
                        exit_code=record.exit_code, duration_s=round(record.duration_s, 3),

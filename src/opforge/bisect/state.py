@@ -18,6 +18,7 @@ from opforge.errors import UsageError
 from opforge.files import read_json
 
 from .index import Nightly
+from .releases import Candidate, Release, candidate_from_json
 from .params import Params
 from .search import Outcome
 
@@ -29,7 +30,7 @@ STOPPED = ("interrupted", "error")
 class StepRecord:
     """One finished probe of one nightly."""
 
-    nightly: Nightly
+    nightly: Candidate    # a Nightly, or a Release at the release level
     outcome: Outcome
     reason: str
     exit_code: int | None
@@ -56,7 +57,7 @@ class StepRecord:
             if key in data or key != "output_tail":
                 if not isinstance(data[key], types):
                     raise TypeError(f"a step's {key} is {type(data[key]).__name__}")
-        return cls(Nightly.from_json(data["nightly"]), Outcome(data["outcome"]), data["reason"],
+        return cls(candidate_from_json(data["nightly"]), Outcome(data["outcome"]), data["reason"],
                    data["exit_code"], data["attempts"], data["duration_s"], data["sha256"],
                    data["git_version"], data["reused_env"], data.get("output_tail", ""))
 
@@ -69,6 +70,7 @@ class BisectState:
     result: dict | None = None
     looked_up: list[str] = field(default_factory=list)  # unlisted days already searched by URL
     stopped: str | None = None  # "interrupted" (a signal) or "error"; None while running
+    releases: list[Release] = field(default_factory=list)  # what the release index listed
 
     @property
     def unfinished(self) -> bool:
@@ -82,13 +84,14 @@ class BisectState:
         return min(dates) if dates else None
 
     def record(self, step: StepRecord) -> None:
-        self.steps[step.nightly.day] = step
+        self.steps[step.nightly.key] = step
 
     def to_json(self) -> dict:
         return {"schema": SCHEMA, "params": self.params,
                 "listed": [n.to_json() for n in self.listed],
                 "steps": [s.to_json() for s in self.steps.values()], "result": self.result,
-                "looked_up": self.looked_up, "stopped": self.stopped}
+                "looked_up": self.looked_up, "stopped": self.stopped,
+                "releases": [r.to_json() for r in self.releases]}
 
     @classmethod
     def from_json(cls, data: dict) -> BisectState:
@@ -98,6 +101,7 @@ class BisectState:
         for step in data["steps"]:
             state.record(StepRecord.from_json(step))
         state.result = data.get("result")
+        state.releases = [Release.from_json(r) for r in data.get("releases", [])]
         state.looked_up = [str(day) for day in data.get("looked_up", [])]
         state.stopped = data.get("stopped") if data.get("stopped") in STOPPED else None
         if not isinstance(state.result, (dict, type(None))):

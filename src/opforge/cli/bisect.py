@@ -41,19 +41,30 @@ environment activated (PATH, VIRTUAL_ENV; PYTHONPATH removed) in the current dir
 
 # options that define a bisect: on --resume they must agree with the stored ones if given
 _DEFINING = ("good", "bad", "variant", "python", "index", "wheel", "match", "regress",
-             "retries", "timeout", "timeout_skip")
+             "retries", "timeout", "timeout_skip", "release_index")
 
 
 def register(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("bisect", help="find the nightly where a regression appeared",
                               description=DESCRIPTION, epilog=EPILOG,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--good", metavar="DATE",
+    p.add_argument("--good", metavar="DATE|VERSION",
                    help="a nightly that passes (YYYY-MM-DD, a nightly version, or an `opforge "
-                        "smoke --json` report naming it); left out: walk back from --bad "
-                        "(2 days, a week, then two weeks at a time) until one passes")
-    p.add_argument("--bad", metavar="DATE", help="a nightly that fails (the same forms, or "
-                                                 "latest: the default, the newest nightly)")
+                        "smoke --json` report naming it), or a release (2.10.0); left out: walk "
+                        "back from --bad (2 days, a week, then two weeks at a time) until one "
+                        "passes")
+    p.add_argument("--bad", metavar="DATE|VERSION",
+                   help="a nightly that fails (the same forms, or latest: the default, the "
+                        "newest nightly), or a release (2.14.1; left out with a release --good: "
+                        "the newest release). Between two releases the bisect finds the first "
+                        "bad release, then goes on into the nightlies between it and the last "
+                        "good one when --index lists them")
+    p.add_argument("--release-index", metavar="URL|DIR|pypi",
+                   help="where releases are listed and installed from (default "
+                        "https://download.pytorch.org/whl/<variant>; release candidates are on "
+                        ".../whl/test/<variant>; pypi: the index pip is configured with)")
+    p.add_argument("--releases-only", action="store_true", default=None,
+                   help="stop at the release boundary; do not go on into the nightlies")
     p.add_argument("--variant", help="the variant whose nightly index is used and, by default, "
                                      "built (cpu, cu126, ..., mps; default cpu)")
     p.add_argument("--python", help="Python version (3.11) or interpreter path for the "
@@ -124,8 +135,9 @@ def python_for(spec: str | None) -> tuple[str, str]:
 
 
 def _params(args: argparse.Namespace):
-    from opforge.bisect.index import DEFAULT_INDEX, _is_local, variant_index
-    from opforge.bisect.params import Params, endpoint
+    from opforge.bisect.index import DEFAULT_INDEX, variant_index
+    from opforge.bisect.params import Params, check_endpoints, endpoint, release_version
+    from opforge.bisect.releases import PYPI, release_index
 
     command = list(args.command or [])
     if command:
@@ -140,11 +152,10 @@ def _params(args: argparse.Namespace):
     good, good_note = endpoint(args.good, "good")
     bad, bad_note = endpoint(args.bad, "bad")
     tomorrow = (datetime.now(timezone.utc) + timedelta(days=1)).date().isoformat()
+    check_endpoints(good, bad)
     for option, day in (("--good", good), ("--bad", bad)):
-        if day is not None and day > tomorrow:
+        if day is not None and "-" in day and day > tomorrow:
             raise UsageError(f"{option} {day}: that date is in the future; no nightly exists yet")
-    if good is not None and bad is not None and good >= bad:
-        raise UsageError(f"--good {good} must be older than --bad {bad}")
     if args.retries is not None and args.retries < 0:
         raise UsageError("--retries must be 0 or more")
     if args.timeout is not None and not (0 < args.timeout < math.inf):
@@ -165,13 +176,12 @@ def _params(args: argparse.Namespace):
         if info is None or not stat.S_ISREG(info.st_mode) or path.suffix != ".whl":
             raise UsageError(f"--wheel {args.wheel}: no such wheel file")
         wheel = str(path.resolve())
-    index = args.index or variant_index(DEFAULT_INDEX, variant)
-    if _is_local(index) and not index.startswith("file://"):
-        local = Path(index).expanduser()
-        info = lookup(local, what="--index")
-        if info is None or not stat.S_ISDIR(info.st_mode):
-            raise UsageError(f"--index {index}: no such directory")
-        index = str(local.resolve())
+    index = _local_index(args.index or variant_index(DEFAULT_INDEX, variant), "--index")
+    releases = None
+    if args.release_index or (good and release_version(good) is not None):
+        releases = args.release_index or release_index(None, variant)
+        if releases != PYPI:
+            releases = _local_index(releases, "--release-index")
     if not command:
         _check_variant(variant)
     _, version = python_for(args.python)
@@ -179,7 +189,21 @@ def _params(args: argparse.Namespace):
                   index=index, command=command, wheel=wheel, match=args.match,
                   regress=args.regress or "failure", retries=args.retries or 0,
                   timeout=args.timeout, timeout_skip=bool(args.timeout_skip),
-                  cwd=str(Path.cwd()), notes=[n for n in (good_note, bad_note) if n])
+                  cwd=str(Path.cwd()), notes=[n for n in (good_note, bad_note) if n],
+                  release_index=releases, releases_only=bool(args.releases_only))
+
+
+def _local_index(index: str, option: str) -> str:
+    """A local index as an absolute path (a URL unchanged); a missing directory is bad input."""
+    from opforge.bisect.index import _is_local
+
+    if _is_local(index) and not index.startswith("file://"):
+        local = Path(index).expanduser()
+        info = lookup(local, what=option)
+        if info is None or not stat.S_ISDIR(info.st_mode):
+            raise UsageError(f"{option} {index}: no such directory")
+        return str(local.resolve())
+    return index
 
 
 def _check_variant(variant: str) -> None:
@@ -207,7 +231,7 @@ def _resumed_params(args: argparse.Namespace, stored: dict):
         have = getattr(params, name)
         if name == "wheel":
             given = str(Path(given).expanduser().resolve())
-        if name == "index" and "://" not in given:
+        if name in ("index", "release_index") and "://" not in given and given != "pypi":
             given = str(Path(given).expanduser().resolve())
         if name in ("good", "bad"):
             given = endpoint(given, name)[0]
@@ -259,6 +283,7 @@ def run(args: argparse.Namespace) -> int:
     from opforge.bisect.commits import check_repo, commit_range
     from opforge.bisect.envs import EnvCache, cache_dir
     from opforge.bisect.index import _is_local, load_index
+    from opforge.bisect.releases import load_releases
     from opforge.bisect.report import Display, emit, emit_error, result_json
     from opforge.bisect.session import Session
 
@@ -290,13 +315,22 @@ def run(args: argparse.Namespace) -> int:
     else:
         params = _params(args)
         _replaceable(state_path, args.restart)
-        index = load_index(params.index, params.python)
-        state = state_mod.BisectState(params.to_json(), list(index.nightlies))
+        state = state_mod.BisectState(params.to_json(), [])
+        if params.level == "release":
+            state.releases = list(load_releases(params.release_index, params.python).releases)
+        else:
+            try:
+                state.listed = list(load_index(params.index, params.python).nightlies)
+            except UsageError:
+                raise
+            except OpforgeError as exc:  # an unreachable index is bad input: exit 2
+                raise UsageError(str(exc)) from None
 
         def on_start() -> None:
             if state_path.exists():
                 display.note(f"started a new bisect (replacing the state in {state_path})")
-            log.write("start", params=params.to_json(), nightlies=len(index.nightlies))
+            log.write("start", params=params.to_json(), nightlies=len(state.listed),
+                      releases=len(state.releases))
     exe, _ = python_for(params.python)
 
     def on_ready() -> None:
@@ -333,7 +367,8 @@ def run(args: argparse.Namespace) -> int:
         raise
     commits = commit_range(outcome.last_good.git_version, outcome.first_bad.git_version, repo)
     data = result_json(outcome, commits, f"python{params.python}"
-                       if re.fullmatch(r"\d+\.\d+", params.python) else exe)
+                       if re.fullmatch(r"\d+\.\d+", params.python) else exe, envs,
+                       list(state.steps.values()))
     data["probes_this_run"] = session.probed_now
     state.result = data
     state_mod.save(state, state_path)
