@@ -10,10 +10,13 @@ from pathlib import Path
 import pytest
 from fake_nightlies import (
     PROBE_SCRIPT,
+    RELEASES,
+    TEST_CHANNEL,
     Bisector,
     FakeIndex,
     FakeRepo,
     build_fake_index,
+    build_fake_releases,
     build_fake_repo,
 )
 
@@ -27,6 +30,16 @@ def fake_pytorch_repo(tmp_path_factory) -> FakeRepo:
 def fake_index(tmp_path_factory, fake_pytorch_repo) -> FakeIndex:
     return build_fake_index(tmp_path_factory.mktemp("nightly-cpu"),
                             tmp_path_factory.mktemp("nightly-cpu-json"), fake_pytorch_repo)
+
+
+@pytest.fixture(scope="session")
+def fake_releases(tmp_path_factory) -> Path:
+    return build_fake_releases(tmp_path_factory.mktemp("releases-cpu"), RELEASES)
+
+
+@pytest.fixture(scope="session")
+def fake_test_channel(tmp_path_factory) -> Path:
+    return build_fake_releases(tmp_path_factory.mktemp("test-cpu"), TEST_CHANNEL)
 
 
 @pytest.fixture(scope="session")

@@ -59,8 +59,10 @@ def version_for(day: date, minor: int | None = None) -> str:
 
 
 TORCH_INIT = '''\
+from . import version as _version
 from .version import __version__, git_version
-DATE = int(__version__.split(".dev")[1][:8])
+# a nightly's date is in its version; a release carries the date it was cut
+DATE = int(__version__.split(".dev")[1][:8]) if ".dev" in __version__ else _version.release_date
 
 
 def nms_check():
@@ -153,10 +155,37 @@ class FakeIndex:
         return self.root.as_uri()
 
 
-def _torch_files(version: str, git_version: str) -> dict[str, str]:
+def _torch_files(version: str, git_version: str, release_date: date | None = None
+                 ) -> dict[str, str]:
+    extra = f"release_date = {release_date:%Y%m%d}\n" if release_date else ""
     return {"torch/__init__.py": TORCH_INIT.format(unrelated=f"{UNRELATED_BREAKAGE:%Y%m%d}",
                                                    regression=f"{REGRESSION:%Y%m%d}"),
-            "torch/version.py": f"__version__ = {version!r}\ngit_version = {git_version!r}\n"}
+            "torch/version.py": f"__version__ = {version!r}\ngit_version = {git_version!r}\n"
+                                f"cuda = None\n{extra}"}
+
+
+# released versions (the variant's release index) and the day each was cut: 2.5.0 carries
+# the regression (2024-06-07), so the nightlies between 2.4.1 and 2.5.0 hold it
+RELEASES = {"2.3.0": date(2024, 4, 20), "2.3.1": date(2024, 5, 5), "2.4.0": date(2024, 5, 25),
+            "2.4.1": date(2024, 5, 30), "2.5.0": date(2024, 6, 11), "2.5.1": date(2024, 6, 12)}
+# release candidates (the test channel): rc1 before the regression, rc2 after it
+TEST_CHANNEL = {"2.5.0rc1": date(2024, 6, 5), "2.5.0rc2": date(2024, 6, 8)}
+
+
+def build_fake_releases(root: Path, releases: dict[str, date]) -> Path:
+    """A PEP 503 release index of fake torch releases (+cpu, as the cpu index names them),
+    with another platform's wheel of each that must be ignored."""
+    (root / "torch").mkdir()
+    wheels = []
+    for text, day in releases.items():
+        version = f"{text}+cpu"
+        for plat in (HERE_PLATFORM, OTHER_PLATFORMS[0]):
+            wheels.append(write_wheel(root, "torch", version, f"{PY}-{PY}-{plat}",
+                                      _torch_files(version, "e" * 40, day)))
+    anchors = "\n".join(f'<a href="../{urllib.parse.quote(p.name)}">{html.escape(p.name)}</a>'
+                        for p in wheels)
+    (root / "torch" / "index.html").write_text(f"<html><body>\n{anchors}\n</body></html>\n")
+    return root
 
 
 def build_fake_index(root: Path, json_root: Path, fake_pytorch_repo: FakeRepo) -> FakeIndex:
@@ -274,7 +303,7 @@ class Bisector:
         return argv, env
 
     def __call__(self, *args: str, command: list[str] | None = None, index: str | None = None,
-                 timeout: float = 120) -> Run:
+                 timeout: float = 180) -> Run:
         argv, env = self._argv_env(args, command, index)
         result = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=self.work,
                                 timeout=timeout)

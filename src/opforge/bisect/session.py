@@ -20,8 +20,8 @@ from . import state as state_mod
 from .envs import EnvCache, NightlyEnv
 from .index import Nightly, NightlyIndex, find_unlisted, load_index, with_unlisted
 from .params import Params, parse_day, release_version
-from .releases import Candidate, Release, ReleaseIndex, nightlies_between
 from .probe import Abort, Attempt, CannotStart, classify, run_command
+from .releases import Candidate, Release, ReleaseIndex, nightlies_between
 from .search import EndpointError, Found, Outcome, Probe, next_step, walkback_dates
 from .state import BisectState, StepLog, StepRecord
 

@@ -18,8 +18,8 @@ from opforge.errors import UsageError
 from opforge.files import read_json
 
 from .index import Nightly
-from .releases import Candidate, Release, candidate_from_json
 from .params import Params
+from .releases import Candidate, Release, candidate_from_json
 from .search import Outcome
 
 SCHEMA = 1
