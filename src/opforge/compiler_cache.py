@@ -18,7 +18,10 @@ What keeps a hit honest: sccache hashes the real compiler binary, every argument
 build environment's torch version is added to every key, so a build against another torch
 never reuses an object, even where the headers are the same. ``SCCACHE_BASEDIRS`` (the
 checkout, the build environment, the build directory) makes those paths relative before
-hashing, so two checkouts or two environments of the same sources share objects.
+hashing, so two checkouts or two environments of the same sources share C/C++ objects. nvcc
+calls are split by sccache into cudafe++/cicc/ptxas/host steps, each cached; cudafe++ sees the
+source's absolute path, which base dirs do not rewrite, so CUDA objects are shared only by
+builds at the same paths (every run of one CI job; see docs/adopt.md "The compiler cache").
 """
 
 from __future__ import annotations

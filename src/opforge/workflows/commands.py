@@ -2,7 +2,7 @@
 
 A step runs, one plain command per line, only:
 
-* ``[python -m] pip install`` of ``nox``, ``opforge`` or the harness from the checkout (``.``);
+* ``[python -m] pip install`` of ``nox``, ``uv``, ``opforge`` or the harness from the checkout (``.``);
 * ``[python -m] nox -s SESSION [...] [-- ARGS]``;
 * ``[python -m] opforge COMMAND [ARGS]``.
 
@@ -23,7 +23,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 
 from opforge.workflows.expressions import EXPRESSION
 
-PIP_PACKAGES = ("nox", "opforge")
+PIP_PACKAGES = ("nox", "opforge", "uv")  # uv: nox's fast backend
 PIP_OPTIONS = ("-U", "--upgrade", "-q", "--quiet")
 NOX_FORBIDDEN = ("-f", "--noxfile", "--envdir")  # another noxfile would escape the session check
 _OPERATORS = set(";&|<>()")
