@@ -103,7 +103,9 @@ def test_second_run_downloads_and_installs_nothing(fresh_bisector):
     assert first_steps and not any(e["reused_env"] for e in first_steps)
     assert all(any("installed torch" in a for a in e["actions"]) for e in first_steps)
     envs = sorted(p.name for p in (fresh_bisector.cache / "envs").iterdir())
-    assert len(envs) == len(first_steps)
+    # each probe's, and those made ahead for a step that the outcome made unnecessary
+    assert len(envs) >= len(first_steps)
+    assert any("prefetched" in a for e in first_steps for a in e["actions"])
 
     second = fresh_bisector(*args)
     assert second.returncode == 0, second.stderr

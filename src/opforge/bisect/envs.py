@@ -22,6 +22,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,6 +109,10 @@ class EnvCache:
         self.with_pip = with_pip  # building the extension in the env needs its own pip
         self._host_pip = _host_pip_works()
         self.installer = installer()
+        from .cache import max_size_from_env
+
+        self.max_size = max_size_from_env()  # OPFORGE_CACHE_MAX_SIZE: evict LRU beyond it
+        self.in_use: set[Path] = set()
 
     def env_dir(self, nightly: Candidate) -> Path:
         stem = nightly.filename[:-4] if nightly.filename.endswith(".whl") else nightly.filename
@@ -168,6 +173,7 @@ class EnvCache:
         env = self.cached(nightly)
         if env is not None:
             touch_used(path)
+            self.in_use.add(path)
             if self.with_pip and not _has_pip(env.python):
                 _ensurepip(env.python)
                 env.actions.append("installed pip")
@@ -200,7 +206,20 @@ class EnvCache:
                          packages=self.freeze(python))
         self._write_marker(env, nightly.url)
         touch_used(path)
+        self.in_use.add(path)
+        self.evict()
         return env
+
+    def evict(self) -> list[str]:
+        """Remove the least recently used environments beyond ``max_size`` (never one in use)."""
+        if self.max_size is None:
+            return []
+        from .cache import choose_evictions, list_envs, remove
+
+        gone = choose_evictions(list_envs(self.root), self.max_size, keep=self.in_use)
+        for env in gone:
+            remove(env)
+        return [env.path.name for env in gone]
 
     def freeze(self, python: Path) -> list[str]:
         """``pip freeze`` of an environment (what the report lists); empty if it cannot."""
@@ -241,6 +260,52 @@ class EnvCache:
         env.extras[wheel.name] = sha
         env.actions.append(f"installed {wheel.name}")
         self._write_marker(env, nightly.url)
+
+
+class Prefetcher:
+    """Makes the environments the next step may need in a background thread while a probe
+    runs; ``get`` waits for one that is under way. Daemonic: a bisect that ends while a
+    prefetch still runs leaves an unmarked environment, which the next use makes again."""
+
+    def __init__(self, envs: EnvCache, enabled: bool = True):
+        self.envs = envs
+        self.enabled = enabled
+        self._jobs: dict[str, tuple[threading.Thread, list]] = {}
+        self._lock = threading.Lock()  # one prefetch at a time: downloads share the link
+
+    def want(self, candidates) -> None:
+        if not self.enabled:
+            return
+        for candidate in candidates:
+            if candidate.key in self._jobs or self.envs.cached(candidate) is not None:
+                continue
+            box: list = []
+            thread = threading.Thread(target=self._make, args=(candidate, box), daemon=True,
+                                      name=f"prefetch {candidate.key}")
+            self._jobs[candidate.key] = (thread, box)
+            thread.start()
+
+    def _make(self, candidate, box: list) -> None:
+        with self._lock:
+            try:
+                env = self.envs.ensure(candidate)
+                env.actions.append("prefetched while the previous probe ran")
+                box.append(env)
+            except Exception as exc:  # the probe itself tries again and reports it
+                box.append(exc)
+
+    def get(self, candidate) -> NightlyEnv:
+        job = self._jobs.pop(candidate.key, None)
+        if job is not None:
+            thread, box = job
+            thread.join()
+            if box and isinstance(box[0], NightlyEnv):
+                return box[0]
+        return self.envs.ensure(candidate)
+
+    @property
+    def pending(self) -> list[str]:
+        return [key for key, (thread, _) in self._jobs.items() if thread.is_alive()]
 
 
 def _has_pip(python: Path) -> bool:

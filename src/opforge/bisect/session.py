@@ -17,7 +17,7 @@ from opforge.errors import OpforgeError, UsageError
 
 from . import extension
 from . import state as state_mod
-from .envs import EnvCache, NightlyEnv
+from .envs import EnvCache, NightlyEnv, Prefetcher
 from .index import Nightly, NightlyIndex, find_unlisted, load_index, with_unlisted
 from .params import Params, parse_day, release_version
 from .probe import Abort, Attempt, CannotStart, classify, run_command
@@ -54,7 +54,7 @@ class Outcomes:
 
 class Session:
     def __init__(self, params: Params, state: BisectState, state_path: Path, log: StepLog,
-                 envs: EnvCache, display, on_start=None, on_ready=None):
+                 envs: EnvCache, display, on_start=None, on_ready=None, prefetch: bool = True):
         """``on_start`` runs once, when the first step has finished: before it, nothing is
         written (a mistaken command never touches the saved state or the log)."""
         self.params = params
@@ -62,6 +62,7 @@ class Session:
         self.state_path = state_path
         self.log = log
         self.envs = envs
+        self.prefetcher = Prefetcher(envs, prefetch)
         self.display = display
         self.listing = NightlyIndex(params.index, tuple(state.listed))
         self.releases = ReleaseIndex(params.release_index or "", tuple(state.releases))
@@ -161,6 +162,7 @@ class Session:
             step = next_step(len(candidates), results)
             if isinstance(step, Probe):
                 self.display.left(self._left(candidates, results))
+                self.prefetcher.want(self._next_probes(candidates, results, step.index))
                 self.probe(candidates[step.index])
                 continue
             if isinstance(step, EndpointError):
@@ -240,6 +242,17 @@ class Session:
     def _level_note(self, text: str) -> None:
         self.level_notes.append(text)
         self.display.note(text)
+
+    @staticmethod
+    def _next_probes(candidates: list[Candidate], results: dict[int, Outcome],
+                     index: int) -> list[Candidate]:
+        """What the search probes next if ``index`` turns out good, or bad (search.py decides)."""
+        out = []
+        for outcome in (Outcome.BAD, Outcome.GOOD):
+            step = next_step(len(candidates), {**results, index: outcome})
+            if isinstance(step, Probe) and candidates[step.index] not in out:
+                out.append(candidates[step.index])
+        return out
 
     def _left(self, candidates: list[Nightly], results: dict[int, Outcome]) -> int:
         bads = [i for i, o in results.items() if o is Outcome.BAD]
@@ -327,7 +340,7 @@ class Session:
         self.display.start(nightly)
         t0 = time.monotonic()
         try:
-            env = self.envs.ensure(nightly)
+            env = self.prefetcher.get(nightly)
         except OpforgeError as exc:
             return self._finish(StepRecord(nightly, Outcome.SKIP, f"cannot install: {exc}", None,
                                            0, time.monotonic() - t0, None, None, False), [])

@@ -89,6 +89,9 @@ def register(subparsers) -> argparse.ArgumentParser:
                    help="bound each probe; a timeout counts as a failure")
     p.add_argument("--timeout-skip", action="store_true", default=None,
                    help="count a timeout as a skip instead")
+    p.add_argument("--no-prefetch", action="store_true",
+                   help="do not make the environments the next step may need while a probe "
+                        "runs (by default they are made in the background, one at a time)")
     p.add_argument("--resume", action="store_true",
                    help="continue the interrupted bisect without repeating finished steps")
     p.add_argument("--restart", action="store_true",
@@ -339,7 +342,7 @@ def run(args: argparse.Namespace) -> int:
     pip_index = [] if _is_local(params.index) else ["--index-url", params.index]
     envs = EnvCache(root, exe, pip_index, with_pip=params.mode == "build")
     session = Session(params, state, state_path, log, envs, display, on_start=on_start,
-                      on_ready=on_ready)
+                      on_ready=on_ready, prefetch=not args.no_prefetch)
     try:
         with display:
             outcome = session.run()
