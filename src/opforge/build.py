@@ -90,8 +90,9 @@ class BuildPlan:
         lines.append(f"    {self.build.render()}")
         lines.append("      (compiles through sccache when it is installed; "
                      "--no-compiler-cache or OPFORGE_COMPILER_CACHE=off: without)")
+        requirement = self.variant.torch_requirement_floor or "torch pin"
         lines.append(f"    opforge stamp: local version +{self.variant.local_version}, "
-                     "torch pin, build record (.dist-info/opforge-build.json), RECORD")
+                     f"{requirement}, build record (.dist-info/opforge-build.json), RECORD")
         if self.repair is not None:
             lines.append(f"    {self.repair.render()}   (platform wheels only)")
         lines.append(f"    move the wheel into {self.out_dir}/ (replacing older wheels)")
@@ -194,7 +195,12 @@ def plan_build(matrix: Matrix, variant_name: str, *, out_dir: Path | None = None
         # scikit-build-core's build directory, kept per variant for the same reason
         "SKBUILD_BUILD_DIR": str(work_dir / "cmake"),
         "MAX_JOBS": str(max_jobs or env_in.get("MAX_JOBS") or os.cpu_count() or 1),
+        # legacy: the C++ API of the torch it builds against; stable: the LibTorch stable ABI
+        # (TORCH_STABLE_ONLY, TORCH_TARGET_VERSION = the floor, Py_LIMITED_API, an abi3 tag)
+        "OPFORGE_ABI": variant.abi,
     }
+    if variant.stable:
+        build_env["OPFORGE_TORCH_FLOOR"] = variant.torch_floor or ""
     if omit_kernels:
         build_env["OPFORGE_OMIT_KERNELS"] = omit_kernels
     if variant.cuda:
@@ -309,11 +315,11 @@ def finish(plan: BuildPlan) -> Path:
     return final
 
 
-def verify(wheel: Path, variant: Variant) -> list[str]:
+def verify(wheel: Path, variant: Variant, pythons: tuple[str, ...] = ()) -> list[str]:
     """The ways a freshly built wheel contradicts its matrix entry (see ``opforge inspect``)."""
     from opforge.wheels import check_against_variant, inspect_wheel
 
-    return check_against_variant(inspect_wheel(wheel), variant)
+    return check_against_variant(inspect_wheel(wheel), variant, pythons)
 
 
 def execute(plan: BuildPlan, python: str, *, install: bool = True, log=print,
@@ -426,7 +432,11 @@ def build_facts(plan: BuildPlan, python: str) -> BuildFacts:
         cuda_version=variant.cuda, cuda_arch_list=variant.arch_list if variant.cuda else None,
         mps=variant.mps, macos_deployment_target=variant.macos_deployment_target,
         source_commit=commit.stdout.strip() if commit.returncode == 0 else None,
-        extra={"omitted_kernels": [k.strip() for k in omitted.split(",") if k.strip()]})
+        torch_requirement=variant.torch_requirement_floor,
+        local_version=variant.local_version,
+        extra={"omitted_kernels": [k.strip() for k in omitted.split(",") if k.strip()],
+               "abi": variant.abi, "torch_floor": variant.torch_floor,
+               "cuda_major": variant.cuda_major})
 
 
 def stamp(plan: BuildPlan, python: str, log=print) -> Path:

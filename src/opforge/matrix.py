@@ -46,6 +46,7 @@ _ARCH_SUFFIXES = {"9.0": ("a",), "10.0": ("a", "f"), "10.3": ("a", "f"), "11.0":
 # \Z, not $: "$" also matches before a final newline ("cpu\n" would pass)
 _NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
 _ARCH = re.compile(r"(\d+\.\d+)([af]?)(\+PTX)?\Z")
+_LOCAL_LABEL = re.compile(r"[a-z0-9]+(\.[a-z0-9]+)*\Z")
 
 
 class MatrixError(UsageError):
@@ -93,6 +94,10 @@ class Extension:
     recipes: str | None = None    # the recipes file, relative to the matrix file's directory
     # smoke fails a device kernel more than this many times slower than the CPU's
     max_slowdown: float = 10.0
+    # the ABI every variant builds for unless it says otherwise (see Variant)
+    abi: str = "legacy"
+    torch_floor: str | None = None
+    compat_torch: tuple[str, ...] = ()
 
     def slowdown_factors(self) -> dict[str, float]:
         """op -> its own max_slowdown, for the ops that override the extension's."""
@@ -153,6 +158,22 @@ class Variant:
     mps: bool = False
     device_checks: bool = True
     runner: str | None = None
+    abi: str = "legacy"                   # "stable": one abi3 wheel per platform, torch>=floor
+    torch_floor: str | None = None        # stable only: the oldest torch the wheel loads on
+    compat_torch: tuple[str, ...] = ()    # stable only: the torches its compat smoke runs on
+
+    @property
+    def stable(self) -> bool:
+        return self.abi == "stable"
+
+    @property
+    def cuda_major(self) -> str | None:
+        return self.cuda.split(".")[0] if self.cuda else None
+
+    @property
+    def torch_requirement_floor(self) -> str | None:
+        """``torch>=2.10`` for a stable variant (None: legacy, pinned to its build torch)."""
+        return f"torch>={self.torch_floor}" if self.stable else None
 
     @property
     def backends(self) -> tuple[str, ...]:
@@ -166,7 +187,9 @@ class Variant:
 
     @property
     def local_version(self) -> str:
-        return self.name
+        """The wheel's PEP 440 local label: the name, normalized (``cpu_stable`` ->
+        ``cpu.stable``, as pip and packaging spell it)."""
+        return self.name.replace("_", ".")
 
     @property
     def build_session(self) -> str:
@@ -191,6 +214,13 @@ class Job:
     @property
     def runner(self) -> str:
         return self.variant.runner or self.platform.runner
+
+    @property
+    def artifact(self) -> str:
+        """The wheel's artifact: one per cell, or one per platform for a stable variant."""
+        if self.variant.stable:
+            return f"wheel-{self.variant.name}-{self.platform.name}-abi3"
+        return f"wheel-{self.name}"
 
     @property
     def torch_install(self) -> str:
@@ -221,9 +251,12 @@ class Job:
             "torch_index": self.torch_index,
             "torch_install": self.torch_install,
             "build_session": v.build_session,
-            "artifact": f"wheel-{self.name}",
+            "artifact": self.artifact,
             "expected_keys": ",".join(v.expected_keys),
             "device_checks": v.device_checks,
+            "abi": v.abi,
+            "torch_floor": v.torch_floor or "",
+            "compat_torch": ",".join(v.compat_torch),
         }
 
 
@@ -251,7 +284,7 @@ class Matrix:
         return f"torch=={version}"
 
     def torch_index(self, variant: Variant) -> str:
-        return self.torch.index_url(variant.index_variant or variant.name)
+        return self.torch.index_url(variant.index_variant or _default_index_variant(variant))
 
     def jobs(self, variant: str | None = None, platform: str | None = None,
              python: str | None = None, pull_request: bool = False) -> list[Job]:
@@ -278,6 +311,55 @@ class Matrix:
 
     def github_matrix(self, **filters: Any) -> dict[str, list[dict[str, Any]]]:
         return {"include": [job.as_dict() for job in self.jobs(**filters)]}
+
+    def compat_torches(self, variant: Variant) -> list[str]:
+        """A stable variant's compat list with its words resolved: ``floor`` -> the floor
+        (``2.10`` -> ``2.10.0``), ``matrix`` -> the variant's build torch; ``latest`` (the
+        newest release the index serves) and ``nightly`` stay words."""
+        out: list[str] = []
+        for entry in variant.compat_torch:
+            if entry == "floor":
+                value = str(Version(variant.torch_floor or "0"))
+                value += ".0" * (2 - value.count("."))
+            elif entry == "matrix":
+                value = self.torch_spec(variant).removeprefix("torch==")
+            else:
+                value = entry
+            if value not in out:
+                out.append(value)
+        return out
+
+
+def _default_index_variant(variant: Variant) -> str:
+    """A variant's PyTorch index: its name (cpu, cu130), or for a stable variant, whose name
+    says more (cpu_stable), its accelerator's: cpu, cu<major><minor>."""
+    if variant.stable:
+        return f"cu{variant.cuda.replace('.', '')}" if variant.cuda else "cpu"
+    return variant.name
+
+
+def build_jobs(jobs: list[Job], pr_python: str | None = None) -> list[Job]:
+    """The cells that compile: every legacy cell; one cell per platform for a stable variant
+    (its abi3 wheel serves every Python), the one on ``pr_python`` when it is among them."""
+    chosen: dict[tuple[str, str], Job] = {}
+    out: list[Job] = []
+    for job in jobs:
+        if not job.variant.stable:
+            out.append(job)
+            continue
+        key = (job.variant.name, job.platform.name)
+        if key not in chosen:
+            chosen[key] = job
+            out.append(job)
+        elif job.python == pr_python and chosen[key].python != pr_python:
+            out[out.index(chosen[key])] = job
+            chosen[key] = job
+    return out
+
+
+def compat_jobs(jobs: list[Job], pr_python: str | None = None) -> list[Job]:
+    """One torch-compat cell per stable variant and platform (the build cell's Python)."""
+    return [job for job in build_jobs(jobs, pr_python) if job.variant.stable]
 
 
 # --------------------------------------------------------------------------- loading
@@ -455,7 +537,13 @@ def parse_matrix(text: str, path: Path) -> Matrix:
         if pr_python not in pythons:
             raise r.fail(top["pr_python"], "pr_python", f"{pr_python!r} is not in pythons")
     platforms = _platforms(r, top["platforms"])
-    variants = _variants(r, top["variants"], platforms)
+    variants = _variants(r, top["variants"], platforms, extension)
+    for i, v in enumerate(variants):
+        if v.stable and torch.channel != "nightly" and not v.torch_version and \
+                Version(torch.version) < Version(v.torch_floor or "0"):
+            raise r.fail(top["variants"].value[i], f"variants[{i}].torch_floor",
+                         f"{v.torch_floor} is above torch.version {torch.version}, the torch "
+                         f"variant {v.name!r} builds against")
     return Matrix(path=path, extension=extension, torch=torch, pythons=tuple(pythons),
                   pr_python=pr_python, platforms=platforms, variants=tuple(variants))
 
@@ -463,7 +551,9 @@ def parse_matrix(text: str, path: Path) -> Matrix:
 def _extension(r: _Reader, node: yaml.Node) -> Extension:
     m = r.mapping(node, "extension", {"path": True, "package": True, "distribution": False,
                                       "namespace": True, "ops": True, "internal_ops": False,
-                                      "recipes": False, "max_slowdown": False})
+                                      "recipes": False, "max_slowdown": False,
+                                      "abi": False, "torch_floor": False,
+                                      "compat_torch": False})
     package = r.scalar(m["package"], "extension.package")
     r.check(m["package"], "extension.package", field_checks.identifier(package, "an import name"))
     namespace = r.scalar(m["namespace"], "extension.namespace")
@@ -491,9 +581,80 @@ def _extension(r: _Reader, node: yaml.Node) -> Extension:
                      f"{recipes!r}: the recipes file is a Python file (.py)")
     max_slowdown = _factor(r, m["max_slowdown"], "extension.max_slowdown") \
         if "max_slowdown" in m else 10.0
+    abi, floor, compat = _abi_fields(r, m, "extension", Extension.abi, None, ())
     return Extension(path=path, package=package,
                      distribution=distribution, namespace=namespace, op_specs=tuple(specs),
-                     recipes=recipes, max_slowdown=max_slowdown)
+                     recipes=recipes, max_slowdown=max_slowdown, abi=abi, torch_floor=floor,
+                     compat_torch=compat)
+
+
+ABIS = ("legacy", "stable")
+# the words a compat_torch list may hold beside release versions
+COMPAT_WORDS = ("floor", "matrix", "latest", "nightly")
+DEFAULT_COMPAT = ("floor", "matrix", "latest")
+# the LibTorch stable ABI (the C shim with TORCH_TARGET_VERSION) starts with torch 2.9
+STABLE_ABI_SINCE = Version("2.9")
+
+
+def _abi_fields(r: _Reader, m: dict[str, yaml.Node], key: str, abi: str, floor: str | None,
+                compat: tuple[str, ...]) -> tuple[str, str | None, tuple[str, ...]]:
+    """``abi`` / ``torch_floor`` / ``compat_torch`` of a mapping, defaulting to the given
+    values (the extension block's, for a variant)."""
+    if "abi" in m:
+        abi = r.scalar(m["abi"], f"{key}.abi")
+        if abi not in ABIS:
+            raise r.fail(m["abi"], f"{key}.abi", f"{abi!r} is not one of {', '.join(ABIS)}")
+    if "torch_floor" in m:
+        floor = r.scalar(m["torch_floor"], f"{key}.torch_floor")
+        try:
+            parsed = Version(floor)
+        except InvalidVersion:
+            raise r.fail(m["torch_floor"], f"{key}.torch_floor",
+                         f"{floor!r} is not a torch release like \"2.10\"") from None
+        if parsed.is_prerelease or parsed.is_devrelease or parsed.is_postrelease \
+                or parsed.local or parsed.epoch or len(parsed.release) > 3:
+            raise r.fail(m["torch_floor"], f"{key}.torch_floor",
+                         f"{floor!r}: the floor is a torch release like \"2.10\" (no "
+                         "pre-release, nightly or local part)")
+        if parsed < STABLE_ABI_SINCE:
+            raise r.fail(m["torch_floor"], f"{key}.torch_floor",
+                         f"{floor!r}: the LibTorch stable ABI starts with torch "
+                         f"{STABLE_ABI_SINCE}; a floor below it cannot be built")
+    if "compat_torch" in m:
+        entries = []
+        for i, (entry, node) in enumerate(r.str_list(m["compat_torch"], f"{key}.compat_torch")):
+            if entry not in COMPAT_WORDS:
+                _compat_version(r, node, f"{key}.compat_torch[{i}]", entry)
+            entries.append(entry)
+        compat = tuple(entries)
+    if abi == "stable":
+        if floor is None:
+            raise r.fail(m.get("abi") or next(iter(m.values()), None), f"{key}.torch_floor",
+                         "abi: stable needs torch_floor, the oldest torch release the wheel "
+                         "loads on (e.g. torch_floor: \"2.10\")")
+        low = [e for e in compat if e not in COMPAT_WORDS and Version(e) < Version(floor)]
+        if low:
+            raise r.fail(m.get("compat_torch") or m.get("torch_floor"), f"{key}.compat_torch",
+                         f"torch {low[0]} is below torch_floor {floor}: the wheel does not "
+                         "claim to load there")
+        compat = compat or DEFAULT_COMPAT
+        return abi, floor, compat
+    for name in ("torch_floor", "compat_torch"):
+        if name in m:
+            raise r.fail(m[name], f"{key}.{name}",
+                         f"{name} applies to abi: stable (this is abi: {abi})")
+    return abi, None, ()
+
+
+def _compat_version(r: _Reader, node: yaml.Node, key: str, entry: str) -> None:
+    try:
+        parsed = Version(entry)
+    except InvalidVersion:
+        raise r.fail(node, key, f"{entry!r} is not a torch release (\"2.13.0\") nor one of "
+                                f"{', '.join(COMPAT_WORDS)}") from None
+    if parsed.local or parsed.is_devrelease or len(parsed.release) != 3:
+        raise r.fail(node, key, f"{entry!r}: list a full release like \"2.13.0\" "
+                                "(no local part; nightlies: the word nightly)")
 
 
 def _factor(r: _Reader, node: yaml.Node, key: str) -> float:
@@ -607,10 +768,12 @@ def _platforms(r: _Reader, node: yaml.Node) -> dict[str, Platform]:
 _VARIANT_KEYS = {"name": True, "platforms": True, "expected_keys": True, "cuda": False,
                  "arch_list": False, "container": False, "torch_version": False,
                  "index_variant": False, "macos_deployment_target": False, "mps": False,
-                 "device_checks": False, "runner": False}
+                 "device_checks": False, "runner": False, "abi": False, "torch_floor": False,
+                 "compat_torch": False}
 
 
-def _variants(r: _Reader, node: yaml.Node, platforms: dict[str, Platform]) -> list[Variant]:
+def _variants(r: _Reader, node: yaml.Node, platforms: dict[str, Platform],
+              extension: Extension | None = None) -> list[Variant]:
     if not isinstance(node, yaml.SequenceNode) or not node.value:
         raise r.fail(node, "variants", "expected a non-empty list of variants")
     variants: list[Variant] = []
@@ -685,9 +848,22 @@ def _variants(r: _Reader, node: yaml.Node, platforms: dict[str, Platform]) -> li
         if "torch_version" in opt:
             _check_torch_version(r, m["torch_version"], f"{key}.torch_version",
                                  opt["torch_version"], "stable")
+        ext_abi = extension.abi if extension else "legacy"
+        abi, floor, compat = _abi_fields(
+            r, m, key, ext_abi, extension.torch_floor if extension else None,
+            extension.compat_torch if extension else ())
+        if not _LOCAL_LABEL.match(name.replace("_", ".")):
+            raise r.fail(m["name"], f"{key}.name", f"{name!r} does not make a PEP 440 local "
+                                                   "version label (+name)")
+        if abi == "stable" and "torch_version" in opt and \
+                Version(opt["torch_version"]) < Version(floor or "0"):
+            raise r.fail(m["torch_version"], f"{key}.torch_version",
+                         f"builds against torch {opt['torch_version']}, below its torch_floor "
+                         f"{floor}")
         variants.append(Variant(name=name, platforms=tuple(p for p, _ in plats),
                                 expected_keys=tuple(keys), mps=mps,
-                                device_checks=device_checks, **opt))
+                                device_checks=device_checks, abi=abi, torch_floor=floor,
+                                compat_torch=compat, **opt))
     return variants
 
 

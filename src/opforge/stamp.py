@@ -5,8 +5,9 @@ rewrites it so that it says what it is:
 
 - the local version names the variant (``1.2.0`` -> ``1.2.0+cu130``), in METADATA, in the
   ``.dist-info`` / ``.data`` directory names and in the file name;
-- ``Requires-Dist`` pins the torch it was built against (``torch==2.14.1``), replacing any
-  torch requirement the project wrote;
+- ``Requires-Dist`` pins the torch it was built against (``torch==2.14.1``), or for a
+  stable-ABI variant requires its floor (``torch>=2.10``), replacing any torch requirement
+  the project wrote; a stable-ABI wheel must come out of the build tagged abi3;
 - a build record, ``<name>-<version>.dist-info/opforge-build.json``, says how it was built
   (variant, torch version and commit, CUDA version and arch list, MPS, the compiled libraries
   and the backends found in them); any installed copy reads it with
@@ -63,6 +64,7 @@ class BuildFacts:
     macos_deployment_target: str | None = None
     source_commit: str | None = None
     torch_requirement: str | None = None     # default: torch==<public torch version>
+    local_version: str | None = None         # default: the variant's name
     extra: dict = field(default_factory=dict)
 
     @property
@@ -140,7 +142,7 @@ def stamp_wheel(wheel: Path, out_dir: Path, facts: BuildFacts, *, cuda_expected:
         name, version, build_tag, _tags = parse_wheel_filename(wheel.name)
     except InvalidWheelFilename as exc:
         raise OpforgeError(f"{wheel.name}: the build produced no valid wheel name ({exc})") from None
-    new_version = f"{version.public}+{facts.variant}"
+    new_version = f"{version.public}+{facts.local_version or facts.variant}"
     with zipfile.ZipFile(wheel) as archive:
         infos = archive.infolist()
         names = [i.filename for i in infos]
@@ -204,6 +206,14 @@ def stamp_wheel(wheel: Path, out_dir: Path, facts: BuildFacts, *, cuda_expected:
     }
     contents[f"{new_info}/{RECORD_NAME}"] = (json.dumps(record, indent=1) + "\n").encode()
     tags = wheel.name[:-len(".whl")].split("-")[-3:]
+    if facts.extra.get("abi") == "stable" and "abi3" not in tags[1].split("."):
+        raise OpforgeError(
+            f"{wheel.name}: this stable-ABI variant's build produced a wheel tagged "
+            f"{tags[0]}-{tags[1]}, not abi3. opforge passed OPFORGE_ABI=stable and "
+            f"OPFORGE_TORCH_FLOOR={facts.extra.get('torch_floor')}: the build should define "
+            "Py_LIMITED_API, TORCH_STABLE_ONLY and TORCH_TARGET_VERSION and tag the wheel "
+            "(setuptools: py_limited_api=True on the extension and bdist_wheel's "
+            "py_limited_api=cp310; scikit-build-core: wheel.py-api = \"cp310\").")
     escaped = wheel.name.split("-", 1)[0]
     parts = [escaped, new_version.replace("-", "_")]
     if build_tag:

@@ -24,6 +24,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
+from opforge import abi
 from opforge.errors import UsageError
 from opforge.files import open_regular
 from opforge.matrix import Variant
@@ -48,6 +49,7 @@ class Library:
     embedded_metal: bool = False   # Metal shader source compiled into the binary as a string
     backends: list[str] = field(default_factory=list)   # found in the code: cpu, cuda, hip, mps
     note: str = ""                 # why it was not inspected (too large), else empty
+    abi: abi.Audit | None = None   # its undefined symbols by kind, its minimum torch
 
 
 @dataclass
@@ -64,6 +66,40 @@ class WheelReport:
     metallibs: list[str]
 
     @property
+    def abi3(self) -> bool:
+        return any(t.split("-")[1] == "abi3" for t in self.tags)
+
+    @property
+    def declared_floor(self) -> Version | None:
+        """The torch floor the wheel's own metadata declares (``torch>=X``), if any."""
+        return floor_of(self.torch_requirement)
+
+    def abi_problems(self, stable: bool | None = None, torch_floor: str | None = None,
+                     cuda_major: str | None = None) -> list[str]:
+        """The ABI audit's contradictions with what the wheel declares (its abi3 tag, its
+        torch>=floor, its build record's CUDA), or with a variant's values when given."""
+        floor = torch_floor or (str(self.declared_floor) if self.declared_floor else None)
+        if stable is None:
+            stable = self.abi3 and floor is not None
+        info = self.build_info if self.build_info and "error" not in self.build_info else {}
+        if cuda_major is None and info:
+            cuda_major = str(info.get("cuda_version") or "").split(".")[0]
+        out = []
+        for lib in self.libraries:
+            if lib.abi is not None:
+                out += abi.problems(lib.path, lib.abi, stable=stable, abi3=self.abi3,
+                                    torch_floor=floor if stable else None,
+                                    cuda_major=cuda_major)
+        return out
+
+    @property
+    def min_torch(self) -> str | None:
+        """The newest minimum torch among the libraries' shim functions."""
+        found = [Version(lib.abi.min_torch) for lib in self.libraries
+                 if lib.abi is not None and lib.abi.min_torch]
+        return str(max(found)) if found else None
+
+    @property
     def cuda_archs(self) -> list[str]:
         return sorted({a for lib in self.libraries for a in lib.cuda_archs},
                       key=_arch_sort_key)
@@ -71,6 +107,7 @@ class WheelReport:
     def to_json(self) -> dict:
         data = asdict(self)
         data["cuda_archs"] = self.cuda_archs
+        data["min_torch"] = self.min_torch
         return data
 
 
@@ -178,9 +215,10 @@ class _Members:
                 if size:
                     view.close()
         needed = _needed(scratch)
+        audit = abi.audit_library(scratch, needed)
         scratch.unlink()
         return Library(path=info.filename, size=size, needed=needed, cuda_archs=archs,
-                       embedded_metal=metal, backends=backends)
+                       embedded_metal=metal, backends=backends, abi=audit)
 
 
 class _Searchable:
@@ -304,14 +342,66 @@ def exact_pin(requirement: str | None) -> Version | None:
         return None
 
 
-def check_against_variant(report: WheelReport, variant: Variant) -> list[str]:
-    """Every way the wheel contradicts its matrix entry (empty list: consistent)."""
+def floor_of(requirement: str | None) -> Version | None:
+    """The version of a ``torch>=X`` requirement (an upper bound beside it is allowed)."""
+    if not requirement:
+        return None
+    try:
+        specs = list(Requirement(requirement).specifier)
+    except InvalidRequirement:
+        return None
+    lows = [s for s in specs if s.operator == ">="]
+    if len(lows) != 1 or any(s.operator in ("==", "===", "~=") for s in specs):
+        return None
+    try:
+        return Version(lows[0].version)
+    except InvalidVersion:
+        return None
+
+
+def check_stable_tags(report: WheelReport, variant: Variant,
+                      pythons: tuple[str, ...] = ()) -> list[str]:
+    """A stable variant's wheel: tagged abi3, installable on every Python the matrix lists,
+    requiring torch>=floor."""
+    problems = []
+    abi_tags = [t.split("-") for t in report.tags]
+    if not abi_tags or any(abi != "abi3" for _, abi, _ in abi_tags):
+        problems.append(f"tags {', '.join(report.tags)} are not abi3: a stable-ABI wheel is "
+                        "one wheel for every Python (Py_LIMITED_API, py_limited_api)")
+    else:
+        lowest = min((tuple(int(x) for x in p.rstrip("t").split(".")) for p in pythons
+                      if not p.endswith("t")), default=None)
+        for interpreter, _, _ in abi_tags:
+            digits = interpreter.removeprefix("cp")
+            tagged = (int(digits[0]), int(digits[1:])) if digits.isdigit() else None
+            if tagged and lowest and tagged > lowest:
+                problems.append(f"tag {interpreter}-abi3 needs Python >= {tagged[0]}."
+                                f"{tagged[1]}, but the matrix lists Python "
+                                f"{lowest[0]}.{lowest[1]}: build with py_limited_api "
+                                f"cp{lowest[0]}{lowest[1]}")
+    floor = floor_of(report.torch_requirement)
+    if floor is None:
+        problems.append(f"Requires-Dist has no torch>={variant.torch_floor} (found "
+                        f"{report.torch_requirement or 'none'})")
+    elif floor != Version(variant.torch_floor or "0"):
+        problems.append(f"requires torch>={floor}, but the variant's torch_floor is "
+                        f"{variant.torch_floor}")
+    return problems
+
+
+def check_against_variant(report: WheelReport, variant: Variant,
+                          pythons: tuple[str, ...] = ()) -> list[str]:
+    """Every way the wheel contradicts its matrix entry (empty list: consistent).
+
+    ``pythons``: the matrix's, which a stable variant's abi3 wheel must all install on."""
     problems = []
     if report.local_version != variant.local_version:
         problems.append(f"local version is {report.local_version or 'missing'}, expected "
                         f"+{variant.local_version}")
     pinned = exact_pin(report.torch_requirement)
-    if pinned is None:
+    if variant.stable:
+        problems += check_stable_tags(report, variant, pythons)
+    elif pinned is None:
         problems.append(f"no exact torch pin in Requires-Dist (found "
                         f"{report.torch_requirement or 'none'})")
     info = report.build_info
@@ -340,6 +430,8 @@ def check_against_variant(report: WheelReport, variant: Variant) -> list[str]:
             problems.append(f"kernels left out at build time: {info['omitted_kernels']}")
     compiled = report.libraries
     problems += [f"{lib.path}: {lib.note}" for lib in compiled if lib.note]
+    problems += report.abi_problems(stable=variant.stable, torch_floor=variant.torch_floor,
+                                    cuda_major=variant.cuda_major or "")
     # backends come from the code itself; a pure-Python wheel (custom_op kernels) has none
     found = {b for lib in compiled for b in lib.backends}
     for backend in variant.backends:

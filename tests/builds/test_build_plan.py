@@ -26,6 +26,21 @@ def _matrix_index(monkeypatch):
     monkeypatch.delenv("OPFORGE_TORCH_INDEX", raising=False)
 
 
+def test_stable_plan_passes_the_abi_and_floor_and_stamps_a_floor(tmp_path):
+    plan = build.plan_build(MATRIX, "cpu_stable", out_dir=tmp_path / "dist",
+                            work_dir=tmp_path / "w", host="linux-x86_64", env={})
+    floor = MATRIX.variant("cpu_stable").torch_floor
+    assert plan.build.env["OPFORGE_ABI"] == "stable"
+    assert plan.build.env["OPFORGE_TORCH_FLOOR"] == floor
+    # built against the matrix's torch (the newest it targets), from the CPU index
+    assert "torch==2.13.0" in plan.install and plan.install[-1].endswith("/whl/cpu")
+    assert f"torch>={floor}" in plan.describe()
+    legacy = build.plan_build(MATRIX, "cpu", out_dir=tmp_path / "d2", work_dir=tmp_path / "w2",
+                              host="linux-x86_64", env={})
+    assert legacy.build.env["OPFORGE_ABI"] == "legacy"
+    assert "OPFORGE_TORCH_FLOOR" not in legacy.build.env
+
+
 def test_cpu_plan_is_explicit_and_never_forces_accelerators(tmp_path):
     plan = build.plan_build(MATRIX, "cpu", out_dir=tmp_path / "dist", work_dir=tmp_path / "w",
                             host="linux-x86_64", env={})

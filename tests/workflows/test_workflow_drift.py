@@ -103,6 +103,14 @@ def test_a_matrix_field_that_opforge_does_not_emit_is_caught(repo):
 def test_a_cell_job_fed_by_something_other_than_opforge_matrix_is_caught(repo):
     repo.replace(PIPE, "matrix: ${{ steps.matrix.outputs.matrix }}",
                  "matrix: ${{ steps.other.outputs.matrix }}")
+    assert one(repo.problems(), "jobs.smoke.strategy.matrix",
+               "not fed by an 'opforge matrix --github' step")
+
+
+def test_build_cells_fed_by_something_other_than_opforge_matrix_are_caught(repo):
+    # the build job's cells (a stable-ABI variant once per platform) are the matrix step's too
+    repo.replace(PIPE, "builds: ${{ steps.matrix.outputs.builds }}",
+                 "builds: ${{ steps.other.outputs.builds }}")
     assert one(repo.problems(), "jobs.build.strategy.matrix",
                "not fed by an 'opforge matrix --github' step")
 

@@ -50,7 +50,7 @@ def run_build(args: argparse.Namespace) -> int:
                               install=not args.no_install,
                               compiler_cache=not args.no_compiler_cache)
     write_summary(plan.variant.name, compiler_cache.read_stats(plan.work_dir))
-    problems = build.verify(wheel, plan.variant)
+    problems = build.verify(wheel, plan.variant, matrix.pythons)
     if problems and not args.omit_kernels:
         for problem in problems:
             print(f"opforge build: {wheel.name}: {problem}", file=sys.stderr)

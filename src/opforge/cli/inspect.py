@@ -19,7 +19,11 @@ from opforge.matrix import load_matrix
 def register(subparsers: argparse._SubParsersAction) -> None:
     i = subparsers.add_parser("inspect", help="read a wheel without installing it",
                               description="Show a wheel's tags, torch pin, build info, "
-                                          "libraries and embedded CUDA architectures.")
+                                          "libraries, embedded CUDA architectures and each "
+                                          "library's ABI audit (stable shim / libtorch C++ / "
+                                          "CPython / CUDA runtime symbols, minimum torch). "
+                                          "Exit 1 when the audit contradicts what the wheel "
+                                          "declares (abi3 tag, torch>=floor) or the variant.")
     i.add_argument("wheel", help="path to a .whl")
     i.add_argument("--json", action="store_true", help="print JSON")
     i.add_argument("--expect-variant", metavar="NAME",
@@ -32,15 +36,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_inspect(args: argparse.Namespace) -> int:
     if args.file and not args.expect_variant:
         raise UsageError("--file names the matrix for --expect-variant; give --expect-variant")
-    variant = load_matrix(args.file).variant(args.expect_variant) if args.expect_variant \
-        else None
+    matrix = load_matrix(args.file) if args.expect_variant else None
+    variant = matrix.variant(args.expect_variant) if matrix else None
     report = wheels.inspect_wheel(args.wheel)
-    problems = wheels.check_against_variant(report, variant) if variant else []
+    problems = wheels.check_against_variant(report, variant, matrix.pythons) if variant \
+        else report.abi_problems()
     if args.json:
         data = report.to_json()
         if args.expect_variant:
             data["expect_variant"] = args.expect_variant
-            data["problems"] = problems
+        data["problems"] = problems
         print(json.dumps(data, indent=2))
     else:
         print_report(report, problems, args.expect_variant)
@@ -72,13 +77,16 @@ def print_report(report: wheels.WheelReport, problems: list[str], variant: str |
     row("Metal", f"sources: {len(report.metal_sources)}, metallibs: "
                            f"{len(report.metallibs)}, embedded: "
                            f"{any(lib.embedded_metal for lib in report.libraries)}")
+    row("torch needed", f"{report.min_torch or '-'} (from the stable shim functions; "
+                        f"declared: {report.torch_requirement or 'none'})")
     for lib in report.libraries:
         row(f"library {lib.path}", f"{lib.size / 1e6:.1f} MB; " + (
             lib.note or f"links {', '.join(lib.needed) or '?'}"))
+        if lib.abi is not None:
+            row("  ABI", lib.abi.summary())
     console.print(table)
-    if variant:
-        if problems:
-            for problem in problems:
-                console.print(f"[red]✗[/red] contradicts variant {variant}: {escape(problem)}")
-        else:
-            console.print(f"[green]✓[/green] consistent with variant {variant}")
+    against = f"variant {variant}" if variant else "what the wheel declares"
+    for problem in problems:
+        console.print(f"[red]✗[/red] contradicts {against}: {escape(problem)}")
+    if not problems:
+        console.print(f"[green]✓[/green] consistent with {against}")

@@ -12,7 +12,9 @@ from rich.table import Table
 
 from opforge.errors import OpforgeError, UsageError
 from opforge.files import check_writable
-from opforge.matrix import Matrix, load_matrix
+from opforge.matrix import Matrix, build_jobs, compat_jobs, load_matrix
+
+STAGES = ("cells", "builds", "compat")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -32,6 +34,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="only these Python versions (empty: all)")
     p.add_argument("--pull-request", action="store_true",
                    help="trim to one Python per variant (matrix.yaml's pr_python)")
+    p.add_argument("--stage", choices=STAGES, default="cells",
+                   help="cells: every smoke cell (default); builds: the cells that compile (a "
+                        "stable-ABI variant once per platform); compat: one torch-compat cell "
+                        "per stable variant and platform. --github writes all three to "
+                        "$GITHUB_OUTPUT (matrix=, builds=, compat=)")
     p.add_argument("--check", action="store_true", help="only validate the file")
     p.set_defaults(func=run)
 
@@ -54,14 +61,21 @@ def run(args: argparse.Namespace) -> int:
         print(f"{matrix.path}: ok ({len(matrix.variants)} variants, {len(jobs)} jobs"
               + (" match the filters)" if filtered else ")"))
         return 0
+    staged = {"cells": jobs, "builds": build_jobs(jobs, matrix.pr_python),
+              "compat": compat_jobs(jobs, matrix.pr_python)}
+    jobs = staged[args.stage]
     if args.github:
-        payload = json.dumps({"include": [job.as_dict() for job in jobs]},
-                             separators=(",", ":"))
-        print(payload)
+        payloads = {stage: json.dumps({"include": [job.as_dict() for job in cells]},
+                                      separators=(",", ":")) for stage, cells in staged.items()}
+        print(payloads[args.stage])
         if output:
+            # an empty strategy.matrix is an error on GitHub: has_compat guards the compat job
+            lines = [f"matrix={payloads['cells']}", f"builds={payloads['builds']}",
+                     f"compat={payloads['compat']}",
+                     f"has_compat={'true' if staged['compat'] else 'false'}"]
             try:
                 with open(output, "a", encoding="utf-8") as fh:
-                    fh.write(f"matrix={payload}\n")
+                    fh.write("\n".join(lines) + "\n")
             except OSError as exc:
                 raise OpforgeError(f"$GITHUB_OUTPUT {output}: cannot write: "
                                    f"{exc.strerror or exc}") from None
@@ -94,13 +108,16 @@ def print_table(matrix: Matrix, jobs: list, console: Console | None = None) -> N
     console = console or Console(width=None if sys.stdout.isatty() else 200)
     table = Table(title=f"{matrix.path.name}: {len(jobs)} jobs "
                         f"(torch {matrix.torch.channel} {matrix.torch.version})")
-    for column in ("job", "runner", "container", "cuda / archs", "torch", "index",
+    for column in ("job", "runner", "container", "cuda / archs", "torch", "index", "abi",
                    "expected keys"):
         table.add_column(column)
+    builders = {job.name for job in build_jobs(jobs, matrix.pr_python)}
     for job in jobs:
         v = job.variant
         archs = f"{v.cuda} / {v.arch_list}" if v.cuda else ("mps" if v.mps else "-")
         index = job.torch_index.removeprefix(matrix.torch.index.rstrip("/"))
+        abi = "legacy" if not v.stable else \
+            f"abi3 torch>={v.torch_floor}" + (" (builds)" if job.name in builders else "")
         table.add_row(job.name, job.runner, v.container or "-", archs, job.torch_spec,
-                      index, ",".join(v.expected_keys))
+                      index, abi, ",".join(v.expected_keys))
     console.print(table)

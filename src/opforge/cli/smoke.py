@@ -39,6 +39,13 @@ def register(subparsers) -> None:
     p.add_argument("--json", type=Path, metavar="PATH", help="write the probe's JSON document here")
     p.add_argument("--device-checks", choices=("auto", "skip"), default="auto",
                    help="auto: run ops on every device that is present; skip: CPU only")
+    p.add_argument("--compat", action="store_true",
+                   help="torch compat matrix of a stable-ABI wheel: the one wheel beside each "
+                        "torch of the variant's compat_torch list (or --compat-torch), each in "
+                        "a fresh environment; the report is a table wheel x torch")
+    p.add_argument("--compat-torch", type=_csv, metavar="V1,V2",
+                   help="the torches for --compat: releases (2.13.0), latest (the newest the "
+                        "index serves) or nightly; replaces the variant's list")
     p.add_argument("--speed-check", choices=("auto", "skip"), default="auto",
                    help="auto: fail a device kernel far slower than the same op on this "
                         "machine's CPU (matrix.yaml: extension.max_slowdown, default 10x); "
@@ -256,6 +263,8 @@ def run(args: argparse.Namespace) -> int:
     )
 
     target, request, variant = resolve(args)
+    if args.compat or args.compat_torch:
+        return run_compat(args, target, request, variant)
     if request.default_keys:
         expecting = f", expecting {','.join(request.default_keys)}"
         if any(keys != request.default_keys for keys in request.op_keys.values()):
@@ -284,6 +293,59 @@ def run(args: argparse.Namespace) -> int:
     report.render_terminal(doc)
     if args.keep_env and env.env_dir:
         print(f"environment kept at {env.env_dir} (python: {env.python})", file=sys.stderr)
+    if args.json:
+        write_atomic(args.json, json.dumps(doc, indent=1) + "\n")
+    if args.junit:
+        report.write_junit(doc, args.junit)
+    report.publish_github(doc)
+    return report.exit_code(doc)
+
+
+def compat_torches(args: argparse.Namespace, variant: str | None) -> list[str]:
+    """--compat-torch, else the variant's compat_torch list (its words resolved)."""
+    from packaging.version import InvalidVersion, Version
+
+    from opforge.matrix import COMPAT_WORDS
+
+    if args.compat_torch:
+        for entry in args.compat_torch:
+            if entry in COMPAT_WORDS[2:]:
+                continue
+            try:
+                Version(entry)
+            except InvalidVersion:
+                raise UsageError(f"--compat-torch: {entry!r} is not a torch release (2.13.0), "
+                                 "latest or nightly") from None
+        return list(dict.fromkeys(args.compat_torch))
+    if variant is None:
+        raise UsageError("--compat needs --variant V (a stable-ABI variant: its compat_torch "
+                         "list) or --compat-torch V1,V2")
+    matrix = _load_matrix(args.file, required=True)
+    v = matrix.variant(variant)
+    if not v.stable:
+        raise UsageError(f"--compat: variant {variant!r} is abi: {v.abi}; its wheel pins one "
+                         "torch. A torch compat matrix needs abi: stable (or --compat-torch)")
+    return matrix.compat_torches(v)
+
+
+def run_compat(args: argparse.Namespace, target, request, variant: str | None) -> int:
+    from opforge.smoke import compat, report
+
+    if target.python is not None:
+        raise UsageError("--compat installs the wheel beside each torch in fresh environments; "
+                         "give --wheel or --variant, not --python")
+    if args.torch_spec or args.env_dir:
+        raise UsageError("--compat chooses each environment's torch: drop --torch / --env-dir")
+    torches = compat_torches(args, variant)
+    what = target.wheel.name if target.wheel else target.requirement
+    print(f"opforge smoke --compat: {what} beside torch {', '.join(torches)}", file=sys.stderr,
+          flush=True)
+    rows = compat.run_compat(target, request, torches, keep_env=args.keep_env,
+                             log=lambda line: print(line, file=sys.stderr, flush=True))
+    doc = compat.combined(rows, what)
+    if variant:
+        doc["variant"] = variant
+    compat.render(rows, what)
     if args.json:
         write_atomic(args.json, json.dumps(doc, indent=1) + "\n")
     if args.junit:

@@ -107,6 +107,11 @@ def resolved_commands(wf: Workflow, job: dict, step: dict, ctx: dict[str, Any]
             for argv in commands(script)]
 
 
+# what one `opforge matrix --github` step writes: the cells, the cells that compile, the
+# stable variants' compat cells (a matrix each), and whether there are any compat cells
+MATRIX_OUTPUTS = ("matrix", "builds", "compat", "has_compat")
+
+
 def _matrix_producer(job: Any) -> tuple[set[str], list[Command]]:
     """The outputs of ``job`` that carry an ``opforge matrix --github`` step's matrix."""
     ids, cmds = set(), []
@@ -123,7 +128,8 @@ def _matrix_producer(job: Any) -> tuple[set[str], list[Command]]:
                     ids.add(str(step["id"]))
     outputs = job.get("outputs") if isinstance(job, dict) else None
     fed = {name for name, value in (outputs or {}).items()
-           if any(f"steps.{i}.outputs.matrix" in _squash(value) for i in ids)}
+           if any(f"steps.{i}.outputs.{out}" in _squash(value) for i in ids
+                  for out in MATRIX_OUTPUTS)}
     return fed, cmds
 
 

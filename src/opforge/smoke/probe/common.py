@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 SCHEMA = 1
@@ -29,6 +30,12 @@ def first_line(exc: BaseException) -> str:
 
 def base_version(version: str | None) -> str | None:
     return version.split("+", 1)[0] if version else None
+
+
+def release(version: str) -> tuple[int, ...]:
+    """``2.14.1+cu130`` -> (2, 14, 1); ``2.10`` -> (2, 10, 0) (stdlib only: no packaging)."""
+    parts = [int(x) for x in re.findall(r"\d+", version.split("+")[0].split("dev")[0])[:3]]
+    return tuple(parts + [0] * (3 - len(parts)))
 
 
 class Report:

@@ -13,7 +13,7 @@ import time
 import traceback
 import warnings
 
-from .common import Report, base_version, err_text, first_line
+from .common import Report, base_version, err_text, first_line, release
 from .facts import RECORD_NAME, package_dir, read_build_facts
 
 # Libraries only a CUDA build of torch ships or loads: missing one means a CUDA build of the
@@ -63,6 +63,15 @@ def classify_load_error(lib: str, error: str, build: dict, torch_mod) -> dict:
         symbol = m.group(1).rstrip(",")
         pretty = demangle(symbol)
         drift = built is not None and base_version(built) != base_version(running)
+        stable = (build.get("build_info") or {}).get("abi") == "stable"
+        if stable:
+            floor = (build.get("build_info") or {}).get("torch_floor")
+            message = (f"{name} needs {pretty}, which torch {running} does not export: a "
+                       f"stable-ABI wheel (requires torch>={floor}) calling a function newer "
+                       f"than torch {running}; {versions}. Fix: raise the wheel's torch floor "
+                       "or build without that function for older torch.")
+            return {"kind": "stable_symbol_missing", "library": lib, "symbol": symbol,
+                    "demangled": pretty, "message": message, "error": error}
         if drift:
             todo = (f"install the torch it was built against (pip install torch=={base_version(built)}) "
                     f"or rebuild {name} against torch {running}")
@@ -189,7 +198,16 @@ def probe_import(report: Report, args, torch_mod) -> bool:
     env = report.doc["environment"]
     env["built_against_torch"] = built
     env["torch_matches_build"] = None if built is None else base_version(built) == base_version(running)
-    if built is None:
+    record = build.get("build_info") or {}
+    if record.get("abi") == "stable":
+        # one wheel for every torch from its floor: a different torch is the point, not drift
+        floor = record.get("torch_floor")
+        above = floor is None or release(running) >= release(floor)
+        report.check("torch-match", "environment", "pass" if above else "fail",
+                     f"stable-ABI wheel (built against torch {built}, requires "
+                     f"torch>={floor}); running torch {running}"
+                     + ("" if above else f", below its floor {floor}"))
+    elif built is None:
         req = build.get("torch_requirement")
         report.check("torch-match", "environment", "skip",
                      f"the torch {package} was built against is unknown: no {RECORD_NAME} and "
