@@ -17,6 +17,7 @@ runner), so a second run reuses the compiled objects; set OPFORGE_EMULATOR_CACHE
 
 from __future__ import annotations
 
+import json
 import os
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -67,6 +68,12 @@ def test_a_linux_cpu_cell_of_ci_runs_here_build_upload_download_smoke(tmp_path, 
     cell = workflow_emulator.select_cell(matrix.outputs["matrix"], CELL)
     assert (cell["runner"], cell["container"], cell["variant"]) == ("ubuntu-24.04", "", "cpu")
 
+    # the build job's cells: every legacy cell, a stable-ABI variant once per platform
+    assert workflow_emulator.select_cell(matrix.outputs["builds"], CELL) == cell
+    builds = json.loads(matrix.outputs["builds"])["include"]
+    assert len([c for c in builds if c["abi"] == "stable"]) < \
+        len([c for c in json.loads(matrix.outputs["matrix"])["include"] if c["abi"] == "stable"])
+    assert matrix.outputs["has_compat"] in ("true", "false")
     build_workspace = _cache_dir() / CELL / "build" / "workspace"
     build = runner.run_job("build", cell, workspace=build_workspace)
     assert build.status == "success", _explain(build)
