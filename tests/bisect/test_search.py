@@ -120,3 +120,30 @@ def test_walkback_goes_two_days_then_a_week_then_two_weeks_at_a_time():
     days = walkback_dates(date(2024, 6, 30), limit=5)
     assert days == [date(2024, 6, 28), date(2024, 6, 21), date(2024, 6, 7),
                     date(2024, 5, 24), date(2024, 5, 10)]
+
+
+def test_plan_spreads_a_round_evenly_and_settles_80_candidates_in_two_rounds_of_8():
+    from opforge.bisect.search import plan
+
+    n = 82  # the good end, 80 in between, the bad end
+    for first_bad in range(1, n):
+        truth = {i: Outcome.GOOD if i < first_bad else Outcome.BAD for i in range(n)}
+        results = {0: Outcome.GOOD, n - 1: Outcome.BAD}  # endpoints checked (a round of 2)
+        rounds = 0
+        while True:
+            step = plan(n, results, 8)
+            if isinstance(step, Found):
+                break
+            assert len(step) <= 8 and not set(step) & set(results)
+            results.update({i: truth[i] for i in step})
+            rounds += 1
+        assert (step.last_good, step.first_bad) == (first_bad - 1, first_bad)
+        assert rounds <= 2
+
+
+def test_plan_takes_untested_endpoints_first():
+    from opforge.bisect.search import plan
+
+    assert plan(10, {}, 1) == [9]
+    assert plan(10, {}, 4)[:1] == [0] and 9 in plan(10, {}, 4) and len(plan(10, {}, 4)) == 4
+    assert isinstance(plan(10, {0: Outcome.BAD, 9: Outcome.BAD}, 3), EndpointError)

@@ -115,3 +115,32 @@ def walkback_dates(bad: date, limit: int = 16) -> list[date]:
         day -= WALKBACK_STEPS[k] if k < len(WALKBACK_STEPS) else WALKBACK_REPEAT
         out.append(day)
     return out
+
+
+def plan(n: int, results: Mapping[int, Outcome], k: int) -> list[int] | Found | EndpointError:
+    """The next ``k`` candidates to test side by side (a round on ``k`` machines), or the end.
+
+    Untested endpoints come first; the rest are spread evenly over the open interval, so one
+    round of ``k`` verdicts cuts it ``k + 1`` ways (k = 8: two rounds settle 80 candidates).
+    """
+    if k < 1:
+        raise ValueError(f"a round needs at least one probe, got {k}")
+    step = next_step(n, results)
+    if not isinstance(step, Probe):
+        return step
+    ends = [i for i in (n - 1, 0) if i not in results]
+    bads = [i for i, o in results.items() if o is Outcome.BAD]
+    hi = min(bads) if bads else n - 1
+    goods = [i for i, o in results.items() if o is Outcome.GOOD and i < hi]
+    lo = max(goods) if goods else 0
+    untested = [i for i in range(lo + 1, hi) if i not in results]
+    chosen = ends[:k]
+    slots = k - len(chosen)
+    for j in range(1, slots + 1):
+        if not untested:
+            break
+        target = lo + (hi - lo) * j / (slots + 1)
+        best = min(untested, key=lambda i: (abs(i - target), i))
+        chosen.append(best)
+        untested.remove(best)
+    return sorted(chosen)

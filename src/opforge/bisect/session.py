@@ -22,7 +22,7 @@ from .index import Nightly, NightlyIndex, find_unlisted, load_index, with_unlist
 from .params import Params, parse_day, release_version
 from .probe import Abort, Attempt, CannotStart, classify, run_command
 from .releases import Candidate, Release, ReleaseIndex, nightlies_between
-from .search import EndpointError, Found, Outcome, Probe, next_step, walkback_dates
+from .search import EndpointError, Found, Outcome, Probe, next_step, plan, walkback_dates
 from .state import BisectState, StepLog, StepRecord
 
 
@@ -239,6 +239,68 @@ class Session:
             return None
         return found
 
+    # -- fanned out: a round of probes on several machines ------------------------------------
+
+    def level_candidates(self) -> tuple[str, list[Candidate]]:
+        """The level still open and its candidates, from the verdicts recorded so far; the
+        release level's boundary (when found) opens the nightlies between its releases."""
+        if self.params.level == "release":
+            good = self.resolve_release(self.params.good, "good")
+            bad = (self.resolve_release(self.params.bad, "bad") if self.params.bad
+                   else self.releases.releases[-1])
+            if good.parsed >= bad.parsed:
+                raise UsageError(f"--good {good.key} must be older than --bad {bad.key}")
+            candidates = self.releases.between(good, bad)
+            found = plan(len(candidates), self._results(candidates), 1)
+            if not isinstance(found, Found) or self.params.releases_only:
+                return "release", candidates
+            if not self.state.listed:
+                try:
+                    self.state.listed = list(load_index(self.params.index,
+                                                        self.params.python).nightlies)
+                except OpforgeError:
+                    return "release", candidates
+                self.listing = NightlyIndex(self.params.index, tuple(self.state.listed))
+            nightlies = nightlies_between(self.listing.nightlies, candidates[found.last_good],
+                                          candidates[found.first_bad])
+            return ("nightly", nightlies) if len(nightlies) >= 2 else ("release", candidates)
+        if not self.params.good:
+            raise UsageError("--plan and --probe need --good: the walk-back without it probes "
+                             "one nightly at a time")
+        good = self.resolve(self.params.good, "good")
+        bad = self.resolve(self.params.bad, "bad") if self.params.bad else self.listing.nightlies[-1]
+        if good.date >= bad.date:
+            raise UsageError(f"--good {good.day} must be older than --bad {bad.day}")
+        self._fill_unlisted(good.date, bad.date)
+        return "nightly", sorted({n.date: n for n in [*self.listing.between(good.date, bad.date),
+                                                      good, bad]}.values(), key=lambda n: n.date)
+
+    def _results(self, candidates: list[Candidate]) -> dict[int, Outcome]:
+        return {i: self.state.steps[c.key].outcome for i, c in enumerate(candidates)
+                if c.key in self.state.steps}
+
+    def plan(self, k: int) -> dict:
+        """The next round of ``k`` probes (JSON), or that the search needs none."""
+        name, candidates = self.level_candidates()
+        step = plan(len(candidates), self._results(candidates), k) if len(candidates) > 1 else None
+        if isinstance(step, EndpointError) and name == "release":
+            which = candidates[0] if step.which == "good" else candidates[-1]
+            self._check_endpoint(self.state.steps[which.key], step.which)
+        probes = step if isinstance(step, list) else []
+        return {"schema": 1, "status": "probe" if probes else "done", "level": name,
+                "candidates": len(candidates), "recorded": len(self.state.steps),
+                "probes": [{"key": candidates[i].key, "version": candidates[i].version,
+                            "url": candidates[i].url} for i in probes]}
+
+    def probe_key(self, key: str) -> StepRecord:
+        """Probe one candidate of the open level by its key (a date or a version)."""
+        _, candidates = self.level_candidates()
+        for candidate in candidates:
+            if candidate.key == key:
+                return self.probe(candidate)
+        raise UsageError(f"--probe {key}: not a candidate of this bisect "
+                         f"({candidates[0].key} .. {candidates[-1].key})")
+
     def _level_note(self, text: str) -> None:
         self.level_notes.append(text)
         self.display.note(text)
@@ -415,8 +477,11 @@ class Session:
             if not built or rev.endswith("-dirty"):
                 self.display.step(nightly, "building the extension")
                 with self.display.paused():
+                    # a release's distribution version (2.12.0): its version.py may add a
+                    # local part (2.12.0+cu130) that no index serves
+                    torch = nightly.version if isinstance(nightly, Release) else env.torch_version
                     built = [extension.build_against(
-                        self.params.variant, env.python, env.torch_version, builds,
+                        self.params.variant, env.python, torch, builds,
                         builds / "work", log=lambda line: None)]
             wheel = built[-1]
         if wheel is not None:

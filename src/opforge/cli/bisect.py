@@ -92,6 +92,17 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--no-prefetch", action="store_true",
                    help="do not make the environments the next step may need while a probe "
                         "runs (by default they are made in the background, one at a time)")
+    p.add_argument("--plan", type=int, metavar="K",
+                   help="probe nothing: record the --verdicts given, then print (JSON) the next "
+                        "K candidates to test side by side, one machine each (`--probe KEY` on "
+                        "each); status done: `--resume` writes the report. The state file is "
+                        "the one a local run uses, so either can continue the other")
+    p.add_argument("--probe", metavar="KEY",
+                   help="test one candidate (a date or a release from a --plan) and record it "
+                        "in --state; --json PATH gets its verdict")
+    p.add_argument("--verdicts", nargs="+", metavar="STATE",
+                   help="with --plan: state files written by --probe runs (or by any run of "
+                        "this bisect) whose steps are merged in first")
     p.add_argument("--resume", action="store_true",
                    help="continue the interrupted bisect without repeating finished steps")
     p.add_argument("--restart", action="store_true",
@@ -281,6 +292,46 @@ def _replaceable(state_path: Path, restart: bool) -> None:
                          "--resume`, or start over with --restart")
 
 
+def _verdict_file(path: Path):
+    """A state file of this bisect's probes (from --probe, or any run): read, or bad input."""
+    from opforge.bisect import state as state_mod
+
+    try:
+        return path, state_mod.load(path)
+    except UsageError as exc:
+        raise UsageError(f"--verdicts {path}: {str(exc).split(': ', 1)[-1]}") from None
+
+
+_SAME_BISECT = ("good", "bad", "variant", "python", "index", "release_index", "command",
+                "wheel", "match", "regress")
+
+
+def _round(args, session, state, verdicts, display) -> int:
+    """--plan (merge the verdicts, print the next round) and --probe (test one candidate)."""
+    import json
+
+    from opforge.bisect.report import _write
+
+    for path, other in verdicts:
+        for name in _SAME_BISECT:
+            if other.params.get(name) != state.params.get(name):
+                raise UsageError(f"--verdicts {path}: another bisect's ({name} "
+                                 f"{other.params.get(name)!r}, here {state.params.get(name)!r})")
+        for key, step in other.steps.items():
+            state.steps.setdefault(key, step)
+    with display:
+        if args.probe:
+            record = session.probe_key(args.probe)
+            out = {"schema": 1, "status": "probed", "step": record.to_json()}
+        else:
+            out = session.plan(args.plan)
+            session.begin()
+            session.save()
+    text = json.dumps(out, indent=2) + "\n"
+    _write(args.json or "-", text)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from opforge.bisect import state as state_mod
     from opforge.bisect.commits import check_repo, commit_range
@@ -299,6 +350,13 @@ def run(args: argparse.Namespace) -> int:
         os.environ[MATRIX_ENV] = str(Path(args.file).expanduser().resolve())
     if args.resume and args.restart:
         raise UsageError("--resume continues the saved bisect, --restart replaces it: pick one")
+    if args.plan is not None and (args.plan < 1 or args.plan > 256):
+        raise UsageError(f"--plan {args.plan}: give a number of probes per round from 1 to 256")
+    if args.plan is not None and args.probe:
+        raise UsageError("--plan prints a round, --probe runs one of its probes: pick one")
+    if args.verdicts and args.plan is None:
+        raise UsageError("--verdicts goes with --plan (the verdicts of the last round)")
+    fan_out = args.plan is not None or bool(args.probe)
     root = cache_dir()
     state_path = Path(args.state).expanduser() if args.state else root / "bisect" / "state.json"
     log_path = Path(args.log).expanduser() if args.log else state_path.with_suffix(".log.jsonl")
@@ -306,6 +364,9 @@ def run(args: argparse.Namespace) -> int:
     repo = check_repo(Path(args.pytorch_repo)) if args.pytorch_repo else None
     display = Display()
     log = state_mod.StepLog(log_path)
+    verdicts = [_verdict_file(Path(v)) for v in args.verdicts or []]
+    if fan_out and not args.resume and not args.restart and state_path.exists():
+        args.resume = True  # the rounds share one state file: each continues it
     if args.resume:
         saved = state_mod.load(state_path)
         params = _resumed_params(args, saved.params)
@@ -343,6 +404,8 @@ def run(args: argparse.Namespace) -> int:
     envs = EnvCache(root, exe, pip_index, with_pip=params.mode == "build")
     session = Session(params, state, state_path, log, envs, display, on_start=on_start,
                       on_ready=on_ready, prefetch=not args.no_prefetch)
+    if fan_out:
+        return _round(args, session, state, verdicts, display)
     try:
         with display:
             outcome = session.run()

@@ -1,0 +1,64 @@
+"""`--plan K` / `--probe KEY` / `--verdicts`: a bisect fanned out in rounds of K machines.
+
+Each round's probes run as separate `--probe` processes with their own state files (as on K
+runners); the next `--plan` merges them. The state is the local run's, so `--resume` writes
+the report of a fanned-out bisect without probing anything again.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ENDS = ("--good", "2024-06-01", "--bad", "2024-06-10", "--match", "does not exist")
+
+
+def test_rounds_of_three_find_the_regression_and_resume_writes_the_report(bisector):
+    main = str(bisector.state)
+    verdicts: list[str] = []
+    rounds = []
+    while True:
+        run = bisector(*ENDS, "--plan", "3", "--state", main,
+                       *(["--verdicts", *verdicts] if verdicts else []))
+        assert run.returncode == 0, run.stderr
+        plan = run.json()
+        if plan["status"] == "done":
+            break
+        rounds.append([p["key"] for p in plan["probes"]])
+        for key in rounds[-1]:
+            state = str(bisector.work / f"probe-{key}.json")
+            probed = bisector(*ENDS, "--probe", key, "--state", state)
+            assert probed.returncode == 0, probed.stderr
+            assert probed.json()["step"]["nightly"]["date"] == key
+            verdicts.append(state)
+    assert rounds[0][-1] == "2024-06-10" and rounds[0][0] == "2024-06-01"  # endpoints first
+    assert len(rounds) <= 3 and all(len(r) <= 3 for r in rounds)
+    assert sorted(bisector.probed()) == sorted(k for r in rounds for k in r)
+    report = bisector("--resume", "--state", main, "--json")
+    assert report.returncode == 0, report.stderr
+    data = report.json()
+    assert data["first_bad"]["date"] == "2024-06-07" and data["probes_this_run"] == 0
+
+
+def test_verdicts_of_another_bisect_are_refused(bisector):
+    other = str(bisector.work / "other.json")
+    assert bisector("--good", "2024-06-01", "--bad", "2024-06-03", "--probe", "2024-06-03",
+                    "--state", other).returncode == 0
+    run = bisector(*ENDS, "--plan", "2", "--verdicts", other)
+    assert run.returncode == 2
+    assert "another bisect's (bad '2024-06-03', here '2024-06-10')" in run.stderr
+    assert not bisector.state.exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("--plan", "0"), "--plan 0: give a number of probes per round from 1 to 256"),
+    (("--plan", "2", "--probe", "2024-06-05"), "--plan prints a round, --probe runs one"),
+    (("--verdicts", "x.json"), "--verdicts goes with --plan"),
+    (("--probe", "2024-06-06"), "--probe 2024-06-06: not a candidate of this bisect"),
+])
+def test_bad_fan_out_arguments_exit_2(bisector, argv, message):
+    run = bisector(*ENDS, *argv)
+    assert run.returncode == 2
+    assert message in run.stderr.strip().splitlines()[-1]
+    assert not bisector.state.exists()
