@@ -100,9 +100,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--probe", metavar="KEY",
                    help="test one candidate (a date or a release from a --plan) and record it "
                         "in --state; --json PATH gets its verdict")
-    p.add_argument("--verdicts", nargs="+", metavar="STATE",
+    p.add_argument("--verdicts", nargs="+", metavar="STATE|DIR",
                    help="with --plan: state files written by --probe runs (or by any run of "
-                        "this bisect) whose steps are merged in first")
+                        "this bisect), or directories of them, whose steps are merged in first")
     p.add_argument("--resume", action="store_true",
                    help="continue the interrupted bisect without repeating finished steps")
     p.add_argument("--restart", action="store_true",
@@ -292,6 +292,13 @@ def _replaceable(state_path: Path, restart: bool) -> None:
                          "--resume`, or start over with --restart")
 
 
+def _state_files(path: Path) -> list[Path]:
+    """A --verdicts argument: a state file, or a directory of them (possibly empty)."""
+    if path.is_dir():
+        return sorted(p for p in path.glob("*.json") if p.is_file())
+    return [path]
+
+
 def _verdict_file(path: Path):
     """A state file of this bisect's probes (from --probe, or any run): read, or bad input."""
     from opforge.bisect import state as state_mod
@@ -329,6 +336,15 @@ def _round(args, session, state, verdicts, display) -> int:
             session.save()
     text = json.dumps(out, indent=2) + "\n"
     _write(args.json or "-", text)
+    output = os.environ.get("GITHUB_OUTPUT")
+    if output and args.plan is not None:  # a workflow's next job fans out over these keys
+        keys = json.dumps([p["key"] for p in out["probes"]])
+        try:
+            with open(output, "a", encoding="utf-8") as f:
+                f.write(f"probes={keys}\nstatus={out['status']}\n")
+        except OSError as exc:
+            raise OpforgeError(f"$GITHUB_OUTPUT {output}: cannot write: "
+                               f"{exc.strerror or exc}") from None
     return 0
 
 
@@ -364,7 +380,7 @@ def run(args: argparse.Namespace) -> int:
     repo = check_repo(Path(args.pytorch_repo)) if args.pytorch_repo else None
     display = Display()
     log = state_mod.StepLog(log_path)
-    verdicts = [_verdict_file(Path(v)) for v in args.verdicts or []]
+    verdicts = [_verdict_file(f) for v in args.verdicts or [] for f in _state_files(Path(v))]
     if fan_out and not args.resume and not args.restart and state_path.exists():
         args.resume = True  # the rounds share one state file: each continues it
     if args.resume:
