@@ -79,13 +79,15 @@ def _record_hash(data: bytes) -> str:
 
 
 def write_wheel(directory: Path, name: str, version: str, tag: str, files: dict[str, str],
-                build: str | None = None) -> Path:
+                build: str | None = None, requires: tuple[str, ...] = ()) -> Path:
     """A minimal valid wheel (METADATA, WHEEL, RECORD) holding ``files``."""
     dist = f"{name}-{version}.dist-info"
+    deps = "".join(f"Requires-Dist: {r}\n" for r in requires)
     py, abi, plat = tag.split("-")
     purelib = "true" if plat == "any" else "false"
     contents = {**files,
-                f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+                f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+                                    + deps,
                 f"{dist}/WHEEL": (f"Wheel-Version: 1.0\nGenerator: opforge-tests\n"
                                   f"Root-Is-Purelib: {purelib}\nTag: {tag}\n"
                                   + (f"Build: {build}\n" if build else "")),
@@ -164,6 +166,18 @@ def _torch_files(version: str, git_version: str, release_date: date | None = Non
                                 f"cuda = None\n{extra}"}
 
 
+# --with torchvision: a torchvision nightly for every listed date but this one
+NO_TORCHVISION = date(2024, 6, 5)
+TORCHVISION_INIT = "import torch\nDATE = {day}\nassert DATE == torch.DATE, 'torchvision of another date'\n"
+
+
+def torchvision_wheel(directory: Path, day: date, version: str, requires: tuple[str, ...] = ()
+                      ) -> Path:
+    return write_wheel(directory, "torchvision", version, f"{PY}-{PY}-{HERE_PLATFORM}",
+                       {"torchvision/__init__.py": TORCHVISION_INIT.format(day=f"{day:%Y%m%d}")},
+                       requires=requires)
+
+
 # released versions (the variant's release index) and the day each was cut: 2.5.0 carries
 # the regression (2024-06-07), so the nightlies between 2.4.1 and 2.5.0 hold it
 RELEASES = {"2.3.0": date(2024, 4, 20), "2.3.1": date(2024, 5, 5), "2.4.0": date(2024, 5, 25),
@@ -182,6 +196,10 @@ def build_fake_releases(root: Path, releases: dict[str, date]) -> Path:
         for plat in (HERE_PLATFORM, OTHER_PLATFORMS[0]):
             wheels.append(write_wheel(root, "torch", version, f"{PY}-{PY}-{plat}",
                                       _torch_files(version, "e" * 40, day)))
+        if text != "2.3.1":  # one release without its torchvision
+            minor = int(text.split(".")[1]) + 15
+            tv = f"0.{minor}.{text.split('.')[2][0]}{text[len('2.5.0'):]}+cpu"
+            torchvision_wheel(root, day, tv, requires=(f"torch=={version}",))
     anchors = "\n".join(f'<a href="../{urllib.parse.quote(p.name)}">{html.escape(p.name)}</a>'
                         for p in wheels)
     (root / "torch" / "index.html").write_text(f"<html><body>\n{anchors}\n</body></html>\n")
@@ -213,6 +231,12 @@ def build_fake_index(root: Path, json_root: Path, fake_pytorch_repo: FakeRepo) -
     listed.append(torch_wheel(date(2024, 6, 9), py="cp39" if PY != "cp39" else "cp310"))
     for day in UNLISTED:
         torch_wheel(day)
+    (root / "torchvision").mkdir()
+    vision = [torchvision_wheel(root, day, f"0.20.0.dev{day:%Y%m%d}+cpu") for day in _LISTED
+              if day != NO_TORCHVISION]
+    (root / "torchvision" / "index.html").write_text("<html><body>\n" + "\n".join(
+        f'<a href="../{urllib.parse.quote(p.name)}">{html.escape(p.name)}</a>' for p in vision)
+        + "\n</body></html>\n")
     anchors = "\n".join(
         f'<a href="../{urllib.parse.quote(p.name)}">{html.escape(p.name)}</a><br/>'
         for p in listed)

@@ -102,11 +102,12 @@ def _host_pip_works() -> bool:
 
 class EnvCache:
     def __init__(self, root: Path, base_python: str, pip_index_args: list[str],
-                 with_pip: bool = False):
+                 with_pip: bool = False, companions: list[str] | None = None):
         self.root = root
         self.base_python = base_python
         self.pip_index_args = pip_index_args
         self.with_pip = with_pip  # building the extension in the env needs its own pip
+        self.companions = list(companions or [])  # --with: installed beside torch
         self._host_pip = _host_pip_works()
         self.installer = installer()
         from .cache import max_size_from_env
@@ -116,6 +117,8 @@ class EnvCache:
 
     def env_dir(self, nightly: Candidate) -> Path:
         stem = nightly.filename[:-4] if nightly.filename.endswith(".whl") else nightly.filename
+        if self.companions:  # another set of packages: another environment
+            stem += "-with-" + "-".join(self.companions)
         return self.root / "envs" / stem.replace("+", "_")
 
     def _read_marker(self, path: Path, nightly: Candidate) -> dict | None:
@@ -188,7 +191,9 @@ class EnvCache:
             # environment on this machine already downloaded
             python = self._create(path)
             index = [] if nightly.index is None else ["--index-url", nightly.index]
-            self.pip_install(python, f"torch=={nightly.version}", index_args=index)
+            # one resolution: each companion release that pins this torch
+            self.pip_install(python, f"torch=={nightly.version}", *self.companions,
+                             index_args=index)
             sha = nightly.sha256 or ""
             actions.append(f"installed torch {nightly.version} from "
                            f"{nightly.index or 'the default index'} "
@@ -196,8 +201,19 @@ class EnvCache:
         else:
             wheel, sha = download(nightly, self.root / "wheels")
             actions.append(f"downloaded {nightly.filename}")
+            extra: list[str] = []
+            index_args = None
+            if isinstance(nightly, Release) and self.companions:
+                # a local release index: the companions that pin this torch, from its folder
+                extra = list(self.companions)
+                index_args = ["--no-index", "--find-links", str(_local_dir(nightly.url))]
+            companions = [download(c, self.root / "wheels")[0]
+                          for c in getattr(nightly, "companions", ())]
             python = self._create(path)
-            self.pip_install(python, str(wheel))
+            self.pip_install(python, str(wheel), *map(str, companions), *extra,
+                             index_args=index_args)
+            for companion in companions:
+                companion.unlink(missing_ok=True)
             actions.append(f"installed torch {nightly.version} ({time.monotonic() - t0:.1f} s)")
             wheel.unlink(missing_ok=True)  # the environment is the cache; wheels are large
         build = read_torch_build(path)
@@ -260,6 +276,12 @@ class EnvCache:
         env.extras[wheel.name] = sha
         env.actions.append(f"installed {wheel.name}")
         self._write_marker(env, nightly.url)
+
+
+def _local_dir(url: str) -> Path:
+    from .index import _local_path
+
+    return _local_path(url).parent
 
 
 class Prefetcher:

@@ -46,6 +46,7 @@ class Nightly:
     filename: str
     url: str
     sha256: str | None = None  # from the index when it gives one; nightly pages usually do not
+    companions: tuple[Nightly, ...] = ()  # --with: torchvision etc. of the same date
 
     @property
     def day(self) -> str:
@@ -57,8 +58,11 @@ class Nightly:
         return self.day
 
     def to_json(self) -> dict:
-        return {"date": self.day, "version": self.version, "filename": self.filename,
+        data = {"date": self.day, "version": self.version, "filename": self.filename,
                 "url": self.url, "sha256": self.sha256}
+        if self.companions:
+            data["companions"] = [c.to_json() for c in self.companions]
+        return data
 
     @classmethod
     def from_json(cls, data: dict) -> Nightly:
@@ -66,7 +70,15 @@ class Nightly:
         sha = data.get("sha256")
         if not all(isinstance(f, str) for f in fields) or not isinstance(sha, (str, type(None))):
             raise TypeError("a nightly's date, version, filename, url and sha256 are strings")
-        return cls(date.fromisoformat(fields[0]), *fields[1:], sha)
+        companions = data.get("companions", [])
+        if not isinstance(companions, list):
+            raise TypeError("a nightly's companions are a list")
+        return cls(date.fromisoformat(fields[0]), *fields[1:], sha,
+                   tuple(cls.from_json(c) for c in companions))
+
+    @property
+    def project(self) -> str:
+        return self.filename.split("-", 1)[0]
 
 
 def nightly_date(version: Version) -> date | None:
@@ -163,11 +175,11 @@ def _links_from_json(text: str, page_url: str) -> list[_Link]:
         raise UsageError(f"{page_url}: not a PEP 691 project page ({exc})") from None
 
 
-def _read_local(root: Path) -> list[_Link]:
+def _read_local(root: Path, project_name: str = PROJECT) -> list[_Link]:
     info = lookup(root, what="--index")
     if info is None or not stat.S_ISDIR(info.st_mode):
         raise UsageError(f"--index {root}: no such directory")
-    project = root / PROJECT
+    project = root / project_name
     for page, reader in ((project / "index.json", _links_from_json),
                          (project / "index.html", _links_from_html),
                          (root / "index.html", _links_from_html)):
@@ -177,8 +189,8 @@ def _read_local(root: Path) -> list[_Link]:
     return [_Link(p.name, p.resolve().as_uri(), None) for p in sorted(folder.glob("*.whl"))]
 
 
-def _read_remote(index: str) -> list[_Link]:
-    page_url = f"{index.rstrip('/')}/{PROJECT}/"
+def _read_remote(index: str, project: str = PROJECT) -> list[_Link]:
+    page_url = f"{index.rstrip('/')}/{project}/"
     request = urllib.request.Request(page_url, headers={"Accept": _ACCEPT})
     try:
         with urllib.request.urlopen(request, timeout=_TIMEOUT) as response:
@@ -198,10 +210,10 @@ def _read_remote(index: str) -> list[_Link]:
     return _links_from_html(text, page_url)
 
 
-def read_links(index: str) -> list[_Link]:
+def read_links(index: str, project: str = PROJECT) -> list[_Link]:
     if _is_local(index):
-        return _read_local(_local_path(index))
-    return _read_remote(index)
+        return _read_local(_local_path(index), project)
+    return _read_remote(index, project)
 
 
 # -- choosing wheels ---------------------------------------------------------------------------
@@ -227,7 +239,8 @@ class NightlyIndex:
         return older[-1] if older else None
 
 
-def choose_nightlies(links: Iterable[_Link], accepted: Sequence[tags.Tag]) -> list[Nightly]:
+def choose_nightlies(links: Iterable[_Link], accepted: Sequence[tags.Tag],
+                     project: str = PROJECT) -> list[Nightly]:
     """The best-tagged wheel of the last build of each date, oldest date first."""
     rank = {tag: i for i, tag in enumerate(accepted)}
     best: dict[date, tuple[tuple, Nightly]] = {}
@@ -239,7 +252,7 @@ def choose_nightlies(links: Iterable[_Link], accepted: Sequence[tags.Tag]) -> li
         except InvalidWheelFilename:
             continue
         day = nightly_date(version)
-        if name != PROJECT or day is None:
+        if name != project or day is None:
             continue
         ranks = [rank[t] for t in wheel_tags if t in rank]
         if not ranks:
@@ -252,9 +265,19 @@ def choose_nightlies(links: Iterable[_Link], accepted: Sequence[tags.Tag]) -> li
     return [best[d][1] for d in sorted(best)]
 
 
-def load_index(index: str, python: str, platforms: Sequence[str] | None = None) -> NightlyIndex:
+def load_index(index: str, python: str, platforms: Sequence[str] | None = None,
+               companions: Sequence[str] = ()) -> NightlyIndex:
+    """The index's nightlies; with ``companions`` (--with torchvision), each nightly carries
+    the companions' wheels of its date (a date without one carries fewer: it is skipped)."""
     accepted = target_tags(python, platforms)
     nightlies = choose_nightlies(read_links(index), accepted)
+    for name in companions:
+        try:
+            found = {n.date: n for n in choose_nightlies(read_links(index, name), accepted, name)}
+        except OpforgeError:
+            found = {}  # an index without that project: every date lacks it
+        nightlies = [replace(n, companions=(*n.companions, found[n.date])) if n.date in found
+                     else n for n in nightlies]
     return NightlyIndex(index, tuple(nightlies))
 
 

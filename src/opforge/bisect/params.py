@@ -40,6 +40,7 @@ class Params:
     notes: list[str] = field(default_factory=list)  # how the endpoints were chosen
     release_index: str | None = None  # a release bisect's index ("pypi": pip's default)
     releases_only: bool = False       # stop at the release boundary (no nightlies after it)
+    companions: list[str] = field(default_factory=list)  # --with: torchvision, torchaudio, ...
 
     @property
     def level(self) -> str:
@@ -66,7 +67,8 @@ class Params:
             if name in ("good", "bad", "wheel", "match", "timeout", "release_index") \
                     and value is None:
                 continue
-            if name in ("notes", "release_index", "releases_only") and name not in data:
+            if name in ("notes", "release_index", "releases_only", "companions") \
+                    and name not in data:
                 continue
             if not isinstance(value, types) or isinstance(value, bool) and bool not in types:
                 raise TypeError(f"params.{name} is {type(value).__name__}")
@@ -79,7 +81,7 @@ _FIELD_TYPES = {"good": (str,), "bad": (str,), "variant": (str,), "python": (str
                 "index": (str,), "command": (list,), "wheel": (str,), "match": (str,),
                 "regress": (str,), "retries": (int,), "timeout": (int, float),
                 "timeout_skip": (bool,), "cwd": (str,), "notes": (list,),
-                "release_index": (str,), "releases_only": (bool,)}
+                "release_index": (str,), "releases_only": (bool,), "companions": (list,)}
 
 _DATE = re.compile(r"(\d{4})-?(\d{2})-?(\d{2})")
 
@@ -168,11 +170,13 @@ def _install_line(params: Params, candidate: Candidate, env: str) -> str:
     pip = f"{env}/bin/python -m pip install"
     if isinstance(candidate, Release):
         index = candidate.index
+        names = " ".join(params.companions)
         if not candidate.by_requirement:
-            return f"{pip} {shlex.quote(candidate.url)}"
-        spec = shlex.quote(f"torch=={candidate.version}")
+            return f"{pip} {shlex.quote(candidate.url)} {names}".rstrip()
+        spec = " ".join([shlex.quote(f"torch=={candidate.version}"), *params.companions])
         return f"{pip} {spec}" + (f" --index-url {shlex.quote(index)}" if index else "")
-    return f"{pip} {shlex.quote(candidate.url)}" + (
+    wheels = " ".join(shlex.quote(w.url) for w in (candidate, *candidate.companions))
+    return f"{pip} {wheels}" + (
         f" --index-url {shlex.quote(params.index)}" if "://" in params.index
         and not params.index.startswith("file://") else "")
 
@@ -200,6 +204,8 @@ def rerun_command(params: Params, good: Candidate, bad: Candidate) -> str:
         argv += ["--release-index", params.release_index]
     if params.releases_only:
         argv.append("--releases-only")
+    for name in params.companions:
+        argv += ["--with", name]
     if params.wheel:
         argv += ["--wheel", params.wheel]
     if params.match:

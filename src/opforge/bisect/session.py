@@ -211,7 +211,8 @@ class Session:
         assert isinstance(good, Release) and isinstance(bad, Release)
         if not self.state.listed:
             try:
-                listed = load_index(self.params.index, self.params.python)
+                listed = load_index(self.params.index, self.params.python,
+                                    companions=self.params.companions)
             except OpforgeError as exc:
                 self._level_note(f"stopping at the release boundary: {exc}")
                 return None
@@ -256,8 +257,9 @@ class Session:
                 return "release", candidates
             if not self.state.listed:
                 try:
-                    self.state.listed = list(load_index(self.params.index,
-                                                        self.params.python).nightlies)
+                    self.state.listed = list(load_index(
+                        self.params.index, self.params.python,
+                        companions=self.params.companions).nightlies)
                 except OpforgeError:
                     return "release", candidates
                 self.listing = NightlyIndex(self.params.index, tuple(self.state.listed))
@@ -401,6 +403,11 @@ class Session:
             return done
         self.display.start(nightly)
         t0 = time.monotonic()
+        missing = self._missing_companions(nightly)
+        if missing:
+            return self._finish(StepRecord(
+                nightly, Outcome.SKIP, f"no {' or '.join(missing)} nightly for {nightly.key} on "
+                "the index (--with): skipped", None, 0, 0.0, None, None, False), [])
         try:
             env = self.prefetcher.get(nightly)
         except OpforgeError as exc:
@@ -436,6 +443,13 @@ class Session:
             if verdict.passed is not False:
                 break
         return self._verdict(nightly, env, attempts, cmd, t0)
+
+    def _missing_companions(self, candidate: Candidate) -> list[str]:
+        if isinstance(candidate, Release) or not self.params.companions:
+            return []
+        have = {c.project.lower().replace("_", "-") for c in candidate.companions}
+        return [name for name in self.params.companions if name.replace("-", "_") not in
+                {h.replace("-", "_") for h in have}]
 
     def _verdict(self, nightly: Nightly, env: NightlyEnv, attempts: list[Attempt],
                  cmd: list[str], t0: float, what: str | None = None) -> StepRecord:

@@ -41,7 +41,7 @@ environment activated (PATH, VIRTUAL_ENV; PYTHONPATH removed) in the current dir
 
 # options that define a bisect: on --resume they must agree with the stored ones if given
 _DEFINING = ("good", "bad", "variant", "python", "index", "wheel", "match", "regress",
-             "retries", "timeout", "timeout_skip", "release_index")
+             "retries", "timeout", "timeout_skip", "release_index", "companions")
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -59,6 +59,10 @@ def register(subparsers) -> argparse.ArgumentParser:
                         "the newest release). Between two releases the bisect finds the first "
                         "bad release, then goes on into the nightlies between it and the last "
                         "good one when --index lists them")
+    p.add_argument("--with", dest="companions", action="append", metavar="NAME",
+                   help="install a companion package (torchvision, torchaudio, triton, ...) built "
+                        "for the same nightly date or release beside torch; a date without one is "
+                        "skipped, and said so (repeatable)")
     p.add_argument("--release-index", metavar="URL|DIR|pypi",
                    help="where releases are listed and installed from (default "
                         "https://download.pytorch.org/whl/<variant>; release candidates are on "
@@ -204,7 +208,17 @@ def _params(args: argparse.Namespace):
                   regress=args.regress or "failure", retries=args.retries or 0,
                   timeout=args.timeout, timeout_skip=bool(args.timeout_skip),
                   cwd=str(Path.cwd()), notes=[n for n in (good_note, bad_note) if n],
-                  release_index=releases, releases_only=bool(args.releases_only))
+                  release_index=releases, releases_only=bool(args.releases_only),
+                  companions=_companions(args.companions))
+
+
+def _companions(names: list[str] | None) -> list[str]:
+    out = []
+    for name in names or []:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name) or name.lower() == "torch":
+            raise UsageError(f"--with {name!r}: expected a package name like torchvision")
+        out.append(name.lower().replace("_", "-"))
+    return sorted(set(out))
 
 
 def _local_index(index: str, option: str) -> str:
@@ -247,6 +261,8 @@ def _resumed_params(args: argparse.Namespace, stored: dict):
             given = str(Path(given).expanduser().resolve())
         if name in ("index", "release_index") and "://" not in given and given != "pypi":
             given = str(Path(given).expanduser().resolve())
+        if name == "companions":
+            given = _companions(given)
         if name in ("good", "bad"):
             given = endpoint(given, name)[0]
             if given is None:
@@ -400,7 +416,8 @@ def run(args: argparse.Namespace) -> int:
             state.releases = list(load_releases(params.release_index, params.python).releases)
         else:
             try:
-                state.listed = list(load_index(params.index, params.python).nightlies)
+                state.listed = list(load_index(params.index, params.python,
+                                               companions=params.companions).nightlies)
             except UsageError:
                 raise
             except OpforgeError as exc:  # an unreachable index is bad input: exit 2
@@ -417,7 +434,8 @@ def run(args: argparse.Namespace) -> int:
         if args.resume:
             display.note(f"resuming: {len(state.steps)} steps already done ({state_path})")
     pip_index = [] if _is_local(params.index) else ["--index-url", params.index]
-    envs = EnvCache(root, exe, pip_index, with_pip=params.mode == "build")
+    envs = EnvCache(root, exe, pip_index, with_pip=params.mode == "build",
+                    companions=params.companions)
     session = Session(params, state, state_path, log, envs, display, on_start=on_start,
                       on_ready=on_ready, prefetch=not args.no_prefetch)
     if fan_out:
