@@ -30,6 +30,7 @@ class CommitRange:
     commits: list[tuple[str, str]] = field(default_factory=list)  # (sha, subject), newest first
     truncated: bool = False
     note: str | None = None   # why the mapping is incomplete
+    repo: str | None = None   # the local clone they were read from
 
     @property
     def compare_url(self) -> str | None:
@@ -82,7 +83,7 @@ def main_commit(repo: Path, nightly_sha: str) -> tuple[str | None, str | None]:
 
 def commit_range(good_nightly: str | None, bad_nightly: str | None,
                  repo: Path | None) -> CommitRange:
-    out = CommitRange(good_nightly, bad_nightly)
+    out = CommitRange(good_nightly, bad_nightly, repo=str(repo) if repo else None)
     if repo is None:
         return out
     if not good_nightly or not bad_nightly:

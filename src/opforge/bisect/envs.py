@@ -158,7 +158,7 @@ class EnvCache:
             errors = [line for line in lines if "ERROR" in line] or lines[-3:]
             raise OpforgeError(f"pip install failed: {' | '.join(errors[-3:])}")
 
-    def cached(self, nightly: Candidate) -> NightlyEnv | None:
+    def _cached(self, nightly: Candidate) -> NightlyEnv | None:
         """The candidate's environment if it is ready, without making anything."""
         path = self.env_dir(nightly)
         marker = self._read_marker(path, nightly)
@@ -172,8 +172,12 @@ class EnvCache:
 
     def ensure(self, nightly: Candidate) -> NightlyEnv:
         """The candidate's environment, made (download, venv, pip install) only if missing."""
+        from .overlay import Commit
+
+        if isinstance(nightly, Commit):
+            return self._overlay(nightly)
         path = self.env_dir(nightly)
-        env = self.cached(nightly)
+        env = self._cached(nightly)
         if env is not None:
             touch_used(path)
             self.in_use.add(path)
@@ -236,6 +240,38 @@ class EnvCache:
         for env in gone:
             remove(env)
         return [env.path.name for env in gone]
+
+    def _overlay(self, commit) -> NightlyEnv:
+        """A commit's Python over its base nightly's environment (overlay.py)."""
+        from .overlay import changed_python, make_overlay, overlay_ready
+
+        base = self.ensure(commit.base)
+        path = base.path.parent / f"{base.path.name}+{commit.key}"
+        actions = []
+        if not overlay_ready(path):
+            t0 = time.monotonic()
+            files = changed_python(Path(commit.repo), commit.sha, commit.base_main)
+            make_overlay(base.path, path, files)
+            actions.append(f"overlaid {len(files)} Python files of {commit.key} on "
+                           f"{base.path.name} ({time.monotonic() - t0:.1f} s)")
+        touch_used(path)
+        self.in_use.add(path)
+        return NightlyEnv(path, env_python(path), base.torch_version, commit.sha, base.sha256,
+                          {}, actions, build={**base.build, "overlay_commit": commit.sha},
+                          packages=base.packages)
+
+    def cached(self, nightly: Candidate) -> NightlyEnv | None:
+        from .overlay import Commit, overlay_ready
+
+        if isinstance(nightly, Commit):
+            base = self._cached(nightly.base)
+            path = self.env_dir(nightly.base).parent / f"{self.env_dir(nightly.base).name}+{nightly.key}"
+            if base is None or not overlay_ready(path):
+                return None
+            return NightlyEnv(path, env_python(path), base.torch_version, nightly.sha,
+                              base.sha256, build={**base.build, "overlay_commit": nightly.sha},
+                              packages=base.packages)
+        return self._cached(nightly)
 
     def freeze(self, python: Path) -> list[str]:
         """``pip freeze`` of an environment (what the report lists); empty if it cannot."""

@@ -182,10 +182,23 @@ def _install_line(params: Params, candidate: Candidate, env: str) -> str:
 
 
 def reproduce_command(params: Params, nightly: Candidate, python: str) -> str:
-    """Shell lines that recreate a probe's environment (a nightly or a release) and run the test."""
+    """Shell lines that recreate a probe's environment (a nightly, a release, or a commit's
+    Python over a nightly) and run the test."""
+    commit = nightly if getattr(nightly, "base", None) is not None else None
+    if commit is not None:
+        nightly = commit.base
     label = nightly.key if isinstance(nightly, Release) else f"{nightly.date:%Y%m%d}"
+    if commit is not None:
+        label = commit.key
     env = f"/tmp/torch-{label.replace('+', '_')}"
     lines = [f"{python} -m venv {env}", _install_line(params, nightly, env)]
+    if commit is not None:  # overlay the commit's torch/ Python files, as the bisect did
+        repo = shlex.quote(commit.repo)
+        lines.append(
+            f"site=$({env}/bin/python -c 'import sysconfig; print(sysconfig.get_path(\"purelib\"))')"
+            f" && for f in $(git -C {repo} diff --name-only {commit.base_main} {commit.sha} -- "
+            f"torch | grep -E '[.]pyi?$'); do rm -f \"$site/$f\"; git -C {repo} show "
+            f"{commit.sha}:\"$f\" > \"$site/$f\" 2>/dev/null || rm -f \"$site/$f\"; done")
     if params.wheel:
         lines.append(f"{env}/bin/python -m pip install --no-deps {shlex.quote(params.wheel)}")
     if params.command:

@@ -75,7 +75,9 @@ def order_key(candidate: Candidate) -> tuple:
     """Releases (by version) before nightlies (by date): the order a report lists probes in."""
     if isinstance(candidate, Release):
         return (0, candidate.parsed, "")
-    return (1, Version("0"), candidate.day)
+    if isinstance(candidate, Nightly):
+        return (1, Version("0"), candidate.day)
+    return (2, Version("0"), "")  # commits: in the order they were probed
 
 
 def candidate_from_json(data: dict) -> Candidate:
@@ -84,6 +86,10 @@ def candidate_from_json(data: dict) -> Candidate:
         raise TypeError("a candidate must be an object")
     if data.get("kind") == "release":
         return Release.from_json(data)
+    if data.get("kind") == "commit":
+        from .overlay import Commit
+
+        return Commit.from_json(data)
     return Nightly.from_json(data)
 
 

@@ -134,9 +134,10 @@ def result_json(out: Outcomes, commits: CommitRange, python: str, envs=None,
 
 def _level_headline(level: dict, verb: str, exact: bool) -> str:
     good, bad = level["last_good"], level["first_bad"]
-    kind = "release" if level["level"] == "release" else "nightly"
+    kind = level["level"]
     if exact and not level["skipped"]:
-        where = bad["label"] if kind == "release" else f"the nightly of {bad['label']}"
+        where = {"release": bad["label"], "nightly": f"the nightly of {bad['label']}"}.get(
+            kind) or f"commit {bad['label']} ({bad.get('subject', '')})"
         return f"it {verb} in {where} (the {good['label']} {kind} is good)"
     skipped = ", ".join(s["label"] for s in level["skipped"])
     return (f"it {verb} between {good['label']} (good) and {bad['label']} (bad); the "
@@ -149,9 +150,7 @@ def _headline(data: dict) -> str:
     levels = data.get("levels") or [{"level": "nightly", "last_good": data["last_good"],
                                      "first_bad": data["first_bad"], "skipped": data["skipped"]}]
     parts = [_level_headline(level, verb, not level["skipped"]) for level in levels]
-    if len(parts) > 1:
-        return f"{parts[0]}; between them, {parts[1].removeprefix('it ')}"
-    return parts[0]
+    return "; between them, ".join([parts[0], *(p.removeprefix("it ") for p in parts[1:])])
 
 
 def _rows(data: dict) -> list[tuple[str, dict, str | None]]:

@@ -303,6 +303,39 @@ class Session:
         raise UsageError(f"--probe {key}: not a candidate of this bisect "
                          f"({candidates[0].key} .. {candidates[-1].key})")
 
+    # -- commits: Python-only commits over the bad nightly's binaries ---------------------------
+
+    def bisect_commits(self, outcome: Outcomes, commits) -> Outcomes:
+        """The commit level under the nightly boundary (--by-commit, overlay.py)."""
+        from .overlay import suspects
+
+        nightly = outcome.levels[-1] if outcome.levels else None
+        if nightly is None or nightly.name != "nightly" or not commits.commits:
+            self._level_note("--by-commit: no main-branch commits to bisect "
+                             f"({commits.note or 'the nightly boundary lists none'})")
+            return outcome
+        good, bad = nightly.last_good.nightly, nightly.first_bad.nightly
+        listed = suspects(Path(commits.repo), commits.commits, bad, commits.bad_main)
+        if listed and listed[-1].sha == commits.bad_main:
+            listed = listed[:-1]  # the bad nightly's own commit: the bad end
+        for commit in listed:
+            if commit.compiled and commit.key not in self.state.steps:
+                shown = ", ".join(commit.compiled[:3]) + (
+                    f" and {len(commit.compiled) - 3} more" if len(commit.compiled) > 3 else "")
+                self._finish(StepRecord(commit, Outcome.SKIP, f"changes compiled code ({shown}): "
+                                        "a Python overlay cannot test it", None, 0, 0.0, None,
+                                        commit.sha, False), [])
+        self.display.note(f"nightlies: {good.key} good, {bad.key} bad; now the {len(listed)} "
+                          f"main-branch commits between them "
+                          f"({sum(1 for c in listed if c.compiled)} change compiled code)")
+        found = self._search([good, *listed, bad], "commit", strict=False)
+        if isinstance(found, EndpointError):
+            self._level_note("--by-commit: the nightlies' verdicts changed; stopping at the "
+                             "nightly boundary")
+            return outcome
+        levels = [*outcome.levels, found]
+        return self._outcomes(levels, outcome.walked_back)
+
     def _level_note(self, text: str) -> None:
         self.level_notes.append(text)
         self.display.note(text)
@@ -445,7 +478,7 @@ class Session:
         return self._verdict(nightly, env, attempts, cmd, t0)
 
     def _missing_companions(self, candidate: Candidate) -> list[str]:
-        if isinstance(candidate, Release) or not self.params.companions:
+        if not isinstance(candidate, Nightly) or not self.params.companions:
             return []
         have = {c.project.lower().replace("_", "-") for c in candidate.companions}
         return [name for name in self.params.companions if name.replace("-", "_") not in

@@ -115,6 +115,11 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--pytorch-repo", metavar="PATH",
                    help="a local pytorch clone (with its nightly branch): map the nightlies to "
                         "main-branch commits and list the commits in between")
+    p.add_argument("--by-commit", action="store_true",
+                   help="with --pytorch-repo: after the nightly boundary, bisect the main-branch "
+                        "commits between the two nightlies by overlaying each commit's Python "
+                        "files on the bad nightly's binaries; commits that change compiled code "
+                        "are skipped and named")
     p.add_argument("--json", nargs="?", const="-", metavar="PATH",
                    help="write the report as JSON (to stdout, or to PATH)")
     p.add_argument("--markdown", nargs="?", const="-", metavar="PATH",
@@ -382,6 +387,9 @@ def run(args: argparse.Namespace) -> int:
         os.environ[MATRIX_ENV] = str(Path(args.file).expanduser().resolve())
     if args.resume and args.restart:
         raise UsageError("--resume continues the saved bisect, --restart replaces it: pick one")
+    if args.by_commit and not args.pytorch_repo:
+        raise UsageError("--by-commit needs --pytorch-repo PATH (a local pytorch clone with its "
+                         "nightly branch): the commits' Python files come from it")
     if args.plan is not None and (args.plan < 1 or args.plan > 256):
         raise UsageError(f"--plan {args.plan}: give a number of probes per round from 1 to 256")
     if args.plan is not None and args.probe:
@@ -443,6 +451,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         with display:
             outcome = session.run()
+            commits = commit_range(outcome.last_good.git_version, outcome.first_bad.git_version,
+                                   repo)
+            if args.by_commit:
+                outcome = session.bisect_commits(outcome, commits)
     except KeyboardInterrupt as exc:
         if not session.started:
             raise
@@ -465,7 +477,6 @@ def run(args: argparse.Namespace) -> int:
         emit_error(str(exc), list(state.steps.values()), json_to=args.json,
                    markdown_to=args.markdown)
         raise
-    commits = commit_range(outcome.last_good.git_version, outcome.first_bad.git_version, repo)
     data = result_json(outcome, commits, f"python{params.python}"
                        if re.fullmatch(r"\d+\.\d+", params.python) else exe, envs,
                        list(state.steps.values()))
