@@ -1,8 +1,12 @@
 """``opforge bisect``: the PyTorch nightly (and commit range) where a regression appeared.
 
-search.py   the pure search (good / bad / skip like git bisect; no I/O)
+search.py   the pure search (good / bad / skip like git bisect; rounds of K for --plan; no I/O)
 index.py    the nightly index (PEP 503 / 691, https, file://, a directory), wheel choice, downloads
-envs.py     one cached environment per nightly
+releases.py released versions (and release candidates) on a release index
+levels.py   releases -> nightlies -> commits, and the rounds of a fanned-out bisect
+overlay.py  --by-commit: a commit's Python over the bad nightly's binaries
+envs.py     one cached environment per nightly, release or commit; background prefetch
+cache.py    the cache's size, listing and least-recently-used eviction (`opforge cache`)
 probe.py    running the test and turning its exit into a verdict
 params.py   what was asked: parameters, endpoint forms, reproduce and rerun commands
 session.py  one bisect run: endpoints, walk-back, the loop, each step saved
