@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -52,8 +53,25 @@ def build_against(variant: str, env_python: Path, torch_version: str,
                                torch_index="pypi", log=log)
     except OpforgeError as exc:
         tail = logfile.read_text(encoding="utf-8", errors="replace")[-3000:]
-        raise OpforgeError(f"the extension does not build against torch {torch_version}: {exc}"
-                           f" (output: {logfile})\n{tail}") from None
+        first = first_compile_error(work_dir)
+        raise OpforgeError(f"the extension does not build against torch {torch_version}: "
+                           f"{first or exc} (output: {logfile})\n{tail}") from None
+
+
+_COMPILE_ERROR = re.compile(r"([^\s/]+:\d+(?::\d+)?: (?:fatal )?error: .*)")
+
+
+def first_compile_error(work_dir: Path) -> str | None:
+    """The compiler's first error line in the build's logs (what the report should name)."""
+    for log in sorted(work_dir.glob("*.log")):
+        try:
+            text = log.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        found = _COMPILE_ERROR.search(text)
+        if found:
+            return found.group(1).strip()[:240]
+    return None
 
 
 @contextlib.contextmanager
