@@ -112,7 +112,8 @@ def test_second_run_downloads_and_installs_nothing(fresh_bisector):
     second_steps = log_events(log_path)[len(first_steps):]
     assert len(second_steps) == len(first_steps)
     assert all(e["reused_env"] and e["actions"] == [] for e in second_steps)
-    assert sorted(p.name for p in (fresh_bisector.cache / "envs").iterdir()) == envs
+    # the probed environments are all still there (a prefetch may have added others)
+    assert {p.name for p in (fresh_bisector.cache / "envs").iterdir()} >= set(envs)
     # a wheel is kept only when a prefetch was cut short by the end of the bisect (the next
     # use installs it without downloading again); no probed nightly's wheel is left
     probed = {e["url"].rsplit("/", 1)[-1].replace("%2B", "+") for e in first_steps}
