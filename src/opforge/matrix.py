@@ -286,6 +286,11 @@ class Matrix:
     def torch_index(self, variant: Variant) -> str:
         return self.torch.index_url(variant.index_variant or _default_index_variant(variant))
 
+    def nightly_index(self, variant: Variant) -> str:
+        """Where the compat list's ``nightly`` comes from: the variant's nightly index."""
+        return replace(self.torch, channel="nightly").index_url(
+            variant.index_variant or _default_index_variant(variant))
+
     def jobs(self, variant: str | None = None, platform: str | None = None,
              python: str | None = None, pull_request: bool = False) -> list[Job]:
         for value, known, what in ((variant, [v.name for v in self.variants], "variant"),

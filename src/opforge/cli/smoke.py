@@ -340,8 +340,16 @@ def run_compat(args: argparse.Namespace, target, request, variant: str | None) -
     what = target.wheel.name if target.wheel else target.requirement
     print(f"opforge smoke --compat: {what} beside torch {', '.join(torches)}", file=sys.stderr,
           flush=True)
+    nightly = None
+    if "nightly" in torches:
+        from opforge.torchsource import resolve_index
+
+        matrix = _load_matrix(args.file, required=variant is not None)
+        channel = matrix.nightly_index(matrix.variant(variant)) if matrix and variant else None
+        nightly = resolve_index(channel, args.torch_index)
     rows = compat.run_compat(target, request, torches, keep_env=args.keep_env,
-                             log=lambda line: print(line, file=sys.stderr, flush=True))
+                             log=lambda line: print(line, file=sys.stderr, flush=True),
+                             nightly_index=nightly)
     doc = compat.combined(rows, what)
     if variant:
         doc["variant"] = variant

@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from opforge import abi
+from opforge.errors import OpforgeError
 from opforge.smoke import report
 from opforge.smoke.runner import (
     ProbeRequest,
@@ -27,8 +28,9 @@ from opforge.smoke.runner import (
     run_probe,
 )
 
-# the list's words that are not a release: the newest release / nightly the index serves
-UNPINNED = {"latest": "torch", "nightly": "torch"}
+# the list's words that are not a release: the newest release / the newest nightly (a
+# specifier naming a pre-release lets pip and uv take one)
+UNPINNED = {"latest": "torch", "nightly": "torch>=0.0.0.dev0"}
 
 
 @dataclass
@@ -65,15 +67,31 @@ def diagnose(doc: dict) -> None:
                       f"The wheel's floor must be at least {first}.", category="import")
 
 
+def unreachable(entry: str, index: str | None, error: str) -> dict:
+    """The row of a nightly the index does not serve here: skipped, with the reason."""
+    return {"package": None, "checks": [{
+        "id": "install", "category": "environment", "status": "skip", "reason": "unreachable",
+        "message": f"torch {entry} could not be installed from {index or 'the default index'} "
+                   f"(skipped: the nightly is tested where its index is reachable): {error}"}]}
+
+
 def run_compat(target: Target, request: ProbeRequest, torches: list[str],
-               keep_env: bool = False, log=print) -> list[Row]:
+               keep_env: bool = False, log=print, nightly_index: str | None = None
+               ) -> list[Row]:
     rows = []
     for entry in torches:
         spec = torch_spec(entry)
+        index = nightly_index if entry == "nightly" and nightly_index else target.torch_index
         one = Target(wheel=target.wheel, requirement=target.requirement, torch_spec=spec,
-                     torch_index=target.torch_index)
+                     torch_index=index)
         log(f"opforge smoke --compat: {one.describe()}")
-        env = prepare_environment(one)
+        try:
+            env = prepare_environment(one)
+        except OpforgeError as exc:
+            if entry != "nightly":
+                raise
+            rows.append(Row(torch=entry, installed=None, doc=unreachable(entry, index, str(exc))))
+            continue
         try:
             doc = run_probe(env, request)
         finally:
