@@ -178,8 +178,9 @@ def resolve(args: argparse.Namespace):
     variant_name = args.variant
     if variant_name is None and own:
         local = _wheel_local_version(wheel)
-        if local and local in {v.name for v in matrix.variants}:
-            variant_name = local
+        by_label = {v.local_version: v.name for v in matrix.variants}  # +cpu.stable: cpu_stable
+        if local and local.replace("_", ".") in by_label:
+            variant_name = by_label[local.replace("_", ".")]
     if variant_name is not None:
         variant = matrix.variant(variant_name)
     for key in args.expect_keys or ():
