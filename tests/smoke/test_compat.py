@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def wheel(tmp_path) -> Path:
-    path = tmp_path / "opforge_ops-0.1.0+cpu.stable-cp310-abi3-linux_x86_64.whl"
+    path = tmp_path / "opforge_ops-0.1.0-cp310-abi3-linux_x86_64.whl"  # names no variant
     path.write_bytes(b"")
     return path
 
