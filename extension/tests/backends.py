@@ -52,6 +52,14 @@ def _metal_path_only():
         os.environ.update(saved)
 
 
+def _to_device(tensor: torch.Tensor, device: str) -> torch.Tensor:
+    """A copy on `device` with the same strides (Tensor.to makes a strided view contiguous)."""
+    if any(stride == 0 and size > 1 for size, stride in zip(tensor.size(), tensor.stride())):
+        return tensor.to(device)  # an expanded tensor cannot be copied into its own layout
+    out = torch.empty_strided(tensor.size(), tensor.stride(), dtype=tensor.dtype, device=device)
+    return out.copy_(tensor)
+
+
 def _map(value, fn):
     if isinstance(value, torch.Tensor):
         return fn(value)
@@ -85,12 +93,19 @@ class Backend:
             return None if shutil.which(compiler) else f"no C++ compiler ({compiler}) for the emulation"
         return None
 
-    def skip_unless_runs(self, dtype: torch.dtype | None = None) -> None:
+    def skip_unless_runs(self, dtype: torch.dtype | None = None, op: str | None = None) -> None:
+        """Skip, saying why, unless this backend runs here (and runs `op`, in `dtype`)."""
         import pytest
 
         reason = self.unavailable()
         if reason:
             pytest.skip(reason)
+        if op is not None and self.name == "cuda_emu":
+            import cuda_emu
+
+            why = cuda_emu.NOT_EMULATED.get(f"{op.lstrip('_')}_kernel.cu")
+            if why:
+                pytest.skip(f"csrc/cuda/{op.lstrip('_')}_kernel.cu is not emulated: {why}")
         if dtype is not None and dtype not in self.dtypes:
             pytest.skip(f"{self.name} kernels take {', '.join(map(str, self.dtypes))}, not {dtype}")
 
@@ -109,12 +124,21 @@ class Backend:
         """Run `op` on this backend; tensors go in from and come back to the CPU."""
         fn = getattr(self.ops(), op)
         if self.device is not None:
-            args = _map(args, lambda t: t.to(self.device))
+            args = _map(args, lambda t: _to_device(t, self.device))
         context = _metal_path_only() if self.name in ("mps", "metal_emu") else contextlib.nullcontext()
         with context:
             out = fn(*args)
         return _map(out, lambda t: t.cpu())
 
+    def call_function(self, fn, *args):
+        """Run a Python function (e.g. opforge_ops.batched_nms) on this device backend."""
+        assert self.name in DEVICE_NAMES, f"{self.name} runs torch.ops only"
+        if self.device is not None:
+            args = _map(args, lambda t: _to_device(t, self.device))
+        return _map(fn(*args), lambda t: t.cpu())
+
+
+DEVICE_NAMES = ("cpu", "cuda", "mps")
 
 BACKENDS = [
     Backend("cpu", ALL_FLOATS),
@@ -123,3 +147,6 @@ BACKENDS = [
     Backend("cuda_emu", ALL_FLOATS),
     Backend("metal_emu", METAL_FLOATS),
 ]
+# The backends a Python function built on torch.ops.opforge runs on (the emulations
+# register their own namespaces, which such a function does not call).
+DEVICE_BACKENDS = [b for b in BACKENDS if b.name in DEVICE_NAMES]

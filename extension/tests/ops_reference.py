@@ -5,7 +5,9 @@ They loop in Python over boxes, bins and sample points and use differentiable te
 indexing, so autograd through them gives the reference gradient too. Roi geometry (bin
 edges, sample positions) is computed in the precision the kernels use for it (_acc), so a
 float32 kernel and the reference agree on which pixels a bin covers; values are summed in
-the input's dtype (pass a float64 input for an exact reference).
+the input's dtype (pass a float64 input for an exact reference). deform_conv2d samples at
+positions computed in the offsets' dtype, as its kernels do (bilinear sampling is continuous,
+so a float64 reference of the same values serves every kernel dtype).
 """
 
 import math
@@ -218,3 +220,79 @@ def ps_roi_pool(input, rois, spatial_scale, pooled_height, pooled_width):
         rows.append(torch.stack(out, dim=1).reshape(shape[1:]))
     output = torch.stack(rows) if rows else input.new_zeros(shape, dtype=torch.float64)
     return output.to(input.dtype), mapping.contiguous()
+
+
+def _bilinear_zero_padded(planes, y, x):
+    """Bilinear sample of every plane at (y, x), neighbours outside the image counting as 0
+    (deform_conv2d's rule; a point one pixel or more outside samples 0). y and x are 0-d
+    tensors, so autograd reaches the offsets; they keep the offsets' dtype, as the kernels'
+    sampling positions do (float32 offsets: float32 positions)."""
+    height, width = planes.shape[-2:]
+    yv, xv = float(y.detach()), float(x.detach())
+    if math.isnan(yv) or math.isnan(xv):
+        return planes.new_full(planes.shape[:-2], math.nan)
+    if yv <= -1 or yv >= height or xv <= -1 or xv >= width:
+        return planes.new_zeros(planes.shape[:-2])
+    y0, x0 = math.floor(yv), math.floor(xv)
+    ly, lx = y - y0, x - x0
+    out = planes.new_zeros(planes.shape[:-2])
+    for yy, wy in ((y0, 1 - ly), (y0 + 1, ly)):
+        for xx, wx in ((x0, 1 - lx), (x0 + 1, lx)):
+            if 0 <= yy < height and 0 <= xx < width:
+                out = out + wy * wx * planes[..., yy, xx]
+    return out
+
+
+def deform_conv2d(
+    input, offset, weight, bias=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1), mask=None
+):
+    """Deformable convolution point by point: kernel tap (i, j) of output pixel (oh, ow)
+    samples the input at (oh * sh - ph + i * dh, ow * sw - pw + j * dw) plus the tap's
+    offset (offset group of the channel), times the tap's mask; then a grouped 1x1-per-tap
+    contraction with the weight, plus bias."""
+    n, c = input.shape[:2]
+    out_c, c_per_group, kh, kw = weight.shape
+    groups = c // c_per_group if c_per_group else 1
+    offset_groups = offset.shape[1] // (2 * kh * kw) if kh * kw else 1
+    out_h, out_w = offset.shape[-2:]
+    c_per_offset_group = c // offset_groups
+    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
+    samples = []  # per image: (c, kh, kw, out_h, out_w)
+    for b in range(n):
+        per_channel = [[[None] * kw for _ in range(kh)] for _ in range(c)]
+        for g in range(offset_groups):
+            chans = slice(g * c_per_offset_group, (g + 1) * c_per_offset_group)
+            for i in range(kh):
+                for j in range(kw):
+                    k = i * kw + j
+                    grid = []
+                    for oh in range(out_h):
+                        row = []
+                        for ow in range(out_w):
+                            y = oh * sh - ph + i * dh + offset[b, g * 2 * kh * kw + 2 * k, oh, ow]
+                            x = ow * sw - pw + j * dw + offset[b, g * 2 * kh * kw + 2 * k + 1, oh, ow]
+                            v = _bilinear_zero_padded(input[b, chans], y, x)
+                            if mask is not None:
+                                v = v * mask[b, g * kh * kw + k, oh, ow]
+                            row.append(v)
+                        grid.append(torch.stack(row, dim=-1))
+                    tap = torch.stack(grid, dim=-2)
+                    for ci in range(c_per_offset_group):
+                        per_channel[g * c_per_offset_group + ci][i][j] = tap[ci]
+        samples.append(
+            torch.stack([torch.stack([torch.stack(r) for r in ch]) for ch in per_channel])
+        )
+    if not samples or c == 0 or kh * kw == 0 or out_h * out_w == 0:
+        out = input.new_zeros((n, out_c, out_h, out_w))
+    else:
+        cols = torch.stack(samples)  # (n, c, kh, kw, out_h, out_w)
+        outs = []
+        oc_per_group = out_c // groups
+        for gr in range(groups):
+            w = weight[gr * oc_per_group : (gr + 1) * oc_per_group]
+            col = cols[:, gr * c_per_group : (gr + 1) * c_per_group]
+            outs.append(torch.einsum("ocij,bcijhw->bohw", w, col))
+        out = torch.cat(outs, dim=1)
+    if bias is not None:
+        out = out + bias.view(1, -1, 1, 1)
+    return out

@@ -230,3 +230,117 @@ def test_ps_roi_op_of_channels_not_a_multiple_of_the_bins_names_the_problem(name
             op(x, rois, scale, pooled, ratio, aligned)
 
     check()
+
+
+# ------------------------------------------------------------------ deform_conv2d
+@st.composite
+def deform_case(draw):
+    """A valid call of the raw op: groups and offset groups dividing the channels, the
+    dilated kernel fitting the padded input, values exact in every float type (eighths;
+    offsets odd sixteenths, so no sample lands on a pixel row, where the gradient is
+    one-sided), one dtype."""
+    groups, offset_groups = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    channels = groups * offset_groups * draw(st.integers(1, 2))
+    out_channels = groups * draw(st.integers(1, 2))
+    kh, kw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    sh, sw, dh, dw = (draw(st.integers(1, 2)) for _ in range(4))
+    ph, pw = draw(st.integers(0, 2)), draw(st.integers(0, 2))
+    span_h, span_w = dh * (kh - 1) + 1, dw * (kw - 1) + 1
+    h = draw(st.integers(max(span_h - 2 * ph, 1), max(span_h - 2 * ph, 1) + 2))
+    w = draw(st.integers(max(span_w - 2 * pw, 1), max(span_w - 2 * pw, 1) + 2))
+    out_h, out_w = (h + 2 * ph - span_h) // sh + 1, (w + 2 * pw - span_w) // sw + 1
+    batch, use_mask = draw(st.integers(0, 2)), draw(st.booleans())
+    dtype = draw(st.sampled_from(FLOATS))
+    eighths = st.integers(-16, 16).map(lambda v: v / 8)
+    odd_sixteenths = st.integers(-40, 40).map(lambda v: (2 * v + 1) / 16)
+    tensors = (
+        _tensor(draw, (batch, channels, h, w), eighths, dtype),
+        _tensor(draw, (out_channels, channels // groups, kh, kw), eighths, dtype),
+        _tensor(draw, (batch, 2 * offset_groups * kh * kw, out_h, out_w), odd_sixteenths, dtype),
+        _tensor(draw, (batch, offset_groups * kh * kw, out_h, out_w), st.integers(0, 8).map(lambda v: v / 8), dtype),
+        _tensor(draw, (out_channels,), eighths, dtype),
+    )
+    return tensors, (sh, sw, ph, pw, dh, dw, groups, offset_groups, use_mask)
+
+
+def _deform_reference(tensors, ints):
+    x, weight, offset, mask, bias = tensors
+    sh, sw, ph, pw, dh, dw, _, _, use_mask = ints
+    return reference.deform_conv2d(x, offset, weight, bias, (sh, sw), (ph, pw), (dh, dw), mask if use_mask else None)
+
+
+@given(deform_case())
+@settings(FUZZ, max_examples=25)
+def test_deform_conv2d_of_valid_input_matches_the_reference(case):
+    tensors, ints = case
+    dtype = tensors[0].dtype
+    out = ops.deform_conv2d(*tensors, *ints)
+    leaves = [t.double().requires_grad_() for t in tensors]
+    expected = _deform_reference(leaves, ints)
+    assert out.shape == expected.shape and out.dtype == dtype
+    scale = max(1.0, expected.abs().max().item()) if expected.numel() else 1.0
+    tol = tolerance(dtype)
+    torch.testing.assert_close(out.double(), expected.detach(), rtol=tol["rtol"], atol=tol["atol"] * scale)
+    grad = torch.ones_like(out)
+    got = ops._deform_conv2d_backward(grad, *tensors, *ints)
+    used = [i for i in range(5) if i != 3 or ints[-1]]  # without use_mask, mask has no gradient
+    want = torch.autograd.grad(expected, [leaves[i] for i in used], grad.double(), allow_unused=True)
+    for i, g in zip(used, want):
+        g = torch.zeros_like(leaves[i]) if g is None else g
+        scale = max(1.0, g.abs().max().item()) if g.numel() else 1.0
+        assert got[i].shape == g.shape and got[i].dtype == dtype
+        torch.testing.assert_close(got[i].double(), g, rtol=tol["rtol"], atol=tol["atol"] * scale * 4)
+
+
+def _with(tensors, ints, index, value):
+    """The call with argument `index` (of the 14) replaced."""
+    args = [*tensors, *ints]
+    args[index] = value(args[index]) if callable(value) else value
+    return args
+
+
+def _kernel_of_13(tensors, ints):
+    x, weight, offset, mask, bias = tensors
+    og = ints[7]
+    grown = (weight.new_zeros(*weight.shape[:2], 13, 13),
+             offset.new_zeros(offset.shape[0], 2 * og * 169, *offset.shape[2:]),
+             mask.new_zeros(mask.shape[0], og * 169, *mask.shape[2:]))
+    return [x, *grown, bias, *ints]
+
+
+# defect -> (break the 14 arguments, the message)
+DEFORM_DEFECTS = {
+    "3-D input": (lambda t, i: _with(t, i, 0, lambda x: x.flatten(0, 1)), r"input must be 4-D \(batch, channels"),
+    "weight in another dtype": (lambda t, i: _with(t, i, 1, _other_dtype), "expected weight to have the same dtype as input"),
+    "integer tensors": (lambda t, i: [a.long() if isinstance(a, torch.Tensor) else a for a in [*t, *i]],
+                        "input must be a floating point tensor"),
+    "offset one channel short": (lambda t, i: _with(t, i, 2, lambda o: o[:, :-1]),
+                                 r"offset\.shape\[1\] must be 2 \* offset_groups \* kernel_h \* kernel_w"),
+    "offset one row short": (lambda t, i: _with(t, i, 2, lambda o: o[:, :, :-1]) if t[2].shape[2] > 1
+                             else _with(t, i, 2, lambda o: torch.cat([o, o], 2)),
+                             "offset spatial size must equal the output size"),
+    "offset of another batch": (lambda t, i: _with(t, i, 2, lambda o: torch.cat([o, o.new_zeros(1, *o.shape[1:])])),
+                                r"offset\.shape\[0\] \(\d+\) must equal the batch size"),
+    "bias of another length": (lambda t, i: _with(t, i, 4, lambda b: torch.cat([b, b[:1]])), r"bias must have shape \(out_channels,\)"),
+    "zero stride": (lambda t, i: _with(t, i, 5, 0), "stride_h must be a positive integer below 2"),
+    "negative dilation": (lambda t, i: _with(t, i, 10, -1), "dilation_w must be a positive integer"),
+    "negative padding": (lambda t, i: _with(t, i, 7, -1), r"padding \(pad_h, pad_w\) must be non-negative"),
+    "groups not dividing the channels": (lambda t, i: _with(t, i, 11, t[0].shape[1] + 1),
+                                         r"groups \(\d+\) must divide the input channels"),
+    # a 13 x 13 kernel (offset and mask sized for it) outgrows every drawn input (at most 7 + 2 * 2 pixels)
+    "kernel past the padded input": (lambda t, i: _kernel_of_13(t, i), "is larger than the padded input"),
+}
+
+
+@pytest.mark.parametrize("defect", sorted(DEFORM_DEFECTS))
+def test_deform_conv2d_of_broken_input_names_the_problem(defect):
+    break_it, message = DEFORM_DEFECTS[defect]
+
+    @given(deform_case())
+    @settings(FUZZ, max_examples=10)
+    def check(case):
+        tensors, ints = case
+        with pytest.raises(RuntimeError, match=f"deform_conv2d: .*{message}"):
+            ops.deform_conv2d(*break_it(tensors, ints))
+
+    check()

@@ -823,7 +823,8 @@ def test_embedded_source_is_what_the_emulation_runs(tmp_path):
 # ---------------------------------- csrc/mps/*.mm host code, emulated
 # The same .mm host code the Mac runs, built with OPFORGE_MPS_EMULATED: it
 # registers opforge_emu::<op> on the CPU key and every Metal dispatch runs in
-# the emulation.  What it does not cover: ObjC encoding itself (setBuffer,
+# the emulation. Every op runs on it as the metal_emu backend of its own test
+# file (tests/backends.py); here: what is particular to the host code.  What it does not cover: ObjC encoding itself (setBuffer,
 # dispatch_sync on the MPS stream), which only the macOS job exercises.
 @pytest.fixture(scope="module")
 def host():
@@ -838,21 +839,9 @@ def metal_path(monkeypatch):
         monkeypatch.delenv(key)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_host_nms(host, metal_path, dtype):
-    gen = torch.Generator().manual_seed(22)
-    boxes = random_boxes(gen, 400).to(dtype)
-    scores = torch.rand(400, generator=gen)
-    keep = host.nms(boxes, scores.to(dtype), 0.5)
-    assert keep.dtype == torch.int64
-    assert torch.equal(keep, ref_nms(boxes.float(), scores.to(dtype).float(), 0.5))
-    assert host.nms(torch.zeros(0, 4), torch.zeros(0), 0.5).shape == (0,)
-
-
-@pytest.mark.parametrize("chunked", [False, True])
-def test_host_deform_conv2d_forward_backward(host, metal_path, monkeypatch, chunked):
-    if chunked:  # one image per chunk: exercises the host's chunk loop
-        monkeypatch.setenv("OPFORGE_MPS_DEFORM_MAX_COLUMNS", "1")
+def test_host_deform_conv2d_chunk_loop(host, metal_path, monkeypatch):
+    # one image per chunk: the host's chunk loop (unchunked: test_deform_conv2d.py's metal_emu)
+    monkeypatch.setenv("OPFORGE_MPS_DEFORM_MAX_COLUMNS", "1")
     gen = torch.Generator().manual_seed(23)
     x, w, off, mask, bias = deform_case(gen, B=3)
     inputs = [t.clone().requires_grad_() for t in (x, w, off, mask, bias)]

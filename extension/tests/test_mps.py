@@ -1,4 +1,6 @@
-"""opforge ops on a real Apple GPU (MPS) against the CPU kernels.
+"""opforge ops on a real Apple GPU (MPS) against the CPU kernels: what is particular to MPS.
+Every op's forward and backward also run on the mps backend of its own test file, against
+the op's reference (tests/backends.py).
 
 Device tests skip with "no MPS device" anywhere else; the registration checks
 run wherever the installed build says it has the mps backend.  Every device
@@ -111,60 +113,6 @@ def test_roi_pool_forward_backward_match_cpu(metal_path, dtype):
     )
     assert gi_m.dtype == dtype
     torch.testing.assert_close(gi_m.cpu().float(), gi_c, **tol(dtype))
-
-
-@needs_device
-@pytest.mark.parametrize(
-    "dtype,n",
-    [(torch.float32, n) for n in (1, 64, 65, 1000, 5000)]
-    + [(torch.float16, n) for n in (65, 1000)],
-)
-def test_nms_matches_cpu(metal_path, dtype, n):
-    gen = torch.Generator().manual_seed(n)
-    xy = torch.rand(n, 2, generator=gen) * 200
-    boxes = torch.cat([xy, xy + torch.rand(n, 2, generator=gen) * 40 + 1], 1).to(dtype)
-    # Distinct scores (also after rounding to half, for n <= 1000): the order
-    # of tied scores is a sort detail, not nms behaviour.
-    scores = (torch.randperm(n, generator=gen).float() / n).to(dtype)
-    keep_c = torch.ops.opforge.nms(boxes.float(), scores.float(), 0.5)
-    keep_m = torch.ops.opforge.nms(boxes.to(MPS), scores.to(MPS), 0.5)
-    assert keep_m.device.type == "mps" and keep_m.dtype == torch.int64
-    assert torch.equal(keep_m.cpu(), keep_c)
-
-
-@needs_device
-def test_nms_empty(metal_path):
-    keep = torch.ops.opforge.nms(torch.zeros(0, 4, device=MPS), torch.zeros(0, device=MPS), 0.5)
-    assert keep.shape == (0,) and keep.device.type == "mps"
-
-
-@needs_device
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("use_mask", [True, False])
-def test_deform_conv2d_forward_backward_match_cpu(metal_path, dtype, use_mask):
-    gen = torch.Generator().manual_seed(2)
-    B, C, H, W, OC, K = 3, 6, 12, 10, 4, 3
-    x = torch.randn(B, C, H, W, generator=gen)
-    w = torch.randn(OC, C // 2, K, K, generator=gen) * 0.3
-    off = torch.randn(B, 2 * 3 * K * K, H, W, generator=gen)
-    mask = torch.rand(B, 3 * K * K, H, W, generator=gen)
-    bias = torch.randn(OC, generator=gen)
-    args = (1, 1, 1, 1, 1, 1, 2, 3, use_mask)
-    cpu = [t.clone().requires_grad_() for t in (x, w, off, mask, bias)]
-    dev = [t.to(dtype).to(MPS).requires_grad_() for t in (x, w, off, mask, bias)]
-    out_c = torch.ops.opforge.deform_conv2d(*cpu, *args)
-    out_m = torch.ops.opforge.deform_conv2d(*dev, *args)
-    t = tol(dtype) if dtype == torch.float32 else dict(rtol=3e-2, atol=8e-2)
-    torch.testing.assert_close(out_m.cpu().float(), out_c, **t)
-    g = torch.randn(out_c.shape, generator=gen)
-    out_c.backward(g)
-    out_m.backward(g.to(dtype).to(MPS))
-    for name, a, b in zip(("input", "weight", "offset", "mask", "bias"), dev, cpu):
-        if name == "mask" and not use_mask:
-            continue
-        torch.testing.assert_close(
-            a.grad.cpu().float(), b.grad, **t, msg=lambda m, n=name: f"grad_{n}: {m}"
-        )
 
 
 @needs_device

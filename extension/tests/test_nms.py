@@ -1,122 +1,138 @@
+"""nms on every backend (tests/backends.py) against ops_reference.nms, batched_nms on every
+device, then what only the CPU build exercises. A backend's own concerns (CUDA's 64-box
+tiles past 30k boxes, streams, Metal's threadgroup geometry) stay beside it, in
+test_cuda.py / test_metal_emu.py."""
+
+from __future__ import annotations
+
+import functools
+
 import pytest
 import torch
+from backends import ALL_FLOATS, BACKENDS, DEVICE_BACKENDS
 
 import opforge_ops
 import ops_reference as reference
 from ops_inputs import random_boxes
 
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("threshold", [0.0, 0.3, 0.5, 0.9])
-def test_nms_matches_reference_on_random_boxes(dtype, threshold):
-    boxes = random_boxes(200, dtype)
-    scores = torch.rand(200, dtype=dtype)
-    kept = opforge_ops.nms(boxes, scores, threshold)
-    assert kept.dtype == torch.int64
-    assert torch.equal(kept, reference.nms(boxes, scores, threshold))
+# (boxes, threshold): one 64-box tile, its edges, several tiles; thresholds that no IoU of
+# small-integer boxes lands on exactly (a float and a double IoU could straddle it)
+CASES = [(1, 0.5123), (63, 0.5123), (65, 0.3217), (129, 1.0), (300, 0.0), (300, 0.7089), (1000, 0.5123)]
 
 
-def test_nms_of_zero_boxes_is_empty_int64():
-    kept = opforge_ops.nms(torch.zeros(0, 4), torch.zeros(0), 0.5)
-    assert kept.shape == (0,) and kept.dtype == torch.int64
+def case_inputs(n, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed + n)
+    xy = torch.rand(n, 2, generator=g) * 200
+    wh = torch.rand(n, 2, generator=g) * 50 + 1
+    return torch.cat([xy, xy + wh], 1).to(dtype), torch.rand(n, generator=g).to(dtype)
 
 
-def test_nms_keeps_a_single_box():
-    assert opforge_ops.nms(torch.tensor([[0.0, 0, 1, 1]]), torch.tensor([0.3]), 0.5).tolist() == [0]
+@functools.cache
+def expected_keep(n, threshold, dtype):
+    """The reference on the values the kernels see (rounded to dtype), computed once."""
+    return reference.nms(*case_inputs(n, dtype), threshold)
 
 
-def test_equal_scores_keep_input_order():
-    boxes = torch.tensor([[0.0, 0, 10, 10], [20, 20, 30, 30], [0, 0, 10, 9], [40, 40, 50, 50]])
-    scores = torch.full((4,), 0.5)
-    kept = opforge_ops.nms(boxes, scores, 0.5)
-    assert kept.tolist() == [0, 1, 3] == reference.nms(boxes, scores, 0.5).tolist()
+class TestNms:
+    # ------------------------------------------------------ every backend
+    @pytest.mark.parametrize("backend", BACKENDS, ids=str)
+    @pytest.mark.parametrize("dtype", ALL_FLOATS, ids=str)
+    @pytest.mark.parametrize("n,threshold", CASES, ids=[f"{n}boxes-iou{t}" for n, t in CASES])
+    def test_matches_reference(self, backend, dtype, n, threshold):
+        backend.skip_unless_runs(dtype, "nms")
+        boxes, scores = case_inputs(n, dtype)
+        kept = backend.call("nms", boxes, scores, threshold)
+        assert kept.dtype == torch.int64
+        torch.testing.assert_close(kept, expected_keep(n, threshold, dtype), rtol=0, atol=0)
 
+    @pytest.mark.parametrize("backend", BACKENDS, ids=str)
+    def test_equal_scores_keep_input_order(self, backend):
+        # every backend sorts the scores stably: ties go to the lower index, as the reference
+        backend.skip_unless_runs(torch.float32, "nms")
+        boxes, _ = case_inputs(500, torch.float32, seed=5)
+        scores = torch.full((500,), 0.5)
+        scores[::7] = 0.9
+        expected = reference.nms(boxes, scores, 0.4)
+        torch.testing.assert_close(backend.call("nms", boxes, scores, 0.4), expected, rtol=0, atol=0)
 
-def test_identical_boxes_keep_only_the_best_scoring():
-    boxes = torch.tensor([[1.0, 1, 5, 5]] * 5)
-    scores = torch.tensor([0.1, 0.9, 0.3, 0.9, 0.2])
-    assert opforge_ops.nms(boxes, scores, 0.5).tolist() == [1]
+    @pytest.mark.parametrize("backend", BACKENDS, ids=str)
+    def test_identical_and_zero_area_boxes(self, backend):
+        backend.skip_unless_runs(torch.float32, "nms")
+        identical = torch.tensor([[1.0, 1, 5, 5]] * 5), torch.tensor([0.1, 0.9, 0.3, 0.8, 0.2])
+        assert backend.call("nms", *identical, 0.5).tolist() == [1]
+        # IoU of two empty boxes is 0/0: never above the threshold, so nothing is suppressed
+        empty = torch.tensor([[1.0, 1, 1, 1], [1.0, 1, 1, 1], [0, 0, 4, 4], [2, 2, 2, 6]])
+        scores = torch.tensor([0.9, 0.8, 0.7, 0.6])
+        assert backend.call("nms", empty, scores, 0.1).tolist() == [0, 1, 2, 3]
 
+    @pytest.mark.parametrize("backend", BACKENDS, ids=str)
+    def test_no_boxes(self, backend):
+        backend.skip_unless_runs(torch.float32, "nms")
+        kept = backend.call("nms", torch.zeros(0, 4), torch.zeros(0), 0.5)
+        assert kept.shape == (0,) and kept.dtype == torch.int64
 
-def test_zero_area_boxes_are_never_suppressed():
-    boxes = torch.tensor([[1.0, 1, 1, 1], [1.0, 1, 1, 1], [0, 0, 4, 4], [2, 2, 2, 6]])
-    scores = torch.tensor([0.9, 0.8, 0.7, 0.6])
-    kept = opforge_ops.nms(boxes, scores, 0.1)
-    assert kept.tolist() == [0, 1, 2, 3] == reference.nms(boxes, scores, 0.1).tolist()
+    @pytest.mark.parametrize("backend", BACKENDS, ids=str)
+    def test_non_contiguous_inputs(self, backend):
+        backend.skip_unless_runs(torch.float32, "nms")
+        boxes, scores = case_inputs(300, torch.float32, seed=7)
+        wide = torch.zeros(300, 8)
+        wide[:, ::2] = boxes
+        strided_scores = torch.stack([scores, scores], 1)[:, 0]
+        expected = reference.nms(boxes, scores, 0.5)
+        # the device backends copy to the device keeping the strides (backends._to_device)
+        got = backend.call("nms", wide[:, ::2], strided_scores, 0.5)
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
-
-def test_threshold_is_exclusive():
-    boxes = torch.tensor([[0.0, 0, 2, 2], [1, 0, 3, 2]], dtype=torch.float64)  # IoU exactly 1/3
-    scores = torch.tensor([0.9, 0.8], dtype=torch.float64)
-    assert opforge_ops.nms(boxes, scores, 1 / 3).tolist() == [0, 1]
-    assert opforge_ops.nms(boxes, scores, 0.33).tolist() == [0]
-
-
-def test_nms_accepts_non_contiguous_inputs():
-    boxes = random_boxes(60)
-    scores = torch.rand(120)[::2]
-    strided_boxes = boxes.t().contiguous().t()
-    assert not strided_boxes.is_contiguous() and not scores.is_contiguous()
-    assert torch.equal(
-        opforge_ops.nms(strided_boxes, scores, 0.4), reference.nms(boxes, scores, 0.4)
+    @pytest.mark.parametrize("backend", BACKENDS, ids=str)
+    @pytest.mark.parametrize(
+        "boxes, scores, message",
+        [
+            (torch.zeros(3, 3), torch.zeros(3), r"nms: boxes \(dets\) must have shape \[N, 4\]"),
+            (torch.zeros(3, 4, 1), torch.zeros(3), r"nms: boxes \(dets\) must have shape \[N, 4\]"),
+            (torch.zeros(3, 4), torch.zeros(4), "must have the same length"),
+            (torch.zeros(3, 4), torch.zeros(3, 1), "scores"),
+            (torch.zeros(3, 4), torch.zeros(3, dtype=torch.float16), "must have the same dtype"),
+            (torch.zeros(3, 4, dtype=torch.int32), torch.zeros(3, dtype=torch.int32), "floating point"),
+        ],
+        ids=["three-columns", "3-D", "length", "2-D-scores", "dtypes", "integer"],
     )
+    def test_bad_input_names_the_argument(self, backend, boxes, scores, message):
+        backend.skip_unless_runs(None, "nms")
+        with pytest.raises(RuntimeError, match=message):
+            backend.call("nms", boxes, scores, 0.5)
 
+    @pytest.mark.parametrize("backend", DEVICE_BACKENDS, ids=str)
+    @pytest.mark.parametrize("n", [50, 2000])  # the CPU's coordinate trick, then one nms per category
+    def test_batched_nms_matches_reference(self, backend, n):
+        backend.skip_unless_runs(torch.float32)
+        boxes, scores = case_inputs(n, torch.float32, seed=11)
+        idxs = torch.randint(0, 5, (n,), generator=torch.Generator().manual_seed(n))
+        kept = backend.call_function(opforge_ops.batched_nms, boxes, scores, idxs, 0.5)
+        torch.testing.assert_close(kept, reference.batched_nms(boxes, scores, idxs, 0.5), rtol=0, atol=0)
 
-def test_nms_runs_on_inputs_that_require_grad():
-    boxes = random_boxes(30).requires_grad_()
-    scores = torch.rand(30, requires_grad=True)
-    kept = opforge_ops.nms(boxes, scores, 0.5)
-    assert not kept.requires_grad
-    assert torch.equal(kept, reference.nms(boxes.detach(), scores.detach(), 0.5))
+    # -------------------------------------------------- the CPU build only
+    def test_threshold_is_exclusive(self):
+        boxes = torch.tensor([[0.0, 0, 2, 2], [1, 0, 3, 2]], dtype=torch.float64)  # IoU exactly 1/3
+        scores = torch.tensor([0.9, 0.8], dtype=torch.float64)
+        assert opforge_ops.nms(boxes, scores, 1 / 3).tolist() == [0, 1]
+        assert opforge_ops.nms(boxes, scores, 0.33).tolist() == [0]
 
+    def test_inputs_that_require_grad(self):
+        boxes = random_boxes(30).requires_grad_()
+        scores = torch.rand(30, requires_grad=True)
+        kept = opforge_ops.nms(boxes, scores, 0.5)
+        assert not kept.requires_grad
+        assert torch.equal(kept, reference.nms(boxes.detach(), scores.detach(), 0.5))
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_nms_half_types_match_reference_on_the_rounded_values(dtype):
-    boxes = random_boxes(80).to(dtype)
-    scores = torch.rand(80).to(dtype)
-    assert torch.equal(opforge_ops.nms(boxes, scores, 0.5), reference.nms(boxes, scores, 0.5))
+    def test_batched_nms_never_suppresses_across_categories(self):
+        boxes = torch.tensor([[0.0, 0, 10, 10]] * 3)
+        scores = torch.tensor([0.9, 0.8, 0.7])
+        assert opforge_ops.batched_nms(boxes, scores, torch.tensor([0, 1, 0]), 0.5).tolist() == [0, 1]
 
+    def test_batched_nms_of_zero_boxes_is_empty(self):
+        kept = opforge_ops.batched_nms(torch.zeros(0, 4), torch.zeros(0), torch.zeros(0, dtype=torch.int64), 0.5)
+        assert kept.shape == (0,) and kept.dtype == torch.int64
 
-@pytest.mark.parametrize("num_boxes", [50, 2000])  # below and above the per-class-loop switch
-def test_batched_nms_matches_reference(num_boxes):
-    boxes = random_boxes(num_boxes)
-    scores = torch.rand(num_boxes)
-    idxs = torch.randint(0, 5, (num_boxes,))
-    kept = opforge_ops.batched_nms(boxes, scores, idxs, 0.5)
-    assert torch.equal(kept, reference.batched_nms(boxes, scores, idxs, 0.5))
-
-
-def test_batched_nms_never_suppresses_across_categories():
-    boxes = torch.tensor([[0.0, 0, 10, 10]] * 3)
-    scores = torch.tensor([0.9, 0.8, 0.7])
-    assert opforge_ops.batched_nms(boxes, scores, torch.tensor([0, 1, 0]), 0.5).tolist() == [0, 1]
-
-
-def test_batched_nms_of_zero_boxes_is_empty():
-    kept = opforge_ops.batched_nms(
-        torch.zeros(0, 4), torch.zeros(0), torch.zeros(0, dtype=torch.int64), 0.5
-    )
-    assert kept.shape == (0,) and kept.dtype == torch.int64
-
-
-@pytest.mark.parametrize(
-    "boxes, scores, message",
-    [
-        (torch.zeros(3, 3), torch.zeros(3), "boxes"),
-        (torch.zeros(3, 4, 1), torch.zeros(3), "boxes"),
-        (torch.zeros(3, 4), torch.zeros(3, 1), "scores"),
-        (torch.zeros(3, 4), torch.zeros(4), "same length"),
-        (torch.zeros(3, 4), torch.zeros(3, dtype=torch.float64), "same dtype"),
-        (torch.zeros(3, 4, dtype=torch.int64), torch.zeros(3, dtype=torch.int64), "floating point"),
-    ],
-)
-def test_nms_bad_input_names_the_argument(boxes, scores, message):
-    with pytest.raises(RuntimeError, match=message):
-        opforge_ops.nms(boxes, scores, 0.5)
-
-
-def test_batched_nms_bad_idxs_names_the_argument():
-    with pytest.raises(RuntimeError, match="idxs"):
-        opforge_ops.batched_nms(
-            random_boxes(4), torch.rand(4), torch.zeros(3, dtype=torch.int64), 0.5
-        )
+    def test_batched_nms_bad_idxs_names_the_argument(self):
+        with pytest.raises(RuntimeError, match="idxs"):
+            opforge_ops.batched_nms(random_boxes(4), torch.rand(4), torch.zeros(3, dtype=torch.int64), 0.5)
