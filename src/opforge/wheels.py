@@ -152,8 +152,9 @@ def inspect_wheel(path: str | Path) -> WheelReport:
                 build_info = _build_record(members.small(info_names[0]), info_names[0])
             libraries = [members.library(info, Path(tmp) / f"lib{i}")
                          for i, info in enumerate(archive.infolist())
-                         if not info.is_dir() and (info.filename.endswith(_LIB_SUFFIXES)
-                                                   or ".so." in info.filename)]
+                         # not is_dir(): it raises IndexError on an empty member name
+                         if not info.filename.endswith("/")
+                         and (info.filename.endswith(_LIB_SUFFIXES) or ".so." in info.filename)]
             names = archive.namelist()
             metal = [n for n in names if n.endswith(".metal")]
             metallibs = [n for n in names if n.endswith(".metallib")]
