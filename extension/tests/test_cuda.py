@@ -557,12 +557,23 @@ def test_emulated_roi_kernels_read_nothing_for_a_roi_the_cpu_rejects(emu):
     assert not grad.any()
 
 
+def test_emulated_nms_runs_blocks_of_threads_that_meet_at_barriers(emu):
+    # nms_mask_kernel's threads each load one column box into shared memory and compare
+    # against all 64 after __syncthreads: one thread at a time, they would read boxes not
+    # yet loaded (cuda_emu runs such a kernel's blocks as threads meeting at a barrier).
+    boxes, scores = random_boxes(700, seed=3)
+    before = emu._launches()
+    torch.testing.assert_close(emu.nms(boxes, scores, 0.5), ops.nms(boxes, scores, 0.5), rtol=0, atol=0)
+    assert emu._launches() == before + 2  # the mask kernel, then the reduce
+
+
 def test_emulated_deform_conv2d_chunk_loop_matches_cpu(emu):
     check_deform_chunk_loop(emu)
 
 
 def test_emulated_kernels_launch_nothing_for_empty_inputs(emu):
     before = emu._launches()
+    assert emu.nms(torch.empty(0, 4), torch.empty(0), 0.5).shape == (0,)
     out = emu.roi_align(feature_map((1, 3, 8, 8)), torch.empty(0, 5), 1.0, 2, 2, 0, False)
     assert out.shape == (0, 3, 2, 2)
     emu._roi_pool_backward(torch.empty(0, 3, 2, 2), torch.empty(0, 5), torch.empty(0, 3, 2, 2, dtype=torch.int32),

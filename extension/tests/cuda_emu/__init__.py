@@ -8,13 +8,14 @@ unit: prelude.h and the stub headers here stand in for the CUDA runtime, each
 `kernel<<<grid, block>>>(args)` launch runs every (block, thread) of its grid in turn on an
 emulated device with one SM (so the capped grids are far smaller than the work and every
 grid-stride loop takes several steps), and TORCH_LIBRARY_IMPL(opforge, CUDA) registers
-under opforge_cuda_emu on the CPU key. The build is cached per torch version (ninja
-recompiles what changed).
+under opforge_cuda_emu on the CPU key. The build is cached per torch version and checkout
+(ninja recompiles what changed).
 Files in NOT_EMULATED are left out, with the reason.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import tempfile
@@ -25,9 +26,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 CSRC = HERE.parents[1] / "csrc"
 NAMESPACE = "opforge_cuda_emu"
-NOT_EMULATED = {
-    "nms_kernel.cu": "shared memory and __syncthreads need threads that run together",
-}
+NOT_EMULATED: dict[str, str] = {}  # file name -> why it cannot be emulated
 CACHE = Path(
     os.environ.get("OPFORGE_CUDA_EMU_CACHE", Path(tempfile.gettempdir()) / "opforge-cuda-emu")
 )
@@ -37,15 +36,39 @@ def emulated_sources() -> list[Path]:
     return [p for p in sorted((CSRC / "cuda").glob("*_kernel.cu")) if p.name not in NOT_EMULATED]
 
 
+def _calls_syncthreads(source: str, kernel: str) -> bool:
+    """Whether the __global__ function `kernel` (template arguments stripped) calls __syncthreads."""
+    name = kernel.split("<", 1)[0].split("::")[-1].strip()
+    match = re.search(rf"__global__[^;{{]*?\b{re.escape(name)}\s*\(", source)
+    if not match:
+        return False
+    start = source.index("{", match.end())
+    depth, k = 0, start
+    while True:
+        depth += {"{": 1, "}": -1}.get(source[k], 0)
+        if depth == 0:
+            return "__syncthreads" in source[start:k]
+        k += 1
+
+
 def emulated_launches(source: str) -> str:
     """`kernel<<<grid, block, smem, stream>>>(args);` ->
-    `::opforge_emu::launch(grid, block, [&] { kernel(args); });`"""
+    `::opforge_emu::launch(grid, block, [&] { kernel(args); });`, or launch_cooperative(grid,
+    block, smem, ...) for a kernel that calls __syncthreads; `extern __shared__ T name[];`
+    -> a pointer to the launch's dynamic shared memory."""
+    original = source
+    source = re.sub(
+        r"extern\s+__shared__\s+([\w:]+(?:\s+[\w:]+)*?)\s+(\w+)\[\];",
+        r"\1* \2 = reinterpret_cast<\1*>(::opforge_emu::dynamic_shared());",
+        source,
+    )
     out = []
     while (i := source.find("<<<")) >= 0:
         start = max(source.rfind(c, 0, i) for c in ";{}") + 1
         kernel = source[start:i].strip()
         j = source.index(">>>", i)
-        grid, block = [part.strip() for part in re.split(r",(?![^(]*\))", source[i + 3 : j])][:2]
+        parts = [part.strip() for part in re.split(r",(?![^(]*\))", source[i + 3 : j])]
+        grid, block = parts[:2]
         depth, k = 0, j + 3
         while True:
             depth += {"(": 1, ")": -1}.get(source[k], 0)
@@ -53,9 +76,12 @@ def emulated_launches(source: str) -> str:
                 break
             k += 1
         args = source[j + 4 : k]
-        out.append(
-            f"{source[:start]}\n::opforge_emu::launch({grid}, {block}, [&] {{ {kernel}({args}); }})"
-        )
+        if _calls_syncthreads(original, kernel):
+            shared = parts[2] if len(parts) > 2 else "0"
+            call = f"::opforge_emu::launch_cooperative({grid}, {block}, {shared}, [&] {{ {kernel}({args}); }})"
+        else:
+            call = f"::opforge_emu::launch({grid}, {block}, [&] {{ {kernel}({args}); }})"
+        out.append(f"{source[:start]}\n{call}")
         source = source[source.index(";", k) :]
     return "".join(out) + source
 
@@ -86,9 +112,11 @@ def load():
     from torch.utils import cpp_extension
 
     sources = emulated_sources()
-    # One build directory per torch; files are rewritten only when their text changes, so
-    # ninja recompiles just the kernel files that changed since the last run.
-    root = CACHE / f"torch-{torch.__version__}"
+    # One build directory per torch and checkout (two checkouts sharing one would overwrite
+    # each other's sources and rebuild everything); files are rewritten only when their text
+    # changes, so ninja recompiles just the kernel files that changed since the last run.
+    checkout = hashlib.sha256(str(CSRC).encode()).hexdigest()[:10]
+    root = CACHE / f"torch-{torch.__version__}-{checkout}"
     src = root / "csrc" / "cuda"
     wanted = {
         Path("csrc") / p.relative_to(CSRC): p.read_text()
