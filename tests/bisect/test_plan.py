@@ -62,3 +62,49 @@ def test_bad_fan_out_arguments_exit_2(bisector, argv, message):
     assert run.returncode == 2
     assert message in run.stderr.strip().splitlines()[-1]
     assert not bisector.state.exists()
+
+
+def test_rounds_laid_out_as_reusable_bisect_yml_moves_them_between_jobs(bisector):
+    """The artifacts of reusable-bisect.yml: round r's plan uploads its state as bisect-r-state;
+    each probe job downloads it alone (state/state.json), runs `--probe KEY` on it and uploads
+    it as bisect-r-probe-KEY; the next plan downloads the pattern bisect-r-* (one directory per
+    artifact, the plan's own state among them) and runs `--plan K --verdicts state/*`. The
+    report job runs `--resume` on the last plan's state."""
+    import shutil
+
+    store = bisector.work / "artifacts"
+
+    def upload(name: str, path) -> None:
+        (store / name).mkdir(parents=True)
+        shutil.copy(path, store / name / "state.json")
+
+    def download(pattern: str, job: str):
+        target = bisector.work / job / "state"
+        for found in sorted(store.glob(pattern)):
+            shutil.copytree(found, target / found.name)
+        return target
+
+    first = bisector.work / "plan1" / "state" / "state.json"
+    run = bisector(*ENDS, "--plan", "3", "--state", str(first))
+    assert run.returncode == 0, run.stderr
+    upload("bisect-1-state", first)
+    state, rounds = first, 1
+    while run.json()["status"] == "probe":
+        for key in [p["key"] for p in run.json()["probes"]]:
+            job = bisector.work / f"probe{rounds}-{key}" / "state"
+            shutil.copytree(store / f"bisect-{rounds}-state", job)
+            probed = bisector("--probe", key, "--state", str(job / "state.json"))
+            assert probed.returncode == 0, probed.stderr
+            upload(f"bisect-{rounds}-probe-{key}", job / "state.json")
+        downloaded = download(f"bisect-{rounds}-*", f"plan{rounds + 1}")
+        state = downloaded / f"bisect-{rounds}-state" / "state.json"
+        run = bisector("--plan", "3", "--state", str(state),
+                       "--verdicts", *map(str, sorted(downloaded.iterdir())))
+        assert run.returncode == 0, run.stderr
+        rounds += 1
+        upload(f"bisect-{rounds}-state", state)
+    assert rounds == 3  # two rounds of probes, the third plan says done
+    report = bisector("--resume", "--state", str(state), "--json")
+    assert report.returncode == 0, report.stderr
+    assert report.json()["first_bad"]["date"] == "2024-06-07"
+    assert report.json()["probes_this_run"] == 0

@@ -16,7 +16,11 @@ pinned by a test in tests/workflows/:
   on ``${{ matrix.runner }}`` in ``${{ matrix.container }}`` and set up ``${{ matrix.python }}``;
   a runner label is typed only on a job that runs no cell and must be one matrix.yaml
   declares; container images, CUDA arch lists and the torch index are never typed; every
-  ``matrix.<field>`` is one ``opforge matrix --github`` emits.
+  ``matrix.<field>`` is one ``opforge matrix --github`` emits. A bisect round's job (a matrix
+  job per round) takes ``strategy.matrix`` as ``{<key>: fromJSON(needs.<job>.outputs.<out>)}``
+  where ``<out>`` carries the ``probes`` of an ``opforge bisect --plan K`` step, optionally
+  with ``include: fromJSON(needs.<matrix job>.outputs.matrix).include`` (the cell: then the
+  per-cell rules hold); ``matrix.<key>`` is then the one field beside the cell's.
 * Every variant has its path (a pipeline: a workflow whose cells run ``opforge smoke``, with its
   default inputs and with each local caller's): the matrix is not filtered, and for every
   cell, on push and on pull_request, a step builds it, a step uploads the cell's artifact, a

@@ -15,6 +15,7 @@ bisect`` write the step summary themselves.)
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 from dataclasses import dataclass
@@ -37,6 +38,11 @@ class ScriptError(ValueError):
 
 def commands(script: str) -> list[list[str]]:
     """The argv of each command in a ``run:`` script; ``${{ }}`` expressions stay whole."""
+    return [list(argv) for argv in _commands(script)]
+
+
+@functools.lru_cache(maxsize=4096)  # each step is split once per cell: the same text, often
+def _commands(script: str) -> tuple[tuple[str, ...], ...]:
     out = []
     for raw in re.sub(r"\\\n", " ", script).splitlines():
         line = raw.strip()
@@ -58,8 +64,8 @@ def commands(script: str) -> list[list[str]]:
                               "per line")
         if re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", tokens[0]):
             raise ScriptError(f"{tokens[0]!r} prefix in {line!r}: set variables in env:")
-        out.append(_split(line))
-    return out
+        out.append(tuple(_split(line)))
+    return tuple(out)
 
 
 def _split(line: str) -> list[str]:

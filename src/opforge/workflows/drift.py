@@ -33,8 +33,9 @@ from opforge.workflows.workflow import (
     strings_in,
 )
 
-_FROMJSON = re.compile(r"^\$\{\{\s*fromjson\(\s*needs\.([\w-]+)\.outputs\.([\w-]+)\s*\)\s*\}\}$",
-                       re.I)
+_FROMJSON_OF = r"^\$\{\{\s*fromjson\(\s*needs\.([\w-]+)\.outputs\.([\w-]+)\s*\)%s\s*\}\}$"
+_FROMJSON = re.compile(_FROMJSON_OF % "", re.I)
+_FROMJSON_INCLUDE = re.compile(_FROMJSON_OF % r"\.include", re.I)
 _MATRIX_FIELD = re.compile(r"(?<![\w.-])matrix\.([A-Za-z_][\w-]*)")
 _NEEDS_OUTPUT = re.compile(r"\bneeds\.([\w-]+)\.outputs\.([\w-]+)")
 _ENV_REF = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?")
@@ -45,11 +46,50 @@ def _squash(value: Any) -> str:
     return re.sub(r"\s+", "", str(value))
 
 
+@dataclass(frozen=True)
+class Probes:
+    """A bisect round's matrix: ``{<dimension>: fromJSON(needs.<producer>.outputs.<output>)}``,
+    the keys an ``opforge bisect --plan K`` step wrote, optionally with ``include:
+    fromJSON(needs.<job>.outputs.<out>).include`` (the cell those keys are probed on)."""
+
+    dimension: str
+    producer: str
+    output: str
+    cells: tuple[str, str] | None  # (job, output) of the include, or None
+
+
+def probe_matrix(job: Any) -> Probes | None:
+    """The job's matrix as a bisect round's, or None when it is not of that form."""
+    strategy = job.get("strategy") if isinstance(job, dict) else None
+    matrix = strategy.get("matrix") if isinstance(strategy, dict) else None
+    if not isinstance(matrix, dict):
+        return None
+    keys = [k for k in matrix if k != "include"]
+    if len(keys) != 1 or set(matrix) - {keys[0], "include"}:
+        return None
+    m = _FROMJSON.match(str(matrix[keys[0]]).strip())
+    if not m:
+        return None
+    cells = None
+    if "include" in matrix:
+        inc = _FROMJSON_INCLUDE.match(str(matrix["include"]).strip())
+        if not inc:
+            return None
+        cells = (inc.group(1), inc.group(2))
+    return Probes(str(keys[0]), m.group(1), m.group(2), cells)
+
+
 def matrix_source(job: Any) -> tuple[str, str] | None:
-    """(producer job, output) of a ``fromJSON(needs.X.outputs.Y)`` matrix; ("", "") if typed."""
+    """(producer job, output) of a ``fromJSON(needs.X.outputs.Y)`` matrix; ("", "") if typed.
+
+    A bisect round's matrix (``probe_matrix``) has the source of the cells it includes, or
+    None when it includes none (it runs like a job without a matrix)."""
     strategy = job.get("strategy") if isinstance(job, dict) else None
     if not isinstance(strategy, dict) or "matrix" not in strategy:
         return None
+    probes = probe_matrix(job)
+    if probes is not None:
+        return probes.cells
     m = _FROMJSON.match(str(strategy["matrix"]).strip()) \
         if isinstance(strategy["matrix"], str) else None
     return (m.group(1), m.group(2)) if m else ("", "")
@@ -133,8 +173,28 @@ def _matrix_producer(job: Any) -> tuple[set[str], list[Command]]:
     return fed, cmds
 
 
+# what one `opforge bisect --plan K` step writes: the keys to probe (a JSON list), and
+# whether there are any (probe) or the search needs none (done)
+PLAN_OUTPUTS = ("probes", "status")
+
+
+def _plan_producer(job: Any) -> set[str]:
+    """The outputs of ``job`` that carry an ``opforge bisect --plan K`` step's probe keys."""
+    ids = set()
+    for step, _ in steps_of(job):
+        try:
+            found = [classify(argv) for argv in commands(str(step.get("run", "")))]
+        except ScriptError:
+            continue
+        if step.get("id") and any(c.subcommand == "bisect" and "--plan" in
+                                  {a.split("=", 1)[0] for a in c.args} for c in found):
+            ids.add(str(step["id"]))
+    outputs = job.get("outputs") if isinstance(job, dict) else None
+    return {name for name, value in (outputs or {}).items()
+            if _squash(value) in {f"${{{{steps.{i}.outputs.probes}}}}" for i in ids}}
+
+
 def check_matrix_use(wf: Workflow, project: Project, report: Report) -> None:
-    fields = project.fields
     for job_id, job in wf.jobs.items():
         if not isinstance(job, dict):
             continue
@@ -142,8 +202,15 @@ def check_matrix_use(wf: Workflow, project: Project, report: Report) -> None:
         runs_on, container = job.get("runs-on"), job.get("container")
         if isinstance(container, dict):
             container = container.get("image")
+        probes = probe_matrix(job)
+        fields = project.fields if source is not None else set()
+        if probes is not None:
+            _check_probes(wf, job, where, probes, project, report)
+            fields = fields | {probes.dimension}
         if source is None:
             _check_plain_job(wf, job, where, runs_on, container, project, report)
+            if probes is not None:
+                _check_fields(wf, job, where, fields, report)
         else:
             _check_cell_job(wf, job, where, source, runs_on, container, fields, report)
         for text in strings_in(job):
@@ -201,11 +268,7 @@ def _check_cell_job(wf: Workflow, job: dict, where: str, source: tuple[str, str]
     if container is not None and _squash(container) != "${{matrix.container}}":
         report(wf, line_of(job, "container"), f"{where}.container",
                f"{container!r}: the image comes from the matrix (${{{{ matrix.container }}}})")
-    unknown = sorted({name for text in strings_in(job) for expr in expressions(text)
-                      for name in _MATRIX_FIELD.findall(expr)} - fields)
-    for name in unknown:
-        report(wf, line_of(job), where, f"matrix.{name} is not a field opforge matrix --github "
-                                        "emits")
+    _check_fields(wf, job, where, fields, report)
     for step, swhere in steps_of(job):
         if action_name(step.get("uses")) == "actions/setup-python":
             version = _squash((step.get("with") or {}).get("python-version", ""))
@@ -214,12 +277,51 @@ def _check_cell_job(wf: Workflow, job: dict, where: str, source: tuple[str, str]
                        "a per-cell job sets up python-version: ${{ matrix.python }}")
 
 
+def _check_fields(wf: Workflow, job: dict, where: str, fields: set[str],
+                  report: Report) -> None:
+    unknown = sorted({name for text in strings_in(job) for expr in expressions(text)
+                      for name in _MATRIX_FIELD.findall(expr)} - fields)
+    probes = probe_matrix(job)
+    for name in unknown:
+        if probes is None:
+            what = "a field opforge matrix --github emits"
+        elif probes.cells is None:
+            what = f"the probe key (matrix.{probes.dimension}), the one field of this matrix"
+        else:
+            what = (f"a field opforge matrix --github emits, nor the probe key "
+                    f"(matrix.{probes.dimension})")
+        report(wf, line_of(job), where, f"matrix.{name} is not {what}")
+
+
+def _check_probes(wf: Workflow, job: dict, where: str, probes: Probes, project: Project,
+                  report: Report) -> None:
+    """A bisect round: its keys come from an ``opforge bisect --plan`` step's ``probes``
+    output, and the probe key does not hide a cell's field."""
+    line = line_of(job, "strategy")
+    if probes.producer not in needs_of(job):
+        report(wf, line, f"{where}.strategy.matrix.{probes.dimension}",
+               f"reads needs.{probes.producer} but does not list it in needs")
+    if probes.output not in _plan_producer(wf.jobs.get(probes.producer)):
+        report(wf, line, f"{where}.strategy.matrix.{probes.dimension}",
+               f"needs.{probes.producer}.outputs.{probes.output} is not fed by the 'probes' "
+               "output of an 'opforge bisect --plan K' step (steps.<id>.outputs.probes)")
+    if probes.cells is not None and probes.dimension in project.fields:
+        report(wf, line, f"{where}.strategy.matrix.{probes.dimension}",
+               f"the probe key would replace the cell's matrix.{probes.dimension}: name it "
+               "otherwise (probe)")
+
+
 def check_run_steps(wf: Workflow, project: Project, report: Report) -> None:
     """Every run: step is on the allow-list, for every cell it runs for."""
     for job_id, job in wf.jobs.items():
         if not isinstance(job, dict):
             continue
-        cells = (project.cells if is_per_cell(job) else []) or [None]
+        cells: list[dict[str, Any] | None] = \
+            list(project.cells if is_per_cell(job) else []) or [None]
+        probes = probe_matrix(job)
+        if probes is not None:  # a key the plan step picks at run time
+            key = {probes.dimension: f"{RUNTIME}matrix.{probes.dimension}__"}
+            cells = [{**(cell or {}), **key} for cell in cells]
         for step, swhere in steps_of(job):
             if "run" not in step:
                 continue
@@ -241,7 +343,7 @@ def check_run_steps(wf: Workflow, project: Project, report: Report) -> None:
                     if problem not in seen:
                         seen.add(problem)
                         report(wf, line, where, problem + (f" (cell {cell['name']})"
-                                                           if cell else ""))
+                                                           if cell and "name" in cell else ""))
 
 
 def _command_problems(cmd: Command, project: Project) -> list[str]:
