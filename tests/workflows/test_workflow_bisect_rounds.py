@@ -125,3 +125,31 @@ def test_a_round_without_cells_runs_on_a_declared_runner(repo):
     path.write_text(ROUNDS.replace("RUNNER", "ubuntu-24.04")
                     .replace("--plan 4", "--plan four"))
     one(repo.problems(), "rounds.yml:", "jobs.plan.steps[0]", "'opforge bisect", "--plan four")
+
+
+def _report_round(needs: dict) -> tuple[str, str]:
+    """The report job's ROUND and ROUND_STATUS for the plan jobs' outcomes in ``needs``."""
+    from pathlib import Path
+
+    from opforge.workflows.expressions import render, to_str
+    from opforge.workflows.workflow import load_yaml
+
+    wf = load_yaml((Path(__file__).resolve().parents[2] / RBISECT).read_text())
+    env = wf["jobs"]["report"]["env"]
+    ctx = {"needs": needs, "matrix": {}, "inputs": {}, "env": {}}
+    return to_str(render(env["ROUND"], ctx)), to_str(render(env["ROUND_STATUS"], ctx))
+
+
+def _plans(*statuses: str | None) -> dict:
+    """needs for plan1..plan3: a status each, or None for a plan that was skipped."""
+    return {f"plan{i}": {"result": "skipped" if s is None else "success",
+                         "outputs": {} if s is None else {"probes": "[]", "status": s}}
+            for i, s in enumerate(statuses, 1)}
+
+
+def test_the_report_job_takes_the_last_round_that_ran():
+    assert _report_round(_plans("done", None, None)) == ("1", "done")      # settled by the ends
+    assert _report_round(_plans("probe", "done", None)) == ("2", "done")
+    assert _report_round(_plans("probe", "probe", "done")) == ("3", "done")
+    assert _report_round(_plans("probe", "probe", "probe")) == ("3", "probe")  # merge, go on
+    assert _report_round(_plans("probe", None, None)) == ("1", "probe")  # probe1 failed
