@@ -41,6 +41,7 @@ class Params:
     release_index: str | None = None  # a release bisect's index ("pypi": pip's default)
     releases_only: bool = False       # stop at the release boundary (no nightlies after it)
     companions: list[str] = field(default_factory=list)  # --with: torchvision, torchaudio, ...
+    slower_than: float | None = None  # bisect by speed: the slowdown that makes a nightly bad
 
     @property
     def level(self) -> str:
@@ -64,10 +65,12 @@ class Params:
             raise TypeError("params must be an object")
         for name, types in _FIELD_TYPES.items():
             value = data.get(name)
-            if name in ("good", "bad", "wheel", "match", "timeout", "release_index") \
+            if name in ("good", "bad", "wheel", "match", "timeout", "release_index",
+                        "slower_than") \
                     and value is None:
                 continue
-            if name in ("notes", "release_index", "releases_only", "companions") \
+            if name in ("notes", "release_index", "releases_only", "companions",
+                        "slower_than") \
                     and name not in data:
                 continue
             if not isinstance(value, types) or isinstance(value, bool) and bool not in types:
@@ -81,7 +84,8 @@ _FIELD_TYPES = {"good": (str,), "bad": (str,), "variant": (str,), "python": (str
                 "index": (str,), "command": (list,), "wheel": (str,), "match": (str,),
                 "regress": (str,), "retries": (int,), "timeout": (int, float),
                 "timeout_skip": (bool,), "cwd": (str,), "notes": (list,),
-                "release_index": (str,), "releases_only": (bool,), "companions": (list,)}
+                "release_index": (str,), "releases_only": (bool,), "companions": (list,),
+                "slower_than": (int, float)}
 
 _DATE = re.compile(r"(\d{4})-?(\d{2})-?(\d{2})")
 
@@ -223,6 +227,8 @@ def rerun_command(params: Params, good: Candidate, bad: Candidate) -> str:
         argv += ["--wheel", params.wheel]
     if params.match:
         argv += ["--match", params.match]
+    if params.slower_than:
+        argv += ["--slower-than", f"{params.slower_than:g}"]
     if params.regress != "failure":
         argv += ["--regress", params.regress]
     if params.timeout:

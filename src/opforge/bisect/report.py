@@ -21,6 +21,7 @@ from .params import reproduce_command, rerun_command
 from .releases import order_key
 from .search import Outcome
 from .session import Level, Outcomes
+from .speed import describe_boundary
 from .state import StepRecord
 
 _STYLE = {Outcome.GOOD: "green", Outcome.BAD: "red", Outcome.SKIP: "yellow"}
@@ -187,6 +188,9 @@ def print_rich(data: dict, console: Console) -> None:
     console.print(f"{data['probes']} probes in all; {data['candidates']} candidates at the last "
                   f"level (at most {data['max_probes_without_skips']} probes there when nothing "
                   "is skipped)")
+    if data.get("speed"):
+        for line in describe_boundary(data["speed"]):
+            console.print(escape(line))
     if c["commits"]:
         console.print(f"[bold]{len(c['commits'])} first-parent commits on main[/] "
                       f"({c['good_main_commit'][:12]}..{c['bad_main_commit'][:12]}):")
@@ -226,6 +230,8 @@ def markdown(data: dict) -> str:
                      f"`{(end['commit'] or '?')[:12]}` | {f'`{main[:12]}`' if main else ''} |")
     lines += ["", f"{data['probes']} probes; {data['candidates']} candidates at the last level."]
     lines += [f"Note: {note}" for note in data.get("level_notes", [])]
+    if data.get("speed"):
+        lines += ["", "```", *describe_boundary(data["speed"]), "```"]
     if c["compare_url"]:
         lines += ["", f"Compare: {c['compare_url']}"]
     if c["commits"]:

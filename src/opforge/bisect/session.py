@@ -48,6 +48,7 @@ class Session(Levels):
         self.started = False
         self.on_start = on_start
         self.on_ready = on_ready  # runs once the endpoints checked out, before any probe
+        self.speed = None  # a speed.SpeedJudge: --slower-than's verdicts instead of the test's
 
     def save(self) -> None:
         if self.started:
@@ -130,6 +131,8 @@ class Session(Levels):
                 strict: bool = True) -> Level | EndpointError:
         """Halve ``candidates`` (oldest first) down to a boundary; an endpoint that does not
         behave as claimed stops the bisect (``strict``) or is returned."""
+        if self.speed is not None:  # every candidate is timed against this level's good end
+            self.speed.begin(self, candidates[0])
         while True:
             results = {i: self.state.steps[c.key].outcome for i, c in enumerate(candidates)
                        if c.key in self.state.steps}
@@ -145,6 +148,8 @@ class Session(Levels):
                 which = candidates[0] if step.which == "good" else candidates[-1]
                 self._check_endpoint(self.state.steps[which.key], step.which)
             assert isinstance(step, Found)
+            if self.speed is not None and self.speed.recheck(self, candidates, step):
+                continue  # a boundary candidate measured again changed its verdict
             record = [self.state.steps.get(c.key) for c in candidates]
             return Level(name, record[step.last_good], record[step.first_bad],
                          [record[i] for i in step.skipped], len(candidates))
@@ -263,10 +268,16 @@ class Session(Levels):
         try:
             cmd, run_env = self._prepare(env, nightly)
         except OpforgeError as exc:
+            if self.speed is not None:  # nothing to time: neither faster nor slower
+                return self._finish(StepRecord(nightly, Outcome.SKIP, str(exc).splitlines()[0],
+                                               None, 1, time.monotonic() - t0, env.sha256,
+                                               env.git_version, env.reused), env.actions)
             # the extension no longer builds against this nightly: a failure, like a test's
             attempt = Attempt(1, time.monotonic() - t0, str(exc))
             return self._verdict(nightly, env, [attempt], ["opforge", "build"], t0,
                                  what=str(exc).splitlines()[0][:300])
+        if self.speed is not None:
+            return self._finish(self.speed.judge(self, nightly, env, t0), env.actions, cmd)
         attempts: list[Attempt] = []
         for k in range(self.params.retries + 1):
             if k:

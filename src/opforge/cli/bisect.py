@@ -41,7 +41,8 @@ environment activated (PATH, VIRTUAL_ENV; PYTHONPATH removed) in the current dir
 
 # options that define a bisect: on --resume they must agree with the stored ones if given
 _DEFINING = ("good", "bad", "variant", "python", "index", "wheel", "match", "regress",
-             "retries", "timeout", "timeout_skip", "release_index", "companions")
+             "retries", "timeout", "timeout_skip", "release_index", "companions",
+             "slower_than")
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -107,6 +108,13 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--verdicts", nargs="+", metavar="STATE|DIR",
                    help="with --plan: state files written by --probe runs (or by any run of "
                         "this bisect), or directories of them, whose steps are merged in first")
+    from opforge.bisect.speed import slower_than
+
+    p.add_argument("--slower-than", type=slower_than, metavar="RATIO",
+                   help="bisect by speed: a candidate is bad when a workload of the recipes "
+                        "runs RATIO times slower than on --good (timed in the same run, paired "
+                        "rounds against the good end's environment); needs --good, not with "
+                        "-- CMD, --plan, --probe or --by-commit")
     p.add_argument("--resume", action="store_true",
                    help="continue the interrupted bisect without repeating finished steps")
     p.add_argument("--restart", action="store_true",
@@ -207,6 +215,8 @@ def _params(args: argparse.Namespace):
             releases = _local_index(releases, "--release-index")
     if not command:
         _check_variant(variant)
+    if args.slower_than is not None:
+        _check_speed(args, command, good)
     _, version = python_for(args.python)
     return Params(good=good, bad=bad, variant=variant, python=args.python or version,
                   index=index, command=command, wheel=wheel, match=args.match,
@@ -214,7 +224,7 @@ def _params(args: argparse.Namespace):
                   timeout=args.timeout, timeout_skip=bool(args.timeout_skip),
                   cwd=str(Path.cwd()), notes=[n for n in (good_note, bad_note) if n],
                   release_index=releases, releases_only=bool(args.releases_only),
-                  companions=_companions(args.companions))
+                  companions=_companions(args.companions), slower_than=args.slower_than)
 
 
 def _companions(names: list[str] | None) -> list[str]:
@@ -237,6 +247,22 @@ def _local_index(index: str, option: str) -> str:
             raise UsageError(f"{option} {index}: no such directory")
         return str(local.resolve())
     return index
+
+
+def _check_speed(args: argparse.Namespace, command: list[str], good: str | None) -> None:
+    """--slower-than times the extension's workloads: no test command, a known good end."""
+    from opforge.bisect.speed import workloads_of
+
+    if command:
+        raise UsageError("--slower-than times the recipes' workloads of the extension; it "
+                         "takes no test command (leave out -- CMD)")
+    if good is None:
+        raise UsageError("--slower-than needs --good: every nightly is timed against it")
+    for option, given in (("--match", args.match), ("--regress", args.regress),
+                          ("--retries", args.retries)):
+        if given:
+            raise UsageError(f"--slower-than decides by timing, so {option} does not apply")
+    workloads_of(str(Path(args.wheel).expanduser()) if args.wheel else None)
 
 
 def _check_variant(variant: str) -> None:
@@ -387,6 +413,9 @@ def run(args: argparse.Namespace) -> int:
         os.environ[MATRIX_ENV] = str(Path(args.file).expanduser().resolve())
     if args.resume and args.restart:
         raise UsageError("--resume continues the saved bisect, --restart replaces it: pick one")
+    if args.slower_than and (args.plan is not None or args.probe or args.by_commit):
+        raise UsageError("--slower-than times every candidate against --good in one run: it "
+                         "does not go with --plan, --probe or --by-commit")
     if args.by_commit and not args.pytorch_repo:
         raise UsageError("--by-commit needs --pytorch-repo PATH (a local pytorch clone with its "
                          "nightly branch): the commits' Python files come from it")
@@ -444,13 +473,23 @@ def run(args: argparse.Namespace) -> int:
     pip_index = [] if _is_local(params.index) else ["--index-url", params.index]
     envs = EnvCache(root, exe, pip_index, with_pip=params.mode == "build",
                     companions=params.companions)
+    # bisect by speed times while nothing else of its own runs: no environments made ahead
     session = Session(params, state, state_path, log, envs, display, on_start=on_start,
-                      on_ready=on_ready, prefetch=not args.no_prefetch)
+                      on_ready=on_ready, prefetch=not args.no_prefetch and not params.slower_than)
+    if params.slower_than:
+        from opforge.bisect.speed import SpeedJudge, workloads_of
+
+        session.speed = SpeedJudge(params.slower_than, workloads_of(params.wheel),
+                                   timeout=params.timeout)
     if fan_out:
         return _round(args, session, state, verdicts, display)
     try:
         with display:
-            outcome = session.run()
+            try:
+                outcome = session.run()
+            finally:
+                if session.speed is not None:
+                    session.speed.close()
             commits = commit_range(outcome.last_good.git_version, outcome.first_bad.git_version,
                                    repo)
             if args.by_commit:
@@ -481,6 +520,8 @@ def run(args: argparse.Namespace) -> int:
                        if re.fullmatch(r"\d+\.\d+", params.python) else exe, envs,
                        list(state.steps.values()))
     data["probes_this_run"] = session.probed_now
+    if session.speed is not None:
+        data["speed"] = session.speed.report()
     state.result = data
     state_mod.save(state, state_path)
     log.write("done", result=data)

@@ -77,9 +77,11 @@ class ProbeRequest:
 def probe_archive(target: Path) -> Path:
     """The probe package as one runnable zip archive (``python probe.pyz ARGS``)."""
     with zipfile.ZipFile(target, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-        # `probe.pyz ARGS` runs the smoke probe, `probe.pyz bench ARGS` the benchmark
-        archive.writestr("__main__.py", f"import sys\nif sys.argv[1:2] == ['bench']:\n"
-                                        f"    from {PROBE_NAME}.bench import main\n"
+        # `probe.pyz ARGS` runs the smoke probe, `probe.pyz bench ARGS` the benchmark,
+        # `probe.pyz serve ARGS` the workload server of bisect by speed
+        archive.writestr("__main__.py", "import sys\nif sys.argv[1:2] in (['bench'], ['serve']):\n"
+                                        f"    from importlib import import_module\n"
+                                        f"    main = import_module('{PROBE_NAME}.' + sys.argv[1]).main\n"
                                         "    sys.exit(main(sys.argv[2:]))\n"
                                         f"from {PROBE_NAME}.main import main\n"
                                         "sys.exit(main())\n")

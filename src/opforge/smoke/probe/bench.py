@@ -106,7 +106,9 @@ class Bench:
 
     # ----------------------------------------------------------------- rows
 
-    def run(self, device_list: list[str]) -> list[Row]:
+    def selected(self):
+        """(op, recipe, fn, workload name, workload) for every selected workload; a recipe
+        that is malformed or an op that does not exist becomes a failed row instead."""
         for op, recipe in self.recipes.items():
             if self.ops and op not in self.ops:
                 continue
@@ -124,27 +126,41 @@ class Bench:
                                      message=f"torch.ops.{self.ns}.{op}: {first_line(exc)}"))
                 continue
             for name, load in recipe["workloads"].items():
-                if self.workloads and name not in self.workloads:
-                    continue
-                self.workload(op, recipe, fn, name, load, device_list)
+                if not self.workloads or name in self.workloads:
+                    yield op, recipe, fn, name, load
+
+    def run(self, device_list: list[str]) -> list[Row]:
+        for op, recipe, fn, name, load in self.selected():
+            self.workload(op, recipe, fn, name, load, device_list)
         return self.rows
 
-    def workload(self, op, recipe, fn, name, load, device_list):
+    def directions_of(self, recipe, load) -> tuple[list[int], list[str]]:
+        """(the arguments that get a gradient, the directions timed: backward only with grad)."""
         grad = list(load.get("grad", recipe.get("grad")) or [])
-        directions = [d for d in self.directions if d == "forward" or grad]
+        return grad, [d for d in self.directions if d == "forward" or grad]
+
+    def inputs_of(self, op, name, load) -> list | Row:
+        """The workload's CPU arguments, or the failed row saying where the recipe raised."""
+        try:
+            return list(load["inputs"](self.t.float32))
+        except Exception as exc:  # noqa: BLE001 - the recipe's bug, with its file:line
+            return Row(op=op, workload=name, status="fail", recipe_error=True, message=(
+                f"workload {op}/{name} inputs raised {first_line(exc)} at "
+                f"{recipes_file.where(exc, self.path)}"))
+
+    def workload(self, op, recipe, fn, name, load, device_list):
+        grad, directions = self.directions_of(recipe, load)
         base = {"op": op, "workload": name}
         try:
             reference = self.reference_of(recipe, load)
-            cpu_args = list(load["inputs"](self.t.float32))
         except recipes_file.RecipeError as exc:
             for device in device_list:
                 self.rows.append(Row(base, device=device, status="skip", reason="no-reference",
                                      message=str(exc)))
             return
-        except Exception as exc:  # noqa: BLE001 - the recipe's bug, with its file:line
-            self.rows.append(Row(base, status="fail", recipe_error=True, message=(
-                f"workload {op}/{name} inputs raised {first_line(exc)} at "
-                f"{recipes_file.where(exc, self.path)}")))
+        cpu_args = self.inputs_of(op, name, load)
+        if isinstance(cpu_args, Row):
+            self.rows.append(cpu_args)
             return
         ref_name = reference if isinstance(reference, str) else \
             getattr(reference, "__name__", None) or repr(reference)
