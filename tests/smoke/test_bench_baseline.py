@@ -60,3 +60,15 @@ def test_save_then_against_by_name(tmp_path, monkeypatch):
     assert name == "nightly" and [k[0] for k in rows] == ["a"]
     with pytest.raises(UsageError, match=r"no such baseline \(saved: nightly"):
         load_baseline("weekly")
+
+
+def test_the_summary_says_what_the_run_was_compared_with():
+    base = baseline_rows(_doc(("a", 2.0, 0.05), ("b", 2.0, 0.05)), "base")
+    now = _doc(("a", 0.2, 0.05), ("b", 2.0, 0.05))
+    compare_to_baseline(now, base, "the last good run (nightly-bench-cpu-41)", 1.5)
+    assert ("Compared with the last good run (nightly-bench-cpu-41): 2 rows, 1 slower by more "
+            "than 1.5x beyond noise.") in markdown(now)
+    first = _doc(("a", 2.0, 0.05))
+    first["baseline"] = {"name": None, "note": "no last good run yet"}
+    assert "No baseline to compare with: no last good run yet." in markdown(first)
+    assert "Compared with" not in markdown(_doc(("a", 2.0, 0.05)))

@@ -245,6 +245,7 @@ class SpeedJudge:
     servers: dict[str, WorkloadServer] = field(default_factory=dict)
     noise: dict[str, float] = field(default_factory=dict)
     rechecked: set[str] = field(default_factory=set)
+    latest: dict[str, list[RowTiming]] = field(default_factory=dict)  # day -> its last rows
     boundary: dict | None = None
 
     # the session's hooks ------------------------------------------------------------------
@@ -275,6 +276,7 @@ class SpeedJudge:
                 session.display.step(nightly, "within noise of the threshold: measuring again")
                 timings = self._pooled(timings, self.measure(session, nightly, 2)[0])
                 outcome, reason = verdict(timings, self.threshold)
+            self.latest[nightly.day] = timings
             if failed:
                 reason += f"; {len(failed)} workload(s) failed here ({next(iter(failed.values()))})"
             tail = "\n".join(t.describe() for t in timings)
@@ -387,6 +389,7 @@ class SpeedJudge:
         try:
             timings, _ = self.measure(session, nightly, scale)
             outcome, reason = verdict(timings, self.threshold)
+            self.latest[nightly.day] = timings
         except ServerError as exc:
             timings, outcome, reason = [], Outcome.SKIP, f"cannot time the workloads: {exc}"
         return StepRecord(nightly, outcome, reason, None, 1, time.monotonic() - t0, env.sha256,
@@ -398,9 +401,11 @@ class SpeedJudge:
         try:
             before = self._server(session, lo)
             after = self._server(session, hi)
-            against_good = {t.key: t for t in self.measure(session, hi)[0]}
+            # the rows that made the first bad nightly bad, in its latest measurement
+            latest = self.latest.get(hi.day) or self.measure(session, hi)[0]
             rows = []
-            for key, vs_good in against_good.items():
+            for vs_good in latest:
+                key = vs_good.key
                 if vs_good.state(self.threshold) != "slower" or key not in before.rows:
                     continue
                 pair = paired(lambda k=key: before.time(k), lambda k=key: after.time(k),

@@ -118,6 +118,9 @@ def register(subparsers) -> None:
     p.add_argument("--against", metavar="NAME|FILE",
                    help="compare with baseline NAME (or a --json FILE of an earlier run): "
                         "fail a row whose speed-up fell by more than --regression beyond noise")
+    p.add_argument("--against-label", metavar="TEXT",
+                   help="how the report names the --against baseline (e.g. the run it came "
+                        "from); an empty --against means there is none yet (a first run)")
     p.add_argument("--regression", type=_factor, default=1.5, metavar="X",
                    help="with --against: the slowdown a row may show (default 1.5)")
     # smoke's options that bench does not take
@@ -137,7 +140,10 @@ def run(args: argparse.Namespace) -> int:
         _requirement(extra)
     if args.python is not None and args.extras:
         raise UsageError("--with installs into a fresh environment, not --python")
+    # an empty --against (a workflow's first run: no last good one yet) compares nothing
     baseline = load_baseline(args.against) if args.against else None
+    if baseline and args.against_label:
+        baseline = (args.against_label, baseline[1])
     if args.save:
         check_writable(baseline_dir() / f"{args.save}.json", what="--save")
     target, request, _variant = resolve(args)
@@ -164,6 +170,8 @@ def run(args: argparse.Namespace) -> int:
         cleanup(env, keep=args.keep_env)
     if baseline:
         benchreport.compare_to_baseline(doc, baseline[1], baseline[0], args.regression)
+    elif args.against is not None:
+        doc["baseline"] = {"name": None, "note": args.against_label or "none saved yet"}
     benchreport.render_terminal(doc)
     if args.save and benchreport.exit_code(doc) == 0:
         write_atomic(baseline_dir() / f"{args.save}.json", json.dumps(doc, indent=1) + "\n")

@@ -62,6 +62,8 @@ def render_terminal(doc: dict, console: Console | None = None) -> None:
                  f"{row.get('message', '')}",
                  style=STATUS_STYLE.get(row.get("status"), "")))
     console.print(table)
+    if baseline_line(doc):
+        console.print(baseline_line(doc))
     for c in doc.get("checks", []):
         if c.get("status") == "fail":
             console.print(Text(f"FAIL {c['id']}: {c['message']}", style="bold red"))
@@ -113,7 +115,10 @@ def svg_chart(op: str, rows: list[dict]) -> str:
 def markdown(doc: dict) -> str:
     """The job summary: headline, one table, one chart per op (an inline SVG image)."""
     env = doc.get("environment") or {}
-    lines = [f"### opforge bench: {doc.get('package')}", "", f"**{headline(doc)}**", "",
+    lines = [f"### opforge bench: {doc.get('package')}", "", f"**{headline(doc)}**", ""]
+    if baseline_line(doc):
+        lines += [baseline_line(doc), ""]
+    lines += [
              f"torch `{env.get('torch_version', '?')}`; speed-up = reference time / ours, the "
              "median of paired alternating rounds; noise = ours against itself.", "",
              "| op | workload | device | reference | ours | reference | speed-up | noise | "
@@ -167,10 +172,12 @@ def compare_to_baseline(doc: dict, base: dict[tuple, dict], name: str, threshold
     """Mark each timed row with its change against the baseline; fail a slowdown beyond
     ``threshold`` and beyond both runs' noise. The change compares speed-ups (each a ratio
     measured within its own run), never absolute times across runs."""
+    compared = 0
     for row in doc.get("rows", []):
         old = base.get(row_key(row))
         if "speedup" not in row or old is None:
             continue
+        compared += 1
         change = row["speedup"] / old["speedup"]
         row["baseline"] = {"name": name, "speedup": old["speedup"], "change": change}
         noise = row.get("noise", 0) + float(old.get("noise") or 0)
@@ -179,3 +186,18 @@ def compare_to_baseline(doc: dict, base: dict[tuple, dict], name: str, threshold
             row["message"] = (f"{1 / change:.2f}x slower than baseline {name} (speed-up "
                               f"{row['speedup']:.3g}x, was {old['speedup']:.3g}x; allowed "
                               f"{threshold:g}x beyond noise ±{noise * 100:.0f}%)")
+    doc["baseline"] = {"name": name, "rows_compared": compared, "threshold": threshold,
+                       "slower": sum(1 for r in doc.get("rows", []) if "baseline" in r
+                                     and r.get("status") == "fail")}
+
+
+def baseline_line(doc: dict) -> str | None:
+    """What the run was compared with, for the summary (None: no comparison was asked)."""
+    base = doc.get("baseline")
+    if not isinstance(base, dict):
+        return None
+    if base.get("name") is None:
+        return f"No baseline to compare with: {base.get('note', 'none given')}."
+    return (f"Compared with {base['name']}: {base['rows_compared']} rows, {base['slower']} "
+            f"slower by more than {base['threshold']:g}x beyond noise.")
+
