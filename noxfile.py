@@ -22,7 +22,8 @@ sys.path.insert(0, str(ROOT / "src"))  # this checkout's opforge; its sessions i
 import opforge.nox  # noqa: E402
 from opforge.sessions import lint_commands  # noqa: E402
 
-MATRIX = opforge.nox.sessions(ROOT / "matrix.yaml")
+# nox -s bench: the recipes' references are torchvision.ops (not part of .ci/run)
+MATRIX = opforge.nox.sessions(ROOT / "matrix.yaml", bench_with=("torchvision",))
 CXX_SUFFIXES = {".h", ".cpp", ".cu", ".cuh", ".mm"}  # what clang-format checks in extension/csrc
 
 nox.options.sessions = ["lint", "tests"]

@@ -6,12 +6,13 @@ A user's whole ``noxfile.py``::
 
     opforge.nox.sessions("matrix.yaml")
 
-registers ``build_<variant>`` for every variant, ``smoke``, ``matrix`` and ``bisect``. Every
-session installs opforge itself (the version running nox: the same release, or the same
-source tree) and runs ``opforge`` commands in the session's environment; none installs the
-user's repository (no ``pip install -e .``: that would build the extension against whatever
-torch the resolver picks and leave compiled files in the tree). ``nox -s build_cpu -- ARGS``
-passes ARGS to ``opforge build``, ``nox -s smoke -- ARGS`` to ``opforge smoke``. Sessions use
+registers ``build_<variant>`` for every variant, ``smoke``, ``bench``, ``matrix`` and
+``bisect``. Every session installs opforge itself (the version running nox: the same release,
+or the same source tree) and runs ``opforge`` commands in the session's environment; none
+installs the user's repository (no ``pip install -e .``: that would build the extension against
+whatever torch the resolver picks and leave compiled files in the tree). ``nox -s build_cpu --
+ARGS`` passes ARGS to ``opforge build``, ``nox -s smoke -- ARGS`` to ``opforge smoke``, ``nox
+-s bench -- ARGS`` to ``opforge bench``. Sessions use
 nox's uv backend when uv is installed (``install`` passes pip's configuration to it).
 """
 
@@ -105,16 +106,28 @@ def build_doc(matrix: Matrix, variant: Variant) -> str:
             f"{', '.join(variant.platforms)} (-- --dry-run shows the plan).")
 
 
+def _with_target(matrix: Matrix, posargs) -> list[str]:
+    """The arguments, with ``--variant`` of the default variant when they name no target."""
+    args = list(posargs)
+    if not any(_option(args, a) or a in args for a in
+               ("--wheel", "--requirement", "--python", "--variant")):
+        args = ["--variant", default_variant(matrix), *args]
+    return args
+
+
 def default_variant(matrix: Matrix) -> str:
     """The variant `nox -s smoke` tests without arguments: cpu when there is one."""
     names = [v.name for v in matrix.variants]
     return "cpu" if "cpu" in names else names[0]
 
 
-def sessions(matrix_path: str | os.PathLike = "matrix.yaml") -> Matrix:
+def sessions(matrix_path: str | os.PathLike = "matrix.yaml", *,
+             bench_with: tuple[str, ...] = ()) -> Matrix:
     """Register the matrix's sessions in the calling noxfile; returns the parsed matrix.
 
     A relative path is taken from the noxfile's directory (nox runs from there).
+    ``bench_with``: requirements `nox -s bench` installs beside the wheel for the recipes'
+    references (``("torchvision",)``).
     """
     try:
         matrix = load_matrix(Path(matrix_path).resolve())
@@ -131,15 +144,21 @@ def sessions(matrix_path: str | os.PathLike = "matrix.yaml") -> Matrix:
 
     def smoke(session: nox.Session) -> None:
         install_opforge(session)
-        args = list(session.posargs)
-        if not any(_option(args, a) or a in args for a in
-                   ("--wheel", "--requirement", "--python", "--variant")):
-            args = ["--variant", default_variant(matrix), *args]
-        session.run("opforge", "smoke", "--file", file, *args)
+        session.run("opforge", "smoke", "--file", file, *_with_target(matrix, session.posargs))
 
     smoke.__doc__ = (f"Smoke-test a wheel in a fresh env (default: dist/{default_variant(matrix)}'s; "
                      "-- --variant V, --wheel PATH, ...: opforge smoke's arguments).")
     nox.session(name="smoke", venv_backend=VENV_BACKEND)(smoke)
+
+    def bench(session: nox.Session) -> None:
+        install_opforge(session)
+        extras = [arg for req in bench_with for arg in ("--with", req)]
+        session.run("opforge", "bench", "--file", file, *extras,
+                    *_with_target(matrix, session.posargs))
+
+    bench.__doc__ = (f"Time a wheel's workloads against the recipes' references (default: "
+                     f"dist/{default_variant(matrix)}'s; -- opforge bench's arguments).")
+    nox.session(name="bench", venv_backend=VENV_BACKEND)(bench)
 
     def matrix_session(session: nox.Session) -> None:
         """Show the jobs matrix.yaml expands to (-- --json, --github, --variant V, ...)."""

@@ -231,7 +231,7 @@ def test_the_written_noxfile_registers_the_matrix_sessions(tmp_path):
                             env={**os.environ, "PYTHONPATH": src})
     assert listed.returncode == 0, listed.stderr
     names = {line.split()[1] for line in listed.stdout.splitlines() if line.startswith("* ")}
-    assert names == {"build_cpu", "build_cu130", "smoke", "matrix", "bisect"}
+    assert names == {"build_cpu", "build_cu130", "smoke", "bench", "matrix", "bisect"}
 
 
 def test_the_release_stamp_is_empty_or_a_full_commit_and_wins_over_the_checkout(monkeypatch):

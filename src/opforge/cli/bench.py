@@ -162,10 +162,23 @@ def run(args: argparse.Namespace) -> int:
         if args.extras:
             env.installs.append(f"pip install {' '.join(args.extras)}")
             # from torch's index too: a library built for that torch (torchvision) lives there
-            install(env.python, *args.extras, *pip_index_args(target.torch_index),
+            # the torch under test stays: a library's newest release may want another one
+            pin = [f"torch=={env.torch_installed}"] if env.torch_installed else []
+            install(env.python, *args.extras, *pin, *pip_index_args(target.torch_index),
                     what=", ".join(args.extras))
-        doc = run_probe(env, request, BENCH_TIMEOUT_S, mode=("bench",),
-                        extra_argv=("--bench", json.dumps(options)))
+        try:
+            doc = run_probe(env, request, BENCH_TIMEOUT_S, mode=("bench",),
+                            extra_argv=("--bench", json.dumps(options)))
+        except KeyboardInterrupt as exc:
+            # the rows finished so far, and the ones not measured, in a valid document
+            partial = getattr(exc, "partial_document", None)
+            if args.json and partial is not None:
+                partial.update(complete=False, interrupted=True)
+                write_atomic(args.json, json.dumps(partial, indent=1) + "\n")
+                print(f"interrupted: {len(partial.get('rows') or [])} rows written to "
+                      f"{args.json}, {len(partial.get('missing') or [])} missing",
+                      file=sys.stderr)
+            raise
     finally:
         cleanup(env, keep=args.keep_env)
     if baseline:

@@ -255,6 +255,9 @@ def run_probe(env: Environment, request: ProbeRequest, timeout_s: float = PROBE_
                 if isinstance(exc.stderr, bytes) else (exc.stderr or "")
         except OSError as exc:
             raise OpforgeError(f"cannot run {env.python}: {exc.strerror}") from None
+        except KeyboardInterrupt as exc:  # Ctrl-C, or a stop signal: keep what was finished
+            exc.partial_document = _partial(out)
+            raise
         wall = round(time.monotonic() - t0, 2)
         doc = _read_document(out, rc, stderr, request, timeout_s)
     finally:
@@ -272,16 +275,29 @@ def run_probe(env: Environment, request: ProbeRequest, timeout_s: float = PROBE_
 
 def _read_document(out: Path, rc: int | None, stderr: str, request: ProbeRequest,
                    timeout_s: float) -> dict:
+    tail = " | ".join(stderr.strip().splitlines()[-3:])
     if out.is_file():
         try:
             doc = json.loads(out.read_text(encoding="utf-8"))
             if doc.get("probe_error"):
                 add_check(doc, "probe", "fail",
                            "the probe itself failed: " + doc["probe_error"].strip().splitlines()[-1])
+            elif doc.get("complete") is False:  # a bench's last whole report before it stopped
+                add_check(doc, "probe", "fail", f"{_why_stopped(rc, request, timeout_s, partial=True)} "
+                          f"({len(doc.get('missing') or [])} rows not measured)"
+                          f"{': ' + tail if tail else ''}")
             return doc
         except ValueError:
             pass
-    tail = " | ".join(stderr.strip().splitlines()[-3:])
+    why = _why_stopped(rc, request, timeout_s)
+    doc = {"schema": 1, "package": request.package, "namespace": request.namespace,
+           "checks": [], "environment": {}, "stderr": stderr[-4000:]}
+    add_check(doc, "probe", "fail", f"{why}{': ' + tail if tail else ''}")
+    return doc
+
+
+def _why_stopped(rc: int | None, request: ProbeRequest, timeout_s: float,
+                 partial: bool = False) -> str:
     if rc is None:
         why = f"the probe did not finish within {timeout_s:.0f} s (hung import or kernel?)"
     elif rc < 0:
@@ -289,11 +305,17 @@ def _read_document(out: Path, rc: int | None, stderr: str, request: ProbeRequest
         why = (f"the interpreter died with {name} while probing: loading {request.package} or "
                f"running one of its ops crashed the process")
     else:
-        why = f"the probe exited {rc} without writing its report"
-    doc = {"schema": 1, "package": request.package, "namespace": request.namespace,
-           "checks": [], "environment": {}, "stderr": stderr[-4000:]}
-    add_check(doc, "probe", "fail", f"{why}{': ' + tail if tail else ''}")
-    return doc
+        why = f"the probe exited {rc} without {'finishing' if partial else 'writing'} its report"
+    return why
+
+
+def _partial(out: Path) -> dict | None:
+    """The last whole report an interrupted probe wrote (a bench writes one after each row)."""
+    try:
+        doc = json.loads(out.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def add_check(doc: dict, check_id: str, status: str, message: str, category: str = "probe") -> None:

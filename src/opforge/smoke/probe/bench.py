@@ -16,6 +16,7 @@ import contextlib
 import importlib
 import io
 import json
+import os
 import platform
 import sys
 import time
@@ -57,6 +58,9 @@ class Bench:
         self.min_speedup = float(options.get("min_speedup", 0.1))
         self.directions = options.get("directions") or ["forward", "backward"]
         self.rows: list[Row] = []
+        self.planned: list[tuple[str, str, str]] = []  # (op, workload, row id)
+        self.finished: set[tuple[str, str]] = set()    # (op, workload) with every row done
+        self.checkpoint = lambda: None
 
     # ----------------------------------------------------------------- plumbing
 
@@ -129,10 +133,29 @@ class Bench:
                 if not self.workloads or name in self.workloads:
                     yield op, recipe, fn, name, load
 
-    def run(self, device_list: list[str]) -> list[Row]:
-        for op, recipe, fn, name, load in self.selected():
+    def run(self, device_list: list[str], checkpoint=lambda: None) -> list[Row]:
+        """Every selected workload's rows; ``checkpoint()`` runs after each row, so a report
+        written there holds every finished row and names the rest (``missing``)."""
+        self.checkpoint = checkpoint
+        selected = list(self.selected())
+        self.planned = [(op, name, row_id(op, name, direction, device))
+                        for op, recipe, fn, name, load in selected
+                        for device in device_list
+                        if load.get("devices") is None or device in load["devices"]
+                        for direction in self.directions_of(recipe, load)[1]]
+        checkpoint()
+        for op, recipe, fn, name, load in selected:
             self.workload(op, recipe, fn, name, load, device_list)
+            self.finished.add((op, name))
+            checkpoint()
         return self.rows
+
+    def missing(self) -> list[str]:
+        """The planned rows not measured yet (a finished workload has none left)."""
+        done = {row_id(r.get("op"), r.get("workload"), r.get("direction"), r.get("device"))
+                for r in self.rows if "status" in r}
+        return [key for op, name, key in self.planned
+                if key not in done and (op, name) not in self.finished]
 
     def directions_of(self, recipe, load) -> tuple[list[int], list[str]]:
         """(the arguments that get a gradient, the directions timed: backward only with grad)."""
@@ -180,6 +203,7 @@ class Bench:
                 except Exception as exc:  # noqa: BLE001 - one row's failure, reported there
                     row.update(status="fail", message=f"{op}/{name} {direction} on {device}: "
                                                       f"{first_line(exc)}")
+                self.checkpoint()
 
     def measure(self, row, fn, reference, cpu_args, device, grad, recipe):
         ours, ours_run = self.call_maker(fn, cpu_args, device, grad)
@@ -220,6 +244,10 @@ class Bench:
                    + (f": slower than the {self.min_speedup:g}x allowed" if slow else ""))
 
 
+def row_id(op, workload, direction, device) -> str:
+    return f"{op}/{workload}/{direction}/{device}"
+
+
 def _block(t, call, target_s: float = 0.02):
     """Seconds per call of one block, timed by torch.utils.benchmark (calls per block fixed
     once, so every round of a row does the same work)."""
@@ -231,16 +259,22 @@ def _block(t, call, target_s: float = 0.02):
     return lambda: timer.timeit(number).mean
 
 
-def bench(args) -> dict:
-    doc: dict = {"schema": SCHEMA, "kind": "bench", "package": args.package,
-                 "namespace": args.namespace, "rows": [], "checks": []}
+def new_document(args) -> dict:
+    return {"schema": SCHEMA, "kind": "bench", "package": args.package,
+            "namespace": args.namespace, "rows": [], "checks": [], "complete": False,
+            "missing": []}
+
+
+def bench(args, doc: dict, save) -> None:
+    """Fill ``doc``; ``save()`` writes it whole after every row (an interrupted or crashed run
+    leaves a valid report of the rows it finished and the ones it did not)."""
     started = time.monotonic()
     try:
         import torch
     except BaseException as exc:  # noqa: BLE001
         doc["checks"].append({"id": "import-torch", "category": "import", "status": "fail",
                               "message": f"import torch fails: {first_line(exc)}"})
-        return doc
+        return
     doc["environment"] = {"python": platform.python_version(), "executable": sys.executable,
                           "platform": platform.platform(), "torch_version": torch.__version__,
                           "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available()
@@ -251,36 +285,48 @@ def bench(args) -> dict:
     except BaseException as exc:  # noqa: BLE001
         doc["checks"].append({"id": "import", "category": "import", "status": "fail",
                               "message": f"import {args.package}: {first_line(exc)}"})
-        return doc
+        return
     path = args.spec.get("recipes")
     try:
         recipes = recipes_file.load(path) if path else {}
     except recipes_file.RecipeError as exc:
         doc["checks"].append({"id": "recipes", "category": "run", "status": "fail",
                               "message": f"recipes file: {exc}", "recipe_error": True})
-        return doc
+        return
     runner = Bench(torch, args.namespace, recipes, path or "recipes", args.bench)
     devices = runner.devices(args.device_checks)
     doc["devices"] = devices
-    doc["rows"] = runner.run(devices)
-    doc["duration_s"] = round(time.monotonic() - started, 2)
-    return doc
+
+    def checkpoint() -> None:
+        doc["rows"] = [r for r in runner.rows if "status" in r]
+        doc["missing"] = runner.missing()
+        doc["duration_s"] = round(time.monotonic() - started, 2)
+        save()
+
+    runner.run(devices, checkpoint)
+
+
+def write_document(path: str, doc: dict) -> None:
+    """The whole document or nothing: a scratch file beside it, then a rename."""
+    scratch = f"{path}.partial"
+    with open(scratch, "w", encoding="utf-8") as fh:
+        json.dump(doc, fh, indent=1, default=str)
+    os.replace(scratch, path)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     captured = io.StringIO()
+    doc = new_document(args)
     with contextlib.redirect_stdout(captured):
         try:
-            doc = bench(args)
+            bench(args, doc, lambda: write_document(args.out, doc))
         except BaseException:  # noqa: BLE001 - the document is always written
-            doc = {"schema": SCHEMA, "kind": "bench", "package": args.package,
-                   "namespace": args.namespace, "rows": [], "checks": [],
-                   "probe_error": traceback.format_exc()}
+            doc["probe_error"] = traceback.format_exc()
     doc["stdout"] = captured.getvalue()[-4000:]
+    doc["complete"] = not doc.get("probe_error") and not doc["missing"]
     failed = doc.get("probe_error") or any(r.get("status") == "fail" for r in doc["rows"]) or \
         any(c["status"] == "fail" for c in doc["checks"])
     doc["summary"] = {"status": "fail" if failed else "pass"}
-    with open(args.out, "w", encoding="utf-8") as fh:
-        json.dump(doc, fh, indent=1, default=str)
+    write_document(args.out, doc)
     return 1 if failed else 0
