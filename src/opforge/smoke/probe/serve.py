@@ -37,7 +37,7 @@ def parse_args(argv):
     p.add_argument("--package", required=True)
     p.add_argument("--namespace", required=True)
     p.add_argument("--recipes", required=True)
-    p.add_argument("--device-checks", choices=("auto", "skip"), default="skip")
+    p.add_argument("--device-checks", choices=("auto", "skip"), default="auto")
     # {ops, workloads, directions}, as bench takes them
     p.add_argument("--options", type=json.loads, default={})
     return p.parse_args(argv)
