@@ -276,7 +276,7 @@ class SpeedJudge:
                 session.display.step(nightly, "within noise of the threshold: measuring again")
                 timings = self._pooled(timings, self.measure(session, nightly, 2)[0])
                 outcome, reason = verdict(timings, self.threshold)
-            self.latest[nightly.day] = timings
+            self.latest[nightly.key] = timings
             if failed:
                 reason += f"; {len(failed)} workload(s) failed here ({next(iter(failed.values()))})"
             tail = "\n".join(t.describe() for t in timings)
@@ -389,7 +389,7 @@ class SpeedJudge:
         try:
             timings, _ = self.measure(session, nightly, scale)
             outcome, reason = verdict(timings, self.threshold)
-            self.latest[nightly.day] = timings
+            self.latest[nightly.key] = timings
         except ServerError as exc:
             timings, outcome, reason = [], Outcome.SKIP, f"cannot time the workloads: {exc}"
         return StepRecord(nightly, outcome, reason, None, 1, time.monotonic() - t0, env.sha256,
@@ -402,7 +402,7 @@ class SpeedJudge:
             before = self._server(session, lo)
             after = self._server(session, hi)
             # the rows that made the first bad nightly bad, in its latest measurement
-            latest = self.latest.get(hi.day) or self.measure(session, hi)[0]
+            latest = self.latest.get(hi.key) or self.measure(session, hi)[0]
             rows = []
             for vs_good in latest:
                 key = vs_good.key
