@@ -3,6 +3,13 @@
 What is built is chosen explicitly, never guessed from the build host:
 
   OPFORGE_VARIANT       cpu | cu126 | cu128 | cu130 | mps (default cpu), recorded in build info
+  OPFORGE_ABI           legacy (default: ATen/torch::Library, one wheel per torch and Python)
+                        | stable (LibTorch stable ABI + CPython limited API: one abi3 wheel that
+                        loads on every torch from the floor up)
+  OPFORGE_TORCH_FLOOR   stable only: the oldest torch the wheel supports, "2.N" (default and
+                        minimum 2.10, the first torch whose shim has what the kernels call);
+                        compiled in as TORCH_TARGET_VERSION, so a shim function newer than the
+                        floor does not compile
   FORCE_CUDA=1          compile csrc/cuda/*.cu (fails if CUDA cannot be compiled)
   FORCE_MPS=1           compile csrc/mps/*.mm + csrc/metal/*.metal (macOS only)
   TORCH_CUDA_ARCH_LIST  e.g. "8.0;9.0" (read by torch.utils.cpp_extension)
@@ -28,6 +35,12 @@ ROOT = Path(__file__).resolve().parent
 CSRC = ROOT / "csrc"
 BASE_VERSION = "0.1.0"
 VARIANTS = ("cpu", "cu126", "cu128", "cu130", "mps")
+ABIS = ("legacy", "stable")
+# The stable kernels call torch_parallel_for, torch_call_dispatcher, torch_library_impl and the
+# typed data pointers of torch::stable::Tensor, all new in torch 2.10's shim.
+MIN_STABLE_FLOOR = (2, 10)
+# abi3 wheels are tagged for the oldest CPython pyproject.toml allows.
+LIMITED_API_TAG = "cp310"
 # Backend folder -> the kernel file name pattern inside it (used by OPFORGE_OMIT_KERNELS).
 KERNEL_FILES = {
     "cpu": "cpu/{op}_kernel.cpp",
@@ -70,6 +83,27 @@ def parse_omitted_kernels(text):
     return omitted
 
 
+def parse_torch_floor(text):
+    """'2.10' -> (2, 10), checked against what the stable kernels need and the torch at hand."""
+    major, dot, minor = text.partition(".")
+    if not (dot and major.isdigit() and minor.isdigit()):
+        raise BuildConfigError(f"OPFORGE_TORCH_FLOOR must look like 2.N (e.g. 2.10), got {text!r}")
+    floor = (int(major), int(minor))
+    if floor < MIN_STABLE_FLOOR:
+        raise BuildConfigError(
+            f"OPFORGE_TORCH_FLOOR={text} is below {MIN_STABLE_FLOOR[0]}.{MIN_STABLE_FLOOR[1]}, the first "
+            "torch whose stable C shim has torch_parallel_for and torch_call_dispatcher, which the "
+            "kernels call"
+        )
+    building = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+    if floor > building:
+        raise BuildConfigError(
+            f"OPFORGE_TORCH_FLOOR={text} is newer than the torch being built against "
+            f"({torch.__version__}): build against torch {text} or newer"
+        )
+    return floor
+
+
 def kernel_sources(folder, pattern, omitted):
     skip = {CSRC / KERNEL_FILES[b].format(op=op) for op, b in omitted}
     return [p for p in sorted((CSRC / folder).glob(pattern)) if p not in skip]
@@ -109,6 +143,17 @@ class BuildConfig:
             raise BuildConfigError(
                 f"OPFORGE_VARIANT must be one of {', '.join(VARIANTS)}, got {self.variant!r}"
             )
+        self.abi = os.environ.get("OPFORGE_ABI", "legacy").strip() or "legacy"
+        if self.abi not in ABIS:
+            raise BuildConfigError(f"OPFORGE_ABI must be one of {', '.join(ABIS)}, got {self.abi!r}")
+        self.stable = self.abi == "stable"
+        floor_text = os.environ.get("OPFORGE_TORCH_FLOOR", "").strip()
+        if floor_text and not self.stable:
+            raise BuildConfigError(
+                f"OPFORGE_TORCH_FLOOR={floor_text} applies to OPFORGE_ABI=stable builds only; a legacy "
+                "wheel runs on exactly the torch it was built against"
+            )
+        self.floor = parse_torch_floor(floor_text or "%d.%d" % MIN_STABLE_FLOOR) if self.stable else None
         self.cuda = env_flag("FORCE_CUDA")
         self.mps = env_flag("FORCE_MPS")
         self.metallib = False
@@ -124,6 +169,17 @@ class BuildConfig:
                 raise BuildConfigError(
                     f"FORCE_CUDA=1 but the torch being built against ({torch.__version__}) is a CPU-only build"
                 )
+        if self.stable and self.mps:
+            raise BuildConfigError(
+                "OPFORGE_ABI=stable with FORCE_MPS=1: the MPS kernels are legacy-only (torch's stable "
+                "shim has no Metal command buffer or MPS stream access yet); build the mps variant "
+                "with OPFORGE_ABI=legacy"
+            )
+        if self.stable and self.cuda:
+            raise BuildConfigError(
+                "OPFORGE_ABI=stable with FORCE_CUDA=1: the CUDA kernels are not ported to the stable "
+                "ABI yet; build the CUDA variants with OPFORGE_ABI=legacy"
+            )
         if self.mps and sys.platform != "darwin":
             raise BuildConfigError(
                 f"FORCE_MPS=1 needs macOS with Xcode's Metal toolchain; this host is {platform.system()}. "
@@ -140,9 +196,12 @@ class BuildConfig:
         omitted = self.omitted
         sources = [CSRC / "module.cpp", *sorted((CSRC / "ops").glob("*.cpp"))]
         sources += kernel_sources("cpu", "*_kernel.cpp", omitted)
-        sources += kernel_sources("quantized/cpu", "*_kernel.cpp", omitted)
-        sources += kernel_sources("autograd", "*_kernel.cpp", omitted)
-        sources += kernel_sources("autocast", "*_kernel.cpp", omitted)
+        if not self.stable:
+            # The stable ABI has no quantized tensors and no C++ autograd or autocast API:
+            # opforge_ops registers Autograd and Autocast from Python there.
+            sources += kernel_sources("quantized/cpu", "*_kernel.cpp", omitted)
+            sources += kernel_sources("autograd", "*_kernel.cpp", omitted)
+            sources += kernel_sources("autocast", "*_kernel.cpp", omitted)
         self.cuda_sources = kernel_sources("cuda", "*.cu", omitted) if self.cuda else []
         self.mps_sources = kernel_sources("mps", "*.mm", omitted) if self.mps else []
         if self.cuda and not self.cuda_sources:
@@ -159,7 +218,16 @@ class BuildConfig:
         define_macros = []
         include_dirs = [str(CSRC)]
         extra_link_args = []
-        if sys.platform.startswith("linux"):
+        if self.stable:
+            # TORCH_TARGET_VERSION makes every shim function newer than the floor a compile
+            # error, and TORCH_STABLE_ONLY any non-stable torch header.
+            major, minor = self.floor
+            define_macros += [
+                ("OPFORGE_STABLE_ABI", None),
+                ("TORCH_STABLE_ONLY", None),
+                ("TORCH_TARGET_VERSION", f"0x{major:02x}{minor:02x}000000000000"),
+            ]
+        elif sys.platform.startswith("linux"):
             # at::parallel_for is inlined OpenMP: without -fopenmp it runs serially.
             # libgomp.so.1 resolves to the copy torch has already loaded.
             cxx.append("-fopenmp")
@@ -182,6 +250,8 @@ class BuildConfig:
             define_macros=define_macros,
             extra_compile_args=extra_compile_args,
             extra_link_args=extra_link_args,
+            # Py_LIMITED_API (cpp_extension defines it) and no libtorch_python
+            py_limited_api=self.stable,
         )
 
 
@@ -194,4 +264,5 @@ setup(
     packages=["opforge_ops", "opforge_ops.ops"],
     ext_modules=[EXTENSION],
     cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
+    options={"bdist_wheel": {"py_limited_api": LIMITED_API_TAG}} if CONFIG.stable else {},
 )

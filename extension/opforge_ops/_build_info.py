@@ -6,7 +6,7 @@ import sys
 
 import torch
 
-from ._loader import BUILD_RECORD, library_path, read_build_info
+from ._loader import BUILD_RECORD, library_abi, library_path, read_build_info
 
 
 def _in_place_description():
@@ -32,9 +32,11 @@ def _in_place_description():
 
 
 _INFO = read_build_info() or _in_place_description()
+# which LibTorch ABI the library was built for, read from its name (_C.abi3.so: stable)
+_INFO.setdefault("abi", library_abi())
 
 
 def build_info():
-    """The build record as a dict: variant, torch version and commit, CUDA version and arch
+    """The build record as a dict: variant, abi (legacy or stable), torch version and commit, CUDA version and arch
     list, MPS, the compiled libraries and the backends found in them, omitted kernels."""
     return copy.deepcopy(_INFO)

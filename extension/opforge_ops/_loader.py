@@ -38,6 +38,13 @@ def library_path(name="_C"):
     return None
 
 
+def library_abi(path=None):
+    """'stable' for a LibTorch stable-ABI library (built with the CPython limited API, so named
+    _C.abi3.so), 'legacy' for one tied to a single torch and Python."""
+    path = path or library_path()
+    return "stable" if path is not None and path.name.endswith(".abi3.so") else "legacy"
+
+
 def _versions_line(info):
     built = f"unknown (no {BUILD_RECORD} in the installed {DISTRIBUTION} metadata)"
     if info is not None:
@@ -59,10 +66,15 @@ def load_library():
         # ctypes reports dlerror()'s text: the missing library or undefined symbol.
         ctypes.CDLL(str(path))
     except OSError as exc:
+        if library_abi(path) == "stable":
+            advice = ("This stable-ABI wheel runs on every torch from its floor up (see its torch "
+                      "requirement): a symbol missing here is one this torch's C shim lacks, so "
+                      "install a newer torch.")
+        else:
+            advice = ("A wheel runs only with the torch it was built against: install that torch "
+                      "or rebuild opforge-ops against this one.")
         raise ImportError(
-            f"opforge_ops: cannot load {path}: {exc}. {_versions_line(info)}. "
-            "A wheel runs only with the torch it was built against: install that torch "
-            "or rebuild opforge-ops against this one."
+            f"opforge_ops: cannot load {path}: {exc}. {_versions_line(info)}. {advice}"
         ) from None
     torch.ops.load_library(str(path))
     if not hasattr(torch.ops.opforge, "nms"):

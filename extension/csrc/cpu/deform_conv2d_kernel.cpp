@@ -4,17 +4,13 @@
 // column matrix of shape (channels * kh * kw, chunk * out_h * out_w), which one
 // batched GEMM per chunk multiplies with the (grouped) weight. The backward
 // reuses the same column layout. Every sampling loop runs under
-// at::parallel_for; tasks are split so that no two tasks ever write the same
+// parallel_for; tasks are split so that no two tasks ever write the same
 // element (no atomics, no per-thread reduction buffers).
 //
 // Sampling semantics (shared with torchvision.ops.deform_conv2d): a point
 // (y, x) with y <= -1, y >= height, x <= -1 or x >= width samples 0; otherwise
 // it is the bilinear interpolation of its four neighbours, where neighbours
 // outside the image count as 0.
-
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
@@ -23,7 +19,7 @@
 #include <tuple>
 #include <vector>
 
-#include "../ops/deform_conv2d.h"
+#include "../common.h"
 
 namespace opforge::ops {
 namespace {
@@ -135,7 +131,7 @@ void deformable_im2col(const Geometry& g, const scalar_t* input, const scalar_t*
   const int64_t blocks = ceil_div(out_size, kPositionBlock);
   const int64_t tasks = n_images * g.offset_groups * kk * blocks;
 
-  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+  parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
     std::vector<Corners<scalar_t>> corners(kPositionBlock);
     std::vector<scalar_t> masks(kPositionBlock);
     for (int64_t t = begin; t < end; ++t) {
@@ -183,13 +179,13 @@ void deformable_col2im(const Geometry& g, const scalar_t* grad_columns, const sc
   const int64_t cpg = g.channels_per_offset_group();
   // Split each offset group's channels so that there are enough tasks to keep
   // every thread busy, while each task still reuses its sampling tables.
-  const int64_t want = 4 * static_cast<int64_t>(at::get_num_threads());
+  const int64_t want = 4 * static_cast<int64_t>(num_threads());
   const int64_t base = n_images * g.offset_groups;
   const int64_t splits = std::max<int64_t>(1, std::min<int64_t>(cpg, ceil_div(want, base)));
   const int64_t per_split = ceil_div(cpg, splits);
   const int64_t tasks = base * splits;
 
-  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+  parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
     std::vector<Corners<scalar_t>> corners(kPositionBlock);
     std::vector<scalar_t> masks(kPositionBlock);
     for (int64_t t = begin; t < end; ++t) {
@@ -243,7 +239,7 @@ void deformable_col2im_coord(const Geometry& g, const scalar_t* grad_columns, co
   const int64_t blocks = ceil_div(out_size, kPositionBlock);
   const int64_t tasks = n_images * g.offset_groups * kk * blocks;
 
-  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+  parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
     std::vector<Corners<scalar_t>> corners(kPositionBlock);
     std::vector<scalar_t> masks(kPositionBlock);
     std::vector<scalar_t> acc_y(kPositionBlock), acc_x(kPositionBlock), acc_v(kPositionBlock);
@@ -303,159 +299,183 @@ void deformable_col2im_coord(const Geometry& g, const scalar_t* grad_columns, co
   });
 }
 
-bool is_reduced_float(at::ScalarType t) {
-  return t == at::kHalf || t == at::kBFloat16;
+bool is_reduced_float(ScalarType t) {
+  return t == ScalarType::Half || t == ScalarType::BFloat16;
+}
+
+// output[b, oc, :, :] += bias[oc]
+template <typename scalar_t>
+void add_bias(scalar_t* output, const scalar_t* bias, const Geometry& g) {
+  const int64_t out_size = g.out_size();
+  parallel_for(0, g.batch * g.out_channels, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const scalar_t b = bias[i % g.out_channels];
+      scalar_t* plane = output + i * out_size;
+      for (int64_t p = 0; p < out_size; ++p) {
+        plane[p] += b;
+      }
+    }
+  });
+}
+
+// total[i] += part[i]: one chunk's weight gradient into the running sum.
+template <typename scalar_t>
+void accumulate(scalar_t* total, const scalar_t* part, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) {
+    total[i] += part[i];
+  }
 }
 
 // Weight viewed as (groups, out_channels / groups, in_channels / groups * kk).
-at::Tensor grouped_weight(const at::Tensor& weight, const Geometry& g) {
-  return weight.reshape(
-      {g.groups, g.out_channels / g.groups, g.channels / g.groups * g.kernel_size()});
+Tensor grouped_weight(const Tensor& weight, const Geometry& g) {
+  return reshaped(weight,
+                  {g.groups, g.out_channels / g.groups, g.channels / g.groups * g.kernel_size()});
 }
 
-at::Tensor forward_impl(const at::Tensor& input_, const at::Tensor& weight_,
-                        const at::Tensor& offset_, const at::Tensor& mask_, const at::Tensor& bias_,
-                        const Geometry& g) {
-  const at::Tensor input = input_.contiguous();
-  const at::Tensor weight = weight_.contiguous();
-  const at::Tensor offset = offset_.contiguous();
-  const at::Tensor mask = g.use_mask ? mask_.contiguous() : mask_;
-  const at::Tensor bias = bias_.contiguous();
+Tensor forward_impl(const Tensor& input_, const Tensor& weight_, const Tensor& offset_,
+                    const Tensor& mask_, const Tensor& bias_, const Geometry& g) {
+  const Tensor input = as_contiguous(input_);
+  const Tensor weight = as_contiguous(weight_);
+  const Tensor offset = as_contiguous(offset_);
+  const Tensor mask = g.use_mask ? as_contiguous(mask_) : mask_;
+  const Tensor bias = as_contiguous(bias_);
 
-  at::Tensor output = at::zeros({g.batch, g.out_channels, g.out_h, g.out_w}, input.options());
+  Tensor output = alloc_zeros(input, {g.batch, g.out_channels, g.out_h, g.out_w});
   if (g.batch == 0) {
     return output;
   }
-  const at::Tensor w = grouped_weight(weight, g);
+  const Tensor w = grouped_weight(weight, g);
   const int64_t chunk = chunk_images(g);
   const int64_t rows = g.channels * g.kernel_size();
   const int64_t out_size = g.out_size();
 
-  AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "opforge_deform_conv2d_forward", [&] {
-    at::Tensor columns = at::empty({rows, chunk * out_size}, input.options());
+  OPFORGE_DISPATCH_FLOAT_AND_DOUBLE(input.scalar_type(), "opforge_deform_conv2d_forward", [&] {
+    Tensor columns = alloc_empty(input, {rows, chunk * out_size});
     for (int64_t b0 = 0; b0 < g.batch; b0 += chunk) {
       const int64_t n = std::min(chunk, g.batch - b0);
       // A prefix of the flat buffer, so a short last chunk stays contiguous.
-      at::Tensor cols =
-          columns.view({-1}).narrow(0, 0, rows * n * out_size).view({rows, n * out_size});
-      deformable_im2col<scalar_t>(g, input.data_ptr<scalar_t>(), offset.data_ptr<scalar_t>(),
-                                  g.use_mask ? mask.data_ptr<scalar_t>() : nullptr, b0, n,
-                                  cols.data_ptr<scalar_t>());
+      Tensor cols =
+          viewed(narrowed(viewed(columns, {-1}), 0, 0, rows * n * out_size), {rows, n * out_size});
+      deformable_im2col<scalar_t>(g, input.mutable_data_ptr<scalar_t>(),
+                                  offset.mutable_data_ptr<scalar_t>(),
+                                  g.use_mask ? mask.mutable_data_ptr<scalar_t>() : nullptr, b0, n,
+                                  cols.mutable_data_ptr<scalar_t>());
       // (groups, out_c / groups, n * out_size) -> (n, out_c, out_size)
-      at::Tensor prod = at::bmm(w, cols.view({g.groups, rows / g.groups, n * out_size}));
-      output.narrow(0, b0, n)
-          .view({n, g.out_channels, out_size})
-          .copy_(prod.view({g.out_channels, n, out_size}).transpose(0, 1));
+      Tensor prod = batched_matmul(w, viewed(cols, {g.groups, rows / g.groups, n * out_size}));
+      copy_into(viewed(narrowed(output, 0, b0, n), {n, g.out_channels, out_size}),
+                transposed(viewed(prod, {g.out_channels, n, out_size}), 0, 1));
     }
+    add_bias(output.mutable_data_ptr<scalar_t>(), bias.const_data_ptr<scalar_t>(), g);
   });
-  output.add_(bias.view({1, g.out_channels, 1, 1}));
   return output;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_impl(
-    const at::Tensor& grad_, const at::Tensor& input_, const at::Tensor& weight_,
-    const at::Tensor& offset_, const at::Tensor& mask_, const at::Tensor& bias_,
-    const Geometry& g) {
-  const at::Tensor grad = grad_.contiguous();
-  const at::Tensor input = input_.contiguous();
-  const at::Tensor weight = weight_.contiguous();
-  const at::Tensor offset = offset_.contiguous();
-  const at::Tensor mask = g.use_mask ? mask_.contiguous() : mask_;
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> backward_impl(
+    const Tensor& grad_, const Tensor& input_, const Tensor& weight_, const Tensor& offset_,
+    const Tensor& mask_, const Tensor& bias_, const Geometry& g) {
+  const Tensor grad = as_contiguous(grad_);
+  const Tensor input = as_contiguous(input_);
+  const Tensor weight = as_contiguous(weight_);
+  const Tensor offset = as_contiguous(offset_);
+  const Tensor mask = g.use_mask ? as_contiguous(mask_) : mask_;
 
-  at::Tensor grad_input = at::zeros(input.sizes(), input.options());
-  at::Tensor grad_weight = at::zeros(weight.sizes(), weight.options());
-  at::Tensor grad_offset = at::zeros(offset.sizes(), offset.options());
-  at::Tensor grad_mask = at::zeros(mask.sizes(), mask.options());
-  at::Tensor grad_bias = at::zeros(bias_.sizes(), bias_.options());
+  Tensor grad_input = alloc_zeros(input, sizes_of(input));
+  Tensor grad_weight = alloc_zeros(weight, sizes_of(weight));
+  Tensor grad_offset = alloc_zeros(offset, sizes_of(offset));
+  Tensor grad_mask = alloc_zeros(mask, sizes_of(mask));
+  Tensor grad_bias = alloc_zeros(bias_, sizes_of(bias_));
   if (g.batch == 0) {
     return {grad_input, grad_weight, grad_offset, grad_mask, grad_bias};
   }
-  const at::Tensor w = grouped_weight(weight, g);
-  const at::Tensor w_t = w.transpose(1, 2);
-  at::Tensor grad_w = grad_weight.view(
-      {g.groups, g.out_channels / g.groups, g.channels / g.groups * g.kernel_size()});
+  const Tensor w = grouped_weight(weight, g);
+  const Tensor w_t = transposed(w, 1, 2);
+  Tensor grad_w = viewed(
+      grad_weight, {g.groups, g.out_channels / g.groups, g.channels / g.groups * g.kernel_size()});
   const int64_t chunk = chunk_images(g);
   const int64_t rows = g.channels * g.kernel_size();
   const int64_t out_size = g.out_size();
 
-  AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "opforge_deform_conv2d_backward", [&] {
-    at::Tensor columns = at::empty({rows, chunk * out_size}, input.options());
-    at::Tensor grad_columns = at::empty({rows, chunk * out_size}, input.options());
+  OPFORGE_DISPATCH_FLOAT_AND_DOUBLE(input.scalar_type(), "opforge_deform_conv2d_backward", [&] {
+    Tensor columns = alloc_empty(input, {rows, chunk * out_size});
+    Tensor grad_columns = alloc_empty(input, {rows, chunk * out_size});
     for (int64_t b0 = 0; b0 < g.batch; b0 += chunk) {
       const int64_t n = std::min(chunk, g.batch - b0);
       const int64_t n_cols = n * out_size;
       // (n, out_c, out_size) -> (groups, out_c / groups, n * out_size)
-      const at::Tensor go = grad.narrow(0, b0, n)
-                                .view({n, g.out_channels, out_size})
-                                .transpose(0, 1)
-                                .contiguous()
-                                .view({g.groups, g.out_channels / g.groups, n_cols});
-      at::Tensor gcols = grad_columns.view({-1})
-                             .narrow(0, 0, rows * n_cols)
-                             .view({g.groups, rows / g.groups, n_cols});
-      at::bmm_out(gcols, w_t, go);
-      const scalar_t* gcols_ptr = gcols.data_ptr<scalar_t>();
-      const scalar_t* mask_ptr = g.use_mask ? mask.data_ptr<scalar_t>() : nullptr;
-      deformable_col2im<scalar_t>(g, gcols_ptr, offset.data_ptr<scalar_t>(), mask_ptr, b0, n,
-                                  grad_input.data_ptr<scalar_t>());
+      const Tensor go =
+          viewed(as_contiguous(transposed(
+                     viewed(narrowed(grad, 0, b0, n), {n, g.out_channels, out_size}), 0, 1)),
+                 {g.groups, g.out_channels / g.groups, n_cols});
+      Tensor gcols = viewed(narrowed(viewed(grad_columns, {-1}), 0, 0, rows * n_cols),
+                            {g.groups, rows / g.groups, n_cols});
+      batched_matmul_out(gcols, w_t, go);
+      const scalar_t* gcols_ptr = gcols.mutable_data_ptr<scalar_t>();
+      const scalar_t* mask_ptr = g.use_mask ? mask.mutable_data_ptr<scalar_t>() : nullptr;
+      deformable_col2im<scalar_t>(g, gcols_ptr, offset.mutable_data_ptr<scalar_t>(), mask_ptr, b0,
+                                  n, grad_input.mutable_data_ptr<scalar_t>());
       deformable_col2im_coord<scalar_t>(
-          g, gcols_ptr, input.data_ptr<scalar_t>(), offset.data_ptr<scalar_t>(), mask_ptr, b0, n,
-          grad_offset.data_ptr<scalar_t>(), g.use_mask ? grad_mask.data_ptr<scalar_t>() : nullptr);
+          g, gcols_ptr, input.mutable_data_ptr<scalar_t>(), offset.mutable_data_ptr<scalar_t>(),
+          mask_ptr, b0, n, grad_offset.mutable_data_ptr<scalar_t>(),
+          g.use_mask ? grad_mask.mutable_data_ptr<scalar_t>() : nullptr);
 
-      at::Tensor cols = columns.view({-1}).narrow(0, 0, rows * n_cols).view({rows, n_cols});
-      deformable_im2col<scalar_t>(g, input.data_ptr<scalar_t>(), offset.data_ptr<scalar_t>(),
-                                  mask_ptr, b0, n, cols.data_ptr<scalar_t>());
-      grad_w.baddbmm_(go, cols.view({g.groups, rows / g.groups, n_cols}).transpose(1, 2));
+      Tensor cols = viewed(narrowed(viewed(columns, {-1}), 0, 0, rows * n_cols), {rows, n_cols});
+      deformable_im2col<scalar_t>(g, input.mutable_data_ptr<scalar_t>(),
+                                  offset.mutable_data_ptr<scalar_t>(), mask_ptr, b0, n,
+                                  cols.mutable_data_ptr<scalar_t>());
+      const Tensor chunk_grad_w =
+          batched_matmul(go, transposed(viewed(cols, {g.groups, rows / g.groups, n_cols}), 1, 2));
+      accumulate(grad_w.mutable_data_ptr<scalar_t>(), chunk_grad_w.const_data_ptr<scalar_t>(),
+                 chunk_grad_w.numel());
     }
   });
-  grad_bias.copy_(grad.sum({0, 2, 3}));
+  copy_into(grad_bias, sum_over(grad, {0, 2, 3}));
   return {grad_input, grad_weight, grad_offset, grad_mask, grad_bias};
 }
 
-at::Tensor deform_conv2d_forward_kernel(const at::Tensor& input, const at::Tensor& weight,
-                                        const at::Tensor& offset, const at::Tensor& mask,
-                                        const at::Tensor& bias, int64_t stride_h, int64_t stride_w,
-                                        int64_t pad_h, int64_t pad_w, int64_t dilation_h,
-                                        int64_t dilation_w, int64_t groups, int64_t offset_groups,
-                                        bool use_mask) {
-  const Geometry g = check_deform_conv2d_args(c10::DeviceType::CPU, input, weight, offset, mask,
-                                              bias, stride_h, stride_w, pad_h, pad_w, dilation_h,
+Tensor deform_conv2d_forward_kernel(const Tensor& input, const Tensor& weight, const Tensor& offset,
+                                    const Tensor& mask, const Tensor& bias, int64_t stride_h,
+                                    int64_t stride_w, int64_t pad_h, int64_t pad_w,
+                                    int64_t dilation_h, int64_t dilation_w, int64_t groups,
+                                    int64_t offset_groups, bool use_mask) {
+  const Geometry g = check_deform_conv2d_args(DeviceType::CPU, input, weight, offset, mask, bias,
+                                              stride_h, stride_w, pad_h, pad_w, dilation_h,
                                               dilation_w, groups, offset_groups, use_mask);
   if (is_reduced_float(input.scalar_type())) {
     // Sampling and accumulation in float32, like the autocast path.
-    return forward_impl(input.to(at::kFloat), weight.to(at::kFloat), offset.to(at::kFloat),
-                        mask.to(at::kFloat), bias.to(at::kFloat), g)
-        .to(input.scalar_type());
+    return to_dtype(
+        forward_impl(to_dtype(input, ScalarType::Float), to_dtype(weight, ScalarType::Float),
+                     to_dtype(offset, ScalarType::Float), to_dtype(mask, ScalarType::Float),
+                     to_dtype(bias, ScalarType::Float), g),
+        input.scalar_type());
   }
   return forward_impl(input, weight, offset, mask, bias, g);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-deform_conv2d_backward_kernel(const at::Tensor& grad, const at::Tensor& input,
-                              const at::Tensor& weight, const at::Tensor& offset,
-                              const at::Tensor& mask, const at::Tensor& bias, int64_t stride_h,
-                              int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h,
-                              int64_t dilation_w, int64_t groups, int64_t offset_groups,
-                              bool use_mask) {
-  const Geometry g = check_deform_conv2d_args(c10::DeviceType::CPU, input, weight, offset, mask,
-                                              bias, stride_h, stride_w, pad_h, pad_w, dilation_h,
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> deform_conv2d_backward_kernel(
+    const Tensor& grad, const Tensor& input, const Tensor& weight, const Tensor& offset,
+    const Tensor& mask, const Tensor& bias, int64_t stride_h, int64_t stride_w, int64_t pad_h,
+    int64_t pad_w, int64_t dilation_h, int64_t dilation_w, int64_t groups, int64_t offset_groups,
+    bool use_mask) {
+  const Geometry g = check_deform_conv2d_args(DeviceType::CPU, input, weight, offset, mask, bias,
+                                              stride_h, stride_w, pad_h, pad_w, dilation_h,
                                               dilation_w, groups, offset_groups, use_mask);
-  check_deform_conv2d_grad(c10::DeviceType::CPU, grad, input, g);
+  check_deform_conv2d_grad(DeviceType::CPU, grad, input, g);
   if (is_reduced_float(input.scalar_type())) {
     const auto t = input.scalar_type();
     auto [gi, gw, go, gm, gb] =
-        backward_impl(grad.to(at::kFloat), input.to(at::kFloat), weight.to(at::kFloat),
-                      offset.to(at::kFloat), mask.to(at::kFloat), bias.to(at::kFloat), g);
-    return {gi.to(t), gw.to(t), go.to(t), gm.to(t), gb.to(t)};
+        backward_impl(to_dtype(grad, ScalarType::Float), to_dtype(input, ScalarType::Float),
+                      to_dtype(weight, ScalarType::Float), to_dtype(offset, ScalarType::Float),
+                      to_dtype(mask, ScalarType::Float), to_dtype(bias, ScalarType::Float), g);
+    return {to_dtype(gi, t), to_dtype(gw, t), to_dtype(go, t), to_dtype(gm, t), to_dtype(gb, t)};
   }
   return backward_impl(grad, input, weight, offset, mask, bias, g);
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(opforge, CPU, m) {
-  m.impl("deform_conv2d", TORCH_FN(deform_conv2d_forward_kernel));
-  m.impl("_deform_conv2d_backward", TORCH_FN(deform_conv2d_backward_kernel));
+OPFORGE_LIBRARY_IMPL(CPU, m) {
+  m.impl("deform_conv2d", OPFORGE_KERNEL(deform_conv2d_forward_kernel));
+  m.impl("_deform_conv2d_backward", OPFORGE_KERNEL(deform_conv2d_backward_kernel));
 }
 
 }  // namespace opforge::ops

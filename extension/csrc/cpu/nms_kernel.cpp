@@ -1,10 +1,9 @@
 // Greedy NMS on the CPU. Boxes are gathered into score order as four
 // contiguous coordinate arrays so the inner suppression loop streams memory.
-#include <ATen/ATen.h>
-#include <ATen/Dispatch.h>
-#include <ATen/OpMathType.h>
-#include <torch/library.h>
 
+#include <algorithm>
+#include <cmath>
+#include <numeric>
 #include <vector>
 
 #include "../common.h"
@@ -13,15 +12,22 @@ namespace opforge::cpu {
 namespace {
 
 template <typename scalar_t>
-at::Tensor nms_impl(const at::Tensor& dets, const at::Tensor& scores, double iou_threshold) {
-  using acc_t = at::opmath_type<scalar_t>;
+Tensor nms_impl(const Tensor& dets, const Tensor& scores, double iou_threshold) {
+  using acc_t = opmath_t<scalar_t>;
   const int64_t n = dets.size(0);
-  // Stable so that equal scores keep their input order, as a reader expects.
-  const at::Tensor order =
-      std::get<1>(scores.sort(/*stable=*/true, /*dim=*/0, /*descending=*/true));
-  const int64_t* order_p = order.data_ptr<int64_t>();
-  const at::Tensor boxes = dets.contiguous();
-  const scalar_t* b = boxes.data_ptr<scalar_t>();
+  // Score order, stable so that equal scores keep their input order; NaN scores sort
+  // first, as torch.sort(descending=True) puts them.
+  const Tensor scores_c = as_contiguous(scores);
+  const scalar_t* s = scores_c.const_data_ptr<scalar_t>();
+  std::vector<int64_t> order(n);
+  std::iota(order.begin(), order.end(), int64_t(0));
+  std::stable_sort(order.begin(), order.end(), [s](int64_t a, int64_t b) {
+    const acc_t sa = static_cast<acc_t>(s[a]), sb = static_cast<acc_t>(s[b]);
+    return (std::isnan(sa) && !std::isnan(sb)) || sa > sb;
+  });
+  const int64_t* order_p = order.data();
+  const Tensor boxes = as_contiguous(dets);
+  const scalar_t* b = boxes.mutable_data_ptr<scalar_t>();
 
   std::vector<acc_t> x1(n), y1(n), x2(n), y2(n), area(n);
   for (int64_t i = 0; i < n; ++i) {
@@ -52,28 +58,27 @@ at::Tensor nms_impl(const at::Tensor& dets, const at::Tensor& scores, double iou
       suppressed[j] |= static_cast<uint8_t>(iou > threshold);
     }
   }
-  at::Tensor result =
-      at::empty({static_cast<int64_t>(keep.size())}, dets.options().dtype(at::kLong));
-  std::copy(keep.begin(), keep.end(), result.data_ptr<int64_t>());
+  Tensor result = alloc_empty(dets, {static_cast<int64_t>(keep.size())}, ScalarType::Long);
+  std::copy(keep.begin(), keep.end(), result.mutable_data_ptr<int64_t>());
   return result;
 }
 
-at::Tensor nms_kernel(const at::Tensor& dets, const at::Tensor& scores, double iou_threshold) {
+Tensor nms_kernel(const Tensor& dets, const Tensor& scores, double iou_threshold) {
   check_nms_inputs(dets, scores);
   if (dets.size(0) == 0) {
-    return at::empty({0}, dets.options().dtype(at::kLong));
+    return alloc_empty(dets, {0}, ScalarType::Long);
   }
-  at::Tensor result;
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, dets.scalar_type(), "opforge_nms_cpu",
-      [&] { result = nms_impl<scalar_t>(dets, scores, iou_threshold); });
+  Tensor result;
+  OPFORGE_DISPATCH_FLOATING_TYPES(dets.scalar_type(), "opforge_nms_cpu", [&] {
+    result = nms_impl<scalar_t>(dets, scores, iou_threshold);
+  });
   return result;
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(opforge, CPU, m) {
-  m.impl("nms", TORCH_FN(nms_kernel));
+OPFORGE_LIBRARY_IMPL(CPU, m) {
+  m.impl("nms", OPFORGE_KERNEL(nms_kernel));
 }
 
 }  // namespace opforge::cpu

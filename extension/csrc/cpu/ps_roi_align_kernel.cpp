@@ -3,11 +3,6 @@
 // A roi's sampling grid (cpu/roi_grid.h) is built once and reused by every output
 // channel. Forward work is split over (roi, output channel) pairs; backward over
 // input channels, so no two threads ever add into the same gradient element.
-#include <ATen/ATen.h>
-#include <ATen/Dispatch.h>
-#include <ATen/OpMathType.h>
-#include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include <cmath>
 #include <limits>
@@ -32,10 +27,10 @@ bool averages_nothing(const RoiGrid<acc_t>& grid, int64_t pooled_h, int64_t pool
 }
 
 template <typename scalar_t>
-void ps_roi_align_forward_impl(const at::Tensor& input, const at::Tensor& rois, at::Tensor& output,
-                               at::Tensor& channel_mapping, double spatial_scale, int64_t pooled_h,
+void ps_roi_align_forward_impl(const Tensor& input, const Tensor& rois, Tensor& output,
+                               Tensor& channel_mapping, double spatial_scale, int64_t pooled_h,
                                int64_t pooled_w, int64_t sampling_ratio) {
-  using acc_t = at::opmath_type<scalar_t>;
+  using acc_t = opmath_t<scalar_t>;
   const int64_t channels = input.size(1);
   const int64_t height = input.size(2);
   const int64_t width = input.size(3);
@@ -44,13 +39,13 @@ void ps_roi_align_forward_impl(const at::Tensor& input, const at::Tensor& rois, 
   const int64_t plane_size = height * width;
   const scalar_t* in = input.const_data_ptr<scalar_t>();
   const scalar_t* roi_p = rois.const_data_ptr<scalar_t>();
-  scalar_t* out = output.data_ptr<scalar_t>();
-  int32_t* mapping = channel_mapping.data_ptr<int32_t>();
+  scalar_t* out = output.mutable_data_ptr<scalar_t>();
+  int32_t* mapping = channel_mapping.mutable_data_ptr<int32_t>();
   // Enough work per chunk that a small call (a few rois) runs on one thread: waking the
   // pool costs more than it saves there, and much more on a loaded machine.
   const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, bins * 4));
 
-  at::parallel_for(0, rois.size(0) * channels_out, grain, [&](int64_t begin, int64_t end) {
+  parallel_for(0, rois.size(0) * channels_out, grain, [&](int64_t begin, int64_t end) {
     RoiGrid<acc_t> grid;
     int64_t current = -1;
     bool nan_roi = false;
@@ -88,11 +83,11 @@ void ps_roi_align_forward_impl(const at::Tensor& input, const at::Tensor& rois, 
 constexpr int64_t kOneThreadGradEntries = 16384;
 
 template <typename scalar_t>
-void ps_roi_align_backward_impl(const at::Tensor& grad, const at::Tensor& rois,
-                                const at::Tensor& channel_mapping, at::Tensor& grad_input,
+void ps_roi_align_backward_impl(const Tensor& grad, const Tensor& rois,
+                                const Tensor& channel_mapping, Tensor& grad_input,
                                 double spatial_scale, int64_t pooled_h, int64_t pooled_w,
                                 int64_t sampling_ratio) {
-  using acc_t = at::opmath_type<scalar_t>;
+  using acc_t = opmath_t<scalar_t>;
   const int64_t num_rois = rois.size(0);
   const int64_t channels = grad_input.size(1);
   const int64_t height = grad_input.size(2);
@@ -103,12 +98,12 @@ void ps_roi_align_backward_impl(const at::Tensor& grad, const at::Tensor& rois,
   const scalar_t* g = grad.const_data_ptr<scalar_t>();
   const scalar_t* roi_p = rois.const_data_ptr<scalar_t>();
   const int32_t* mapping = channel_mapping.const_data_ptr<int32_t>();
-  acc_t* gi = grad_input.data_ptr<acc_t>();
+  acc_t* gi = grad_input.mutable_data_ptr<acc_t>();
 
   // Each thread owns a range of input channels and adds only the grad entries mapped there;
   // a small grad (a few rois) is one thread's work.
   const int64_t grain = grad.numel() < kOneThreadGradEntries ? std::max<int64_t>(1, channels) : 1;
-  at::parallel_for(0, channels, grain, [&](int64_t c_begin, int64_t c_end) {
+  parallel_for(0, channels, grain, [&](int64_t c_begin, int64_t c_end) {
     RoiGrid<acc_t> grid;
     for (int64_t n = 0; n < num_rois; ++n) {
       bool built = false;
@@ -137,63 +132,61 @@ void ps_roi_align_backward_impl(const at::Tensor& grad, const at::Tensor& rois,
   });
 }
 
-std::tuple<at::Tensor, at::Tensor> ps_roi_align_forward_kernel(
-    const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t pooled_height,
-    int64_t pooled_width, int64_t sampling_ratio) {
+std::tuple<Tensor, Tensor> ps_roi_align_forward_kernel(const Tensor& input, const Tensor& rois,
+                                                       double spatial_scale, int64_t pooled_height,
+                                                       int64_t pooled_width,
+                                                       int64_t sampling_ratio) {
   check_ps_roi_inputs("ps_roi_align", input, rois, pooled_height, pooled_width);
   check_sampling_ratio("ps_roi_align", sampling_ratio, pooled_height, pooled_width);
   const int64_t channels_out = input.size(1) / (pooled_height * pooled_width);
   const std::vector<int64_t> shape{rois.size(0), channels_out, pooled_height, pooled_width};
-  at::Tensor output = at::empty(shape, input.options());
-  at::Tensor channel_mapping = at::empty(shape, input.options().dtype(at::kInt));
+  Tensor output = alloc_empty(input, shape);
+  Tensor channel_mapping = alloc_empty(input, shape, ScalarType::Int);
   if (output.numel() == 0) {
     return {output, channel_mapping};
   }
-  const at::Tensor input_c = input.contiguous();
-  const at::Tensor rois_c = rois.contiguous();
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, input.scalar_type(), "opforge_ps_roi_align_forward_cpu", [&] {
-        check_rois_values("ps_roi_align", rois_c.const_data_ptr<scalar_t>(), rois_c.size(0),
-                          input.size(0));
-        ps_roi_align_forward_impl<scalar_t>(input_c, rois_c, output, channel_mapping, spatial_scale,
-                                            pooled_height, pooled_width, sampling_ratio);
-      });
+  const Tensor input_c = as_contiguous(input);
+  const Tensor rois_c = as_contiguous(rois);
+  OPFORGE_DISPATCH_FLOATING_TYPES(input.scalar_type(), "opforge_ps_roi_align_forward_cpu", [&] {
+    check_rois_values("ps_roi_align", rois_c.const_data_ptr<scalar_t>(), rois_c.size(0),
+                      input.size(0));
+    ps_roi_align_forward_impl<scalar_t>(input_c, rois_c, output, channel_mapping, spatial_scale,
+                                        pooled_height, pooled_width, sampling_ratio);
+  });
   return {output, channel_mapping};
 }
 
-at::Tensor ps_roi_align_backward_kernel(const at::Tensor& grad, const at::Tensor& rois,
-                                        const at::Tensor& channel_mapping, double spatial_scale,
-                                        int64_t pooled_height, int64_t pooled_width,
-                                        int64_t sampling_ratio, int64_t batch_size,
-                                        int64_t channels, int64_t height, int64_t width) {
+Tensor ps_roi_align_backward_kernel(const Tensor& grad, const Tensor& rois,
+                                    const Tensor& channel_mapping, double spatial_scale,
+                                    int64_t pooled_height, int64_t pooled_width,
+                                    int64_t sampling_ratio, int64_t batch_size, int64_t channels,
+                                    int64_t height, int64_t width) {
   constexpr const char* op = "_ps_roi_align_backward";
   check_ps_roi_backward_inputs(op, grad, rois, channel_mapping, pooled_height, pooled_width,
                                batch_size, channels, height, width);
   check_sampling_ratio(op, sampling_ratio, pooled_height, pooled_width);
-  const auto acc_dtype = at::toOpMathType(grad.scalar_type());
-  at::Tensor grad_input =
-      at::zeros({batch_size, channels, height, width}, grad.options().dtype(acc_dtype));
+  const auto acc_dtype = opmath_dtype(grad.scalar_type());
+  Tensor grad_input = alloc_zeros(grad, {batch_size, channels, height, width}, acc_dtype);
   if (grad.numel() == 0 || grad_input.numel() == 0) {
-    return grad_input.to(grad.scalar_type());
+    return to_dtype(grad_input, grad.scalar_type());
   }
-  const at::Tensor grad_c = grad.contiguous();
-  const at::Tensor rois_c = rois.contiguous();
-  const at::Tensor mapping_c = channel_mapping.contiguous();
+  const Tensor grad_c = as_contiguous(grad);
+  const Tensor rois_c = as_contiguous(rois);
+  const Tensor mapping_c = as_contiguous(channel_mapping);
   check_channel_mapping_values(op, mapping_c, channels);
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, grad.scalar_type(), "opforge_ps_roi_align_backward_cpu", [&] {
-        check_rois_values(op, rois_c.const_data_ptr<scalar_t>(), rois_c.size(0), batch_size);
-        ps_roi_align_backward_impl<scalar_t>(grad_c, rois_c, mapping_c, grad_input, spatial_scale,
-                                             pooled_height, pooled_width, sampling_ratio);
-      });
-  return grad_input.to(grad.scalar_type());
+  OPFORGE_DISPATCH_FLOATING_TYPES(grad.scalar_type(), "opforge_ps_roi_align_backward_cpu", [&] {
+    check_rois_values(op, rois_c.const_data_ptr<scalar_t>(), rois_c.size(0), batch_size);
+    ps_roi_align_backward_impl<scalar_t>(grad_c, rois_c, mapping_c, grad_input, spatial_scale,
+                                         pooled_height, pooled_width, sampling_ratio);
+  });
+  return to_dtype(grad_input, grad.scalar_type());
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(opforge, CPU, m) {
-  m.impl("ps_roi_align", TORCH_FN(ps_roi_align_forward_kernel));
-  m.impl("_ps_roi_align_backward", TORCH_FN(ps_roi_align_backward_kernel));
+OPFORGE_LIBRARY_IMPL(CPU, m) {
+  m.impl("ps_roi_align", OPFORGE_KERNEL(ps_roi_align_forward_kernel));
+  m.impl("_ps_roi_align_backward", OPFORGE_KERNEL(ps_roi_align_backward_kernel));
 }
 
 }  // namespace opforge::cpu

@@ -4,11 +4,6 @@
 // column are never pooled); the backward is the gradient of exactly that forward.
 // Forward work is split over (roi, output channel) pairs; backward over input
 // channels, so no two threads add into the same gradient element.
-#include <ATen/ATen.h>
-#include <ATen/Dispatch.h>
-#include <ATen/OpMathType.h>
-#include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
@@ -34,7 +29,7 @@ inline int64_t round_coordinate(double value) {
 template <typename scalar_t>
 void compute_ps_bins(PsBins& bins, const scalar_t* roi, double spatial_scale, int64_t height,
                      int64_t width, int64_t pooled_h, int64_t pooled_w) {
-  using acc_t = at::opmath_type<scalar_t>;
+  using acc_t = opmath_t<scalar_t>;
   const acc_t scale = static_cast<acc_t>(spatial_scale);
   bins.batch_index = static_cast<int64_t>(roi[0]);
   const int64_t start_w = round_coordinate(static_cast<acc_t>(roi[1]) * scale);
@@ -62,10 +57,10 @@ void compute_ps_bins(PsBins& bins, const scalar_t* roi, double spatial_scale, in
 }
 
 template <typename scalar_t>
-void ps_roi_pool_forward_impl(const at::Tensor& input, const at::Tensor& rois, at::Tensor& output,
-                              at::Tensor& channel_mapping, double spatial_scale, int64_t pooled_h,
+void ps_roi_pool_forward_impl(const Tensor& input, const Tensor& rois, Tensor& output,
+                              Tensor& channel_mapping, double spatial_scale, int64_t pooled_h,
                               int64_t pooled_w) {
-  using acc_t = at::opmath_type<scalar_t>;
+  using acc_t = opmath_t<scalar_t>;
   const int64_t channels = input.size(1);
   const int64_t height = input.size(2);
   const int64_t width = input.size(3);
@@ -73,13 +68,13 @@ void ps_roi_pool_forward_impl(const at::Tensor& input, const at::Tensor& rois, a
   const int64_t channels_out = channels / bins;
   const scalar_t* in = input.const_data_ptr<scalar_t>();
   const scalar_t* roi_p = rois.const_data_ptr<scalar_t>();
-  scalar_t* out = output.data_ptr<scalar_t>();
-  int32_t* mapping = channel_mapping.data_ptr<int32_t>();
+  scalar_t* out = output.mutable_data_ptr<scalar_t>();
+  int32_t* mapping = channel_mapping.mutable_data_ptr<int32_t>();
   // Enough work per chunk that a small call (a few rois) runs on one thread: waking the
   // pool costs more than it saves there, and much more on a loaded machine.
   const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, bins * 4));
 
-  at::parallel_for(0, rois.size(0) * channels_out, grain, [&](int64_t begin, int64_t end) {
+  parallel_for(0, rois.size(0) * channels_out, grain, [&](int64_t begin, int64_t end) {
     PsBins b;
     int64_t current = -1;
     for (int64_t index = begin; index < end; ++index) {
@@ -117,10 +112,10 @@ void ps_roi_pool_forward_impl(const at::Tensor& input, const at::Tensor& rois, a
 constexpr int64_t kOneThreadGradEntries = 16384;
 
 template <typename scalar_t>
-void ps_roi_pool_backward_impl(const at::Tensor& grad, const at::Tensor& rois,
-                               const at::Tensor& channel_mapping, at::Tensor& grad_input,
+void ps_roi_pool_backward_impl(const Tensor& grad, const Tensor& rois,
+                               const Tensor& channel_mapping, Tensor& grad_input,
                                double spatial_scale, int64_t pooled_h, int64_t pooled_w) {
-  using acc_t = at::opmath_type<scalar_t>;
+  using acc_t = opmath_t<scalar_t>;
   const int64_t num_rois = rois.size(0);
   const int64_t channels = grad_input.size(1);
   const int64_t height = grad_input.size(2);
@@ -130,11 +125,11 @@ void ps_roi_pool_backward_impl(const at::Tensor& grad, const at::Tensor& rois,
   const scalar_t* g = grad.const_data_ptr<scalar_t>();
   const scalar_t* roi_p = rois.const_data_ptr<scalar_t>();
   const int32_t* mapping = channel_mapping.const_data_ptr<int32_t>();
-  acc_t* gi = grad_input.data_ptr<acc_t>();
+  acc_t* gi = grad_input.mutable_data_ptr<acc_t>();
 
   // Each thread owns a range of input channels; a small grad (a few rois) is one thread's work.
   const int64_t grain = grad.numel() < kOneThreadGradEntries ? std::max<int64_t>(1, channels) : 1;
-  at::parallel_for(0, channels, grain, [&](int64_t c_begin, int64_t c_end) {
+  parallel_for(0, channels, grain, [&](int64_t c_begin, int64_t c_end) {
     PsBins b;
     for (int64_t n = 0; n < num_rois; ++n) {
       bool built = false;
@@ -167,63 +162,57 @@ void ps_roi_pool_backward_impl(const at::Tensor& grad, const at::Tensor& rois,
   });
 }
 
-std::tuple<at::Tensor, at::Tensor> ps_roi_pool_forward_kernel(const at::Tensor& input,
-                                                              const at::Tensor& rois,
-                                                              double spatial_scale,
-                                                              int64_t pooled_height,
-                                                              int64_t pooled_width) {
+std::tuple<Tensor, Tensor> ps_roi_pool_forward_kernel(const Tensor& input, const Tensor& rois,
+                                                      double spatial_scale, int64_t pooled_height,
+                                                      int64_t pooled_width) {
   check_ps_roi_inputs("ps_roi_pool", input, rois, pooled_height, pooled_width);
   const int64_t channels_out = input.size(1) / (pooled_height * pooled_width);
   const std::vector<int64_t> shape{rois.size(0), channels_out, pooled_height, pooled_width};
-  at::Tensor output = at::empty(shape, input.options());
-  at::Tensor channel_mapping = at::empty(shape, input.options().dtype(at::kInt));
+  Tensor output = alloc_empty(input, shape);
+  Tensor channel_mapping = alloc_empty(input, shape, ScalarType::Int);
   if (output.numel() == 0) {
     return {output, channel_mapping};
   }
-  const at::Tensor input_c = input.contiguous();
-  const at::Tensor rois_c = rois.contiguous();
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, input.scalar_type(), "opforge_ps_roi_pool_forward_cpu", [&] {
-        check_rois_values("ps_roi_pool", rois_c.const_data_ptr<scalar_t>(), rois_c.size(0),
-                          input.size(0));
-        ps_roi_pool_forward_impl<scalar_t>(input_c, rois_c, output, channel_mapping, spatial_scale,
-                                           pooled_height, pooled_width);
-      });
+  const Tensor input_c = as_contiguous(input);
+  const Tensor rois_c = as_contiguous(rois);
+  OPFORGE_DISPATCH_FLOATING_TYPES(input.scalar_type(), "opforge_ps_roi_pool_forward_cpu", [&] {
+    check_rois_values("ps_roi_pool", rois_c.const_data_ptr<scalar_t>(), rois_c.size(0),
+                      input.size(0));
+    ps_roi_pool_forward_impl<scalar_t>(input_c, rois_c, output, channel_mapping, spatial_scale,
+                                       pooled_height, pooled_width);
+  });
   return {output, channel_mapping};
 }
 
-at::Tensor ps_roi_pool_backward_kernel(const at::Tensor& grad, const at::Tensor& rois,
-                                       const at::Tensor& channel_mapping, double spatial_scale,
-                                       int64_t pooled_height, int64_t pooled_width,
-                                       int64_t batch_size, int64_t channels, int64_t height,
-                                       int64_t width) {
+Tensor ps_roi_pool_backward_kernel(const Tensor& grad, const Tensor& rois,
+                                   const Tensor& channel_mapping, double spatial_scale,
+                                   int64_t pooled_height, int64_t pooled_width, int64_t batch_size,
+                                   int64_t channels, int64_t height, int64_t width) {
   constexpr const char* op = "_ps_roi_pool_backward";
   check_ps_roi_backward_inputs(op, grad, rois, channel_mapping, pooled_height, pooled_width,
                                batch_size, channels, height, width);
-  const auto acc_dtype = at::toOpMathType(grad.scalar_type());
-  at::Tensor grad_input =
-      at::zeros({batch_size, channels, height, width}, grad.options().dtype(acc_dtype));
+  const auto acc_dtype = opmath_dtype(grad.scalar_type());
+  Tensor grad_input = alloc_zeros(grad, {batch_size, channels, height, width}, acc_dtype);
   if (grad.numel() == 0 || grad_input.numel() == 0) {
-    return grad_input.to(grad.scalar_type());
+    return to_dtype(grad_input, grad.scalar_type());
   }
-  const at::Tensor grad_c = grad.contiguous();
-  const at::Tensor rois_c = rois.contiguous();
-  const at::Tensor mapping_c = channel_mapping.contiguous();
+  const Tensor grad_c = as_contiguous(grad);
+  const Tensor rois_c = as_contiguous(rois);
+  const Tensor mapping_c = as_contiguous(channel_mapping);
   check_channel_mapping_values(op, mapping_c, channels);
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, grad.scalar_type(), "opforge_ps_roi_pool_backward_cpu", [&] {
-        check_rois_values(op, rois_c.const_data_ptr<scalar_t>(), rois_c.size(0), batch_size);
-        ps_roi_pool_backward_impl<scalar_t>(grad_c, rois_c, mapping_c, grad_input, spatial_scale,
-                                            pooled_height, pooled_width);
-      });
-  return grad_input.to(grad.scalar_type());
+  OPFORGE_DISPATCH_FLOATING_TYPES(grad.scalar_type(), "opforge_ps_roi_pool_backward_cpu", [&] {
+    check_rois_values(op, rois_c.const_data_ptr<scalar_t>(), rois_c.size(0), batch_size);
+    ps_roi_pool_backward_impl<scalar_t>(grad_c, rois_c, mapping_c, grad_input, spatial_scale,
+                                        pooled_height, pooled_width);
+  });
+  return to_dtype(grad_input, grad.scalar_type());
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(opforge, CPU, m) {
-  m.impl("ps_roi_pool", TORCH_FN(ps_roi_pool_forward_kernel));
-  m.impl("_ps_roi_pool_backward", TORCH_FN(ps_roi_pool_backward_kernel));
+OPFORGE_LIBRARY_IMPL(CPU, m) {
+  m.impl("ps_roi_pool", OPFORGE_KERNEL(ps_roi_pool_forward_kernel));
+  m.impl("_ps_roi_pool_backward", OPFORGE_KERNEL(ps_roi_pool_backward_kernel));
 }
 
 }  // namespace opforge::cpu

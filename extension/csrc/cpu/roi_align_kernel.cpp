@@ -2,11 +2,6 @@
 // computed once and reused for every channel. Forward work is split over
 // (roi, channel) pairs; backward over channels, so no two threads ever add into
 // the same input-gradient element.
-#include <ATen/ATen.h>
-#include <ATen/Dispatch.h>
-#include <ATen/OpMathType.h>
-#include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
@@ -43,23 +38,23 @@ void pool_channels(const RoiGrid<acc_t>& grid, const scalar_t* plane, int64_t pl
 }
 
 template <typename scalar_t>
-void roi_align_forward_impl(const at::Tensor& input, const at::Tensor& rois, at::Tensor& output,
+void roi_align_forward_impl(const Tensor& input, const Tensor& rois, Tensor& output,
                             double spatial_scale, int64_t pooled_h, int64_t pooled_w,
                             int64_t sampling_ratio, bool aligned) {
-  using acc_t = at::opmath_type<scalar_t>;
+  using acc_t = opmath_t<scalar_t>;
   const int64_t num_rois = rois.size(0);
   const int64_t channels = input.size(1);
   const int64_t height = input.size(2);
   const int64_t width = input.size(3);
-  const scalar_t* in = input.data_ptr<scalar_t>();
-  const scalar_t* roi_p = rois.data_ptr<scalar_t>();
-  scalar_t* out = output.data_ptr<scalar_t>();
+  const scalar_t* in = input.mutable_data_ptr<scalar_t>();
+  const scalar_t* roi_p = rois.mutable_data_ptr<scalar_t>();
+  scalar_t* out = output.mutable_data_ptr<scalar_t>();
   const int64_t bins = pooled_h * pooled_w;
   // Enough work per chunk that a small call (a few rois) runs on one thread: waking the
   // pool costs more than it saves there, and much more on a loaded machine.
   const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, bins * 4));
 
-  at::parallel_for(0, num_rois * channels, grain, [&](int64_t begin, int64_t end) {
+  parallel_for(0, num_rois * channels, grain, [&](int64_t begin, int64_t end) {
     RoiGrid<acc_t> grid;
     const int64_t plane_size = height * width;
     int64_t index = begin;
@@ -86,21 +81,21 @@ void roi_align_forward_impl(const at::Tensor& input, const at::Tensor& rois, at:
 }
 
 template <typename scalar_t>
-void roi_align_backward_impl(const at::Tensor& grad, const at::Tensor& rois, at::Tensor& grad_input,
+void roi_align_backward_impl(const Tensor& grad, const Tensor& rois, Tensor& grad_input,
                              double spatial_scale, int64_t pooled_h, int64_t pooled_w,
                              int64_t sampling_ratio, bool aligned) {
-  using acc_t = at::opmath_type<scalar_t>;
+  using acc_t = opmath_t<scalar_t>;
   const int64_t num_rois = rois.size(0);
   const int64_t channels = grad_input.size(1);
   const int64_t height = grad_input.size(2);
   const int64_t width = grad_input.size(3);
-  const scalar_t* g = grad.data_ptr<scalar_t>();
-  const scalar_t* roi_p = rois.data_ptr<scalar_t>();
-  acc_t* gi = grad_input.data_ptr<acc_t>();
+  const scalar_t* g = grad.mutable_data_ptr<scalar_t>();
+  const scalar_t* roi_p = rois.mutable_data_ptr<scalar_t>();
+  acc_t* gi = grad_input.mutable_data_ptr<acc_t>();
   const int64_t bins = pooled_h * pooled_w;
 
   // Each thread owns a range of channels: every roi adds only into its own channel planes.
-  at::parallel_for(0, channels, 1, [&](int64_t c_begin, int64_t c_end) {
+  parallel_for(0, channels, 1, [&](int64_t c_begin, int64_t c_end) {
     RoiGrid<acc_t> grid;
     for (int64_t n = 0; n < num_rois; ++n) {
       compute_roi_grid<scalar_t, acc_t>("_roi_align_backward", grid, roi_p + n * 5,
@@ -123,58 +118,54 @@ void roi_align_backward_impl(const at::Tensor& grad, const at::Tensor& rois, at:
   });
 }
 
-at::Tensor roi_align_forward_kernel(const at::Tensor& input, const at::Tensor& rois,
-                                    double spatial_scale, int64_t pooled_height,
-                                    int64_t pooled_width, int64_t sampling_ratio, bool aligned) {
+Tensor roi_align_forward_kernel(const Tensor& input, const Tensor& rois, double spatial_scale,
+                                int64_t pooled_height, int64_t pooled_width, int64_t sampling_ratio,
+                                bool aligned) {
   check_roi_inputs("roi_align", input, rois, pooled_height, pooled_width);
   check_sampling_ratio("roi_align", sampling_ratio, pooled_height, pooled_width);
-  at::Tensor output =
-      at::empty({rois.size(0), input.size(1), pooled_height, pooled_width}, input.options());
+  Tensor output = alloc_empty(input, {rois.size(0), input.size(1), pooled_height, pooled_width});
   if (output.numel() == 0) {
     return output;
   }
-  const at::Tensor input_c = input.contiguous();
-  const at::Tensor rois_c = rois.contiguous();
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, input.scalar_type(), "opforge_roi_align_forward_cpu", [&] {
-        check_rois_values("roi_align", rois_c.data_ptr<scalar_t>(), rois_c.size(0), input.size(0));
-        roi_align_forward_impl<scalar_t>(input_c, rois_c, output, spatial_scale, pooled_height,
-                                         pooled_width, sampling_ratio, aligned);
-      });
+  const Tensor input_c = as_contiguous(input);
+  const Tensor rois_c = as_contiguous(rois);
+  OPFORGE_DISPATCH_FLOATING_TYPES(input.scalar_type(), "opforge_roi_align_forward_cpu", [&] {
+    check_rois_values("roi_align", rois_c.mutable_data_ptr<scalar_t>(), rois_c.size(0),
+                      input.size(0));
+    roi_align_forward_impl<scalar_t>(input_c, rois_c, output, spatial_scale, pooled_height,
+                                     pooled_width, sampling_ratio, aligned);
+  });
   return output;
 }
 
-at::Tensor roi_align_backward_kernel(const at::Tensor& grad, const at::Tensor& rois,
-                                     double spatial_scale, int64_t pooled_height,
-                                     int64_t pooled_width, int64_t batch_size, int64_t channels,
-                                     int64_t height, int64_t width, int64_t sampling_ratio,
-                                     bool aligned) {
+Tensor roi_align_backward_kernel(const Tensor& grad, const Tensor& rois, double spatial_scale,
+                                 int64_t pooled_height, int64_t pooled_width, int64_t batch_size,
+                                 int64_t channels, int64_t height, int64_t width,
+                                 int64_t sampling_ratio, bool aligned) {
   check_roi_backward_inputs("_roi_align_backward", grad, rois, pooled_height, pooled_width,
                             batch_size, channels, height, width);
   check_sampling_ratio("_roi_align_backward", sampling_ratio, pooled_height, pooled_width);
-  const auto acc_dtype = at::toOpMathType(grad.scalar_type());
-  at::Tensor grad_input =
-      at::zeros({batch_size, channels, height, width}, grad.options().dtype(acc_dtype));
+  const auto acc_dtype = opmath_dtype(grad.scalar_type());
+  Tensor grad_input = alloc_zeros(grad, {batch_size, channels, height, width}, acc_dtype);
   if (grad.numel() == 0 || grad_input.numel() == 0) {
-    return grad_input.to(grad.scalar_type());
+    return to_dtype(grad_input, grad.scalar_type());
   }
-  const at::Tensor grad_c = grad.contiguous();
-  const at::Tensor rois_c = rois.contiguous();
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, grad.scalar_type(), "opforge_roi_align_backward_cpu", [&] {
-        check_rois_values("_roi_align_backward", rois_c.data_ptr<scalar_t>(), rois_c.size(0),
-                          batch_size);
-        roi_align_backward_impl<scalar_t>(grad_c, rois_c, grad_input, spatial_scale, pooled_height,
-                                          pooled_width, sampling_ratio, aligned);
-      });
-  return grad_input.to(grad.scalar_type());
+  const Tensor grad_c = as_contiguous(grad);
+  const Tensor rois_c = as_contiguous(rois);
+  OPFORGE_DISPATCH_FLOATING_TYPES(grad.scalar_type(), "opforge_roi_align_backward_cpu", [&] {
+    check_rois_values("_roi_align_backward", rois_c.mutable_data_ptr<scalar_t>(), rois_c.size(0),
+                      batch_size);
+    roi_align_backward_impl<scalar_t>(grad_c, rois_c, grad_input, spatial_scale, pooled_height,
+                                      pooled_width, sampling_ratio, aligned);
+  });
+  return to_dtype(grad_input, grad.scalar_type());
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(opforge, CPU, m) {
-  m.impl("roi_align", TORCH_FN(roi_align_forward_kernel));
-  m.impl("_roi_align_backward", TORCH_FN(roi_align_backward_kernel));
+OPFORGE_LIBRARY_IMPL(CPU, m) {
+  m.impl("roi_align", OPFORGE_KERNEL(roi_align_forward_kernel));
+  m.impl("_roi_align_backward", OPFORGE_KERNEL(roi_align_backward_kernel));
 }
 
 }  // namespace opforge::cpu

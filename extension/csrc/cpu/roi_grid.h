@@ -3,7 +3,7 @@
 // weights, computed once per roi and reused for every channel.
 #pragma once
 
-#include <c10/util/Exception.h>
+#include "../abi.h"
 
 #include <algorithm>
 #include <cmath>
@@ -105,12 +105,12 @@ void compute_roi_grid(const char* op, RoiGrid<acc_t>& grid, const scalar_t* roi,
       sampling_ratio > 0 ? sampling_ratio : std::max(0.0, std::ceil(double(roi_h / pooled_h)));
   const double grid_w =
       sampling_ratio > 0 ? sampling_ratio : std::max(0.0, std::ceil(double(roi_w / pooled_w)));
-  TORCH_CHECK(grid_h * pooled_h <= double(kMaxSamplesPerAxis) &&
-                  grid_w * pooled_w <= double(kMaxSamplesPerAxis),
-              op, ": a roi of ", double(roi_h), " x ", double(roi_w),
-              " (after spatial_scale) with sampling_ratio ", sampling_ratio, " needs more than ",
-              kMaxSamplesPerAxis,
-              " samples along one side; check the rois or pass a small positive sampling_ratio");
+  OPFORGE_CHECK(grid_h * pooled_h <= double(kMaxSamplesPerAxis) &&
+                    grid_w * pooled_w <= double(kMaxSamplesPerAxis),
+                op, ": a roi of ", double(roi_h), " x ", double(roi_w),
+                " (after spatial_scale) with sampling_ratio ", sampling_ratio, " needs more than ",
+                kMaxSamplesPerAxis,
+                " samples along one side; check the rois or pass a small positive sampling_ratio");
   grid.count = static_cast<acc_t>(std::max<int64_t>(int64_t(grid_h) * int64_t(grid_w), 1));
   fill_axis(grid.ys, grid.y_range, start_h, bin_h, pooled_h, int64_t(grid_h), height);
   fill_axis(grid.xs, grid.x_range, start_w, bin_w, pooled_w, int64_t(grid_w), width);

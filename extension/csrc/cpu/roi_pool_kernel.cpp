@@ -1,11 +1,6 @@
 // RoIPool (max pooling over quantized roi bins) on the CPU. Forward work is
 // split over (roi, channel) pairs; backward over channels so no two threads
 // add into the same input-gradient element.
-#include <ATen/ATen.h>
-#include <ATen/Dispatch.h>
-#include <ATen/OpMathType.h>
-#include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
@@ -31,7 +26,7 @@ inline int64_t round_coordinate(double value) {
 template <typename scalar_t>
 void compute_bins(RoiBins& bins, const scalar_t* roi, double spatial_scale, int64_t height,
                   int64_t width, int64_t pooled_h, int64_t pooled_w) {
-  using acc_t = at::opmath_type<scalar_t>;
+  using acc_t = opmath_t<scalar_t>;
   const acc_t scale = static_cast<acc_t>(spatial_scale);
   const int64_t start_w = round_coordinate(static_cast<acc_t>(roi[1]) * scale);
   const int64_t start_h = round_coordinate(static_cast<acc_t>(roi[2]) * scale);
@@ -58,23 +53,22 @@ void compute_bins(RoiBins& bins, const scalar_t* roi, double spatial_scale, int6
 }
 
 template <typename scalar_t>
-void roi_pool_forward_impl(const at::Tensor& input, const at::Tensor& rois, at::Tensor& output,
-                           at::Tensor& argmax, double spatial_scale, int64_t pooled_h,
-                           int64_t pooled_w) {
+void roi_pool_forward_impl(const Tensor& input, const Tensor& rois, Tensor& output, Tensor& argmax,
+                           double spatial_scale, int64_t pooled_h, int64_t pooled_w) {
   const int64_t num_rois = rois.size(0);
   const int64_t channels = input.size(1);
   const int64_t height = input.size(2);
   const int64_t width = input.size(3);
-  const scalar_t* in = input.data_ptr<scalar_t>();
-  const scalar_t* roi_p = rois.data_ptr<scalar_t>();
-  scalar_t* out = output.data_ptr<scalar_t>();
-  int32_t* arg = argmax.data_ptr<int32_t>();
+  const scalar_t* in = input.mutable_data_ptr<scalar_t>();
+  const scalar_t* roi_p = rois.mutable_data_ptr<scalar_t>();
+  scalar_t* out = output.mutable_data_ptr<scalar_t>();
+  int32_t* arg = argmax.mutable_data_ptr<int32_t>();
   const int64_t bins_per_plane = pooled_h * pooled_w;
   // Enough work per chunk that a small call (a few rois) runs on one thread: waking the
   // pool costs more than it saves there, and much more on a loaded machine.
   const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, bins_per_plane * 4));
 
-  at::parallel_for(0, num_rois * channels, grain, [&](int64_t begin, int64_t end) {
+  parallel_for(0, num_rois * channels, grain, [&](int64_t begin, int64_t end) {
     RoiBins bins;
     int64_t current = -1;
     int64_t batch_index = 0;
@@ -114,19 +108,19 @@ void roi_pool_forward_impl(const at::Tensor& input, const at::Tensor& rois, at::
 }
 
 template <typename scalar_t>
-void roi_pool_backward_impl(const at::Tensor& grad, const at::Tensor& rois,
-                            const at::Tensor& argmax, at::Tensor& grad_input) {
-  using acc_t = at::opmath_type<scalar_t>;
+void roi_pool_backward_impl(const Tensor& grad, const Tensor& rois, const Tensor& argmax,
+                            Tensor& grad_input) {
+  using acc_t = opmath_t<scalar_t>;
   const int64_t num_rois = rois.size(0);
   const int64_t channels = grad_input.size(1);
   const int64_t plane_size = grad_input.size(2) * grad_input.size(3);
   const int64_t bins = grad.size(2) * grad.size(3);
-  const scalar_t* g = grad.data_ptr<scalar_t>();
-  const scalar_t* roi_p = rois.data_ptr<scalar_t>();
-  const int32_t* arg = argmax.data_ptr<int32_t>();
-  acc_t* gi = grad_input.data_ptr<acc_t>();
+  const scalar_t* g = grad.mutable_data_ptr<scalar_t>();
+  const scalar_t* roi_p = rois.mutable_data_ptr<scalar_t>();
+  const int32_t* arg = argmax.mutable_data_ptr<int32_t>();
+  acc_t* gi = grad_input.mutable_data_ptr<acc_t>();
 
-  at::parallel_for(0, channels, 1, [&](int64_t c_begin, int64_t c_end) {
+  parallel_for(0, channels, 1, [&](int64_t c_begin, int64_t c_end) {
     for (int64_t n = 0; n < num_rois; ++n) {
       const int64_t batch_index = static_cast<int64_t>(roi_p[n * 5]);
       for (int64_t c = c_begin; c < c_end; ++c) {
@@ -137,8 +131,8 @@ void roi_pool_backward_impl(const at::Tensor& grad, const at::Tensor& rois,
           if (i == -1) {
             continue;
           }
-          TORCH_CHECK(i >= 0 && i < plane_size, "_roi_pool_backward: argmax holds ", i,
-                      ", outside an input plane of ", plane_size, " elements");
+          OPFORGE_CHECK(i >= 0 && i < plane_size, "_roi_pool_backward: argmax holds ", i,
+                        ", outside an input plane of ", plane_size, " elements");
           gi_plane[i] += static_cast<acc_t>(g[plane * bins + bin]);
         }
       }
@@ -146,60 +140,56 @@ void roi_pool_backward_impl(const at::Tensor& grad, const at::Tensor& rois,
   });
 }
 
-std::tuple<at::Tensor, at::Tensor> roi_pool_forward_kernel(const at::Tensor& input,
-                                                           const at::Tensor& rois,
-                                                           double spatial_scale,
-                                                           int64_t pooled_height,
-                                                           int64_t pooled_width) {
+std::tuple<Tensor, Tensor> roi_pool_forward_kernel(const Tensor& input, const Tensor& rois,
+                                                   double spatial_scale, int64_t pooled_height,
+                                                   int64_t pooled_width) {
   check_roi_inputs("roi_pool", input, rois, pooled_height, pooled_width);
   const std::vector<int64_t> shape{rois.size(0), input.size(1), pooled_height, pooled_width};
-  at::Tensor output = at::empty(shape, input.options());
-  at::Tensor argmax = at::empty(shape, input.options().dtype(at::kInt));
+  Tensor output = alloc_empty(input, shape);
+  Tensor argmax = alloc_empty(input, shape, ScalarType::Int);
   if (output.numel() == 0) {
     return {output, argmax};
   }
-  const at::Tensor input_c = input.contiguous();
-  const at::Tensor rois_c = rois.contiguous();
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, input.scalar_type(), "opforge_roi_pool_forward_cpu", [&] {
-        check_rois_values("roi_pool", rois_c.data_ptr<scalar_t>(), rois_c.size(0), input.size(0));
-        roi_pool_forward_impl<scalar_t>(input_c, rois_c, output, argmax, spatial_scale,
-                                        pooled_height, pooled_width);
-      });
+  const Tensor input_c = as_contiguous(input);
+  const Tensor rois_c = as_contiguous(rois);
+  OPFORGE_DISPATCH_FLOATING_TYPES(input.scalar_type(), "opforge_roi_pool_forward_cpu", [&] {
+    check_rois_values("roi_pool", rois_c.mutable_data_ptr<scalar_t>(), rois_c.size(0),
+                      input.size(0));
+    roi_pool_forward_impl<scalar_t>(input_c, rois_c, output, argmax, spatial_scale, pooled_height,
+                                    pooled_width);
+  });
   return {output, argmax};
 }
 
-at::Tensor roi_pool_backward_kernel(const at::Tensor& grad, const at::Tensor& rois,
-                                    const at::Tensor& argmax, double spatial_scale,
-                                    int64_t pooled_height, int64_t pooled_width, int64_t batch_size,
-                                    int64_t channels, int64_t height, int64_t width) {
+Tensor roi_pool_backward_kernel(const Tensor& grad, const Tensor& rois, const Tensor& argmax,
+                                double spatial_scale, int64_t pooled_height, int64_t pooled_width,
+                                int64_t batch_size, int64_t channels, int64_t height,
+                                int64_t width) {
   check_roi_backward_inputs("_roi_pool_backward", grad, rois, pooled_height, pooled_width,
                             batch_size, channels, height, width);
   check_int32_like_grad("_roi_pool_backward", "argmax", argmax, grad);
   (void)spatial_scale;  // argmax already says where each bin's maximum came from
-  const auto acc_dtype = at::toOpMathType(grad.scalar_type());
-  at::Tensor grad_input =
-      at::zeros({batch_size, channels, height, width}, grad.options().dtype(acc_dtype));
+  const auto acc_dtype = opmath_dtype(grad.scalar_type());
+  Tensor grad_input = alloc_zeros(grad, {batch_size, channels, height, width}, acc_dtype);
   if (grad.numel() == 0 || grad_input.numel() == 0) {
-    return grad_input.to(grad.scalar_type());
+    return to_dtype(grad_input, grad.scalar_type());
   }
-  const at::Tensor grad_c = grad.contiguous();
-  const at::Tensor rois_c = rois.contiguous();
-  const at::Tensor argmax_c = argmax.contiguous();
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, grad.scalar_type(), "opforge_roi_pool_backward_cpu", [&] {
-        check_rois_values("_roi_pool_backward", rois_c.data_ptr<scalar_t>(), rois_c.size(0),
-                          batch_size);
-        roi_pool_backward_impl<scalar_t>(grad_c, rois_c, argmax_c, grad_input);
-      });
-  return grad_input.to(grad.scalar_type());
+  const Tensor grad_c = as_contiguous(grad);
+  const Tensor rois_c = as_contiguous(rois);
+  const Tensor argmax_c = as_contiguous(argmax);
+  OPFORGE_DISPATCH_FLOATING_TYPES(grad.scalar_type(), "opforge_roi_pool_backward_cpu", [&] {
+    check_rois_values("_roi_pool_backward", rois_c.mutable_data_ptr<scalar_t>(), rois_c.size(0),
+                      batch_size);
+    roi_pool_backward_impl<scalar_t>(grad_c, rois_c, argmax_c, grad_input);
+  });
+  return to_dtype(grad_input, grad.scalar_type());
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(opforge, CPU, m) {
-  m.impl("roi_pool", TORCH_FN(roi_pool_forward_kernel));
-  m.impl("_roi_pool_backward", TORCH_FN(roi_pool_backward_kernel));
+OPFORGE_LIBRARY_IMPL(CPU, m) {
+  m.impl("roi_pool", OPFORGE_KERNEL(roi_pool_forward_kernel));
+  m.impl("_roi_pool_backward", OPFORGE_KERNEL(roi_pool_backward_kernel));
 }
 
 }  // namespace opforge::cpu

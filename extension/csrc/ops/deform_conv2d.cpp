@@ -1,7 +1,10 @@
-#include "deform_conv2d.h"
+// The schemas of deform_conv2d (both ABIs) and, in the legacy build, the dispatcher-calling
+// wrappers the C++ autocast kernels use.
+#include "../abi.h"
 
+#ifndef OPFORGE_STABLE_ABI
+#include "deform_conv2d.h"
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <torch/library.h>
 
 namespace opforge::ops {
 
@@ -31,7 +34,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> _deform_c
                  std::move(groups), std::move(offset_groups), use_mask);
 }
 
-TORCH_LIBRARY_FRAGMENT(opforge, m) {
+}  // namespace opforge::ops
+#endif
+
+namespace opforge::ops {
+
+OPFORGE_LIBRARY_FRAGMENT(m) {
   m.def(
       "deform_conv2d(Tensor input, Tensor weight, Tensor offset, Tensor mask, Tensor bias, "
       "SymInt stride_h, SymInt stride_w, SymInt pad_h, SymInt pad_w, SymInt dilation_h, "

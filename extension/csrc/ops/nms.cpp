@@ -1,7 +1,10 @@
-#include "nms.h"
+// The schemas of nms (both ABIs) and, in the legacy build, the dispatcher-calling
+// wrappers the C++ autocast kernels use.
+#include "../abi.h"
 
+#ifndef OPFORGE_STABLE_ABI
+#include "nms.h"
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <torch/library.h>
 
 namespace opforge::ops {
 
@@ -11,7 +14,12 @@ at::Tensor nms(const at::Tensor& dets, const at::Tensor& scores, double iou_thre
   return op.call(dets, scores, iou_threshold);
 }
 
-TORCH_LIBRARY_FRAGMENT(opforge, m) {
+}  // namespace opforge::ops
+#endif
+
+namespace opforge::ops {
+
+OPFORGE_LIBRARY_FRAGMENT(m) {
   m.def("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor");
 }
 

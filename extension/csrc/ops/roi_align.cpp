@@ -1,7 +1,10 @@
-#include "roi_align.h"
+// The schemas of roi_align (both ABIs) and, in the legacy build, the dispatcher-calling
+// wrappers the C++ autocast kernels use.
+#include "../abi.h"
 
+#ifndef OPFORGE_STABLE_ABI
+#include "roi_align.h"
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <torch/library.h>
 
 namespace opforge::ops {
 
@@ -27,7 +30,12 @@ at::Tensor _roi_align_backward(const at::Tensor& grad, const at::Tensor& rois, d
                  sampling_ratio, aligned);
 }
 
-TORCH_LIBRARY_FRAGMENT(opforge, m) {
+}  // namespace opforge::ops
+#endif
+
+namespace opforge::ops {
+
+OPFORGE_LIBRARY_FRAGMENT(m) {
   m.def(
       "roi_align(Tensor input, Tensor rois, float spatial_scale, SymInt pooled_height, "
       "SymInt pooled_width, int sampling_ratio, bool aligned) -> Tensor");

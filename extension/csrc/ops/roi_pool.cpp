@@ -1,7 +1,10 @@
-#include "roi_pool.h"
+// The schemas of roi_pool (both ABIs) and, in the legacy build, the dispatcher-calling
+// wrappers the C++ autocast kernels use.
+#include "../abi.h"
 
+#ifndef OPFORGE_STABLE_ABI
+#include "roi_pool.h"
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <torch/library.h>
 
 namespace opforge::ops {
 
@@ -27,7 +30,12 @@ at::Tensor _roi_pool_backward(const at::Tensor& grad, const at::Tensor& rois,
                  std::move(height), std::move(width));
 }
 
-TORCH_LIBRARY_FRAGMENT(opforge, m) {
+}  // namespace opforge::ops
+#endif
+
+namespace opforge::ops {
+
+OPFORGE_LIBRARY_FRAGMENT(m) {
   m.def(
       "roi_pool(Tensor input, Tensor rois, float spatial_scale, SymInt pooled_height, "
       "SymInt pooled_width) -> (Tensor, Tensor)");

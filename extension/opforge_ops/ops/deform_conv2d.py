@@ -18,6 +18,7 @@ from torch.nn.parameter import Parameter
 
 from ._checks import check_storage_holds, sizes
 from ._checks import scalar_type_name as _scalar_type_name
+from ._dispatch import register_autocast
 from ._utils import fx_leaf_call
 
 __all__ = ["deform_conv2d", "DeformConv2d"]
@@ -377,3 +378,4 @@ def _double_backward(ctx, *grads):
 torch.library.register_autograd(
     "opforge::_deform_conv2d_backward", _double_backward, setup_context=_backward_setup_context
 )
+register_autocast("deform_conv2d")

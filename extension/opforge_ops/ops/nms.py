@@ -10,6 +10,7 @@ import torch.fx
 from torch import Tensor
 
 from ._checks import check_nms_inputs
+from ._dispatch import register_autocast, register_not_differentiable
 from ._utils import fx_leaf_call
 
 
@@ -88,3 +89,5 @@ def _nms_fake(dets, scores, iou_threshold):
     check_nms_inputs(dets, scores)
     kept = torch.library.get_ctx().new_dynamic_size()
     return dets.new_empty(kept, dtype=torch.int64)
+register_autocast("nms")
+register_not_differentiable("nms")

@@ -9,6 +9,7 @@ from torch.nn.modules.utils import _pair
 
 from ._checks import check_ps_roi_backward_inputs, check_ps_roi_inputs, check_sampling_ratio
 from ._first_order import forbid_double_backward
+from ._dispatch import register_autocast
 from ._utils import fx_leaf_call, rois_from_boxes
 
 
@@ -129,3 +130,4 @@ torch.library.register_autograd(
     "opforge::ps_roi_align", _ps_roi_align_backward, setup_context=_ps_roi_align_setup_context
 )
 forbid_double_backward("opforge::_ps_roi_align_backward", "ps_roi_align")
+register_autocast("ps_roi_align")

@@ -10,6 +10,7 @@ from torch.nn.modules.utils import _pair
 from ._checks import check_ps_roi_backward_inputs, check_ps_roi_inputs
 from ._first_order import forbid_double_backward
 from ._utils import fx_leaf_call, rois_from_boxes
+from ._dispatch import register_autocast
 from .ps_roi_align import _ps_roi_outputs
 
 
@@ -112,3 +113,4 @@ torch.library.register_autograd(
     "opforge::ps_roi_pool", _ps_roi_pool_backward, setup_context=_ps_roi_pool_setup_context
 )
 forbid_double_backward("opforge::_ps_roi_pool_backward", "ps_roi_pool")
+register_autocast("ps_roi_pool")

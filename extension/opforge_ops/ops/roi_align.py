@@ -12,6 +12,7 @@ from torch.nn.modules.utils import _pair
 
 from ._checks import check_roi_backward_inputs, check_roi_inputs, check_sampling_ratio
 from ._first_order import forbid_double_backward
+from ._dispatch import register_autocast
 from ._utils import check_quantized_rois, fx_leaf_call, rois_from_boxes
 
 
@@ -134,3 +135,4 @@ torch.library.register_autograd(
     "opforge::roi_align", _roi_align_backward, setup_context=_roi_align_setup_context
 )
 forbid_double_backward("opforge::_roi_align_backward", "roi_align")
+register_autocast("roi_align")

@@ -12,6 +12,7 @@ from torch.nn.modules.utils import _pair
 
 from ._checks import check_int32_like_grad, check_roi_backward_inputs, check_roi_inputs
 from ._first_order import forbid_double_backward
+from ._dispatch import register_autocast
 from ._utils import fx_leaf_call, rois_from_boxes
 
 
@@ -112,3 +113,4 @@ torch.library.register_autograd(
     "opforge::roi_pool", _roi_pool_backward, setup_context=_roi_pool_setup_context
 )
 forbid_double_backward("opforge::_roi_pool_backward", "roi_pool")
+register_autocast("roi_pool")

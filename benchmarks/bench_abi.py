@@ -1,0 +1,127 @@
+"""The CPU rows of bench_cpu.py, two builds of opforge_ops side by side (e.g. legacy vs stable ABI).
+
+    python benchmarks/bench_abi.py --a /path/legacy-venv/bin/python --b /path/stable-venv/bin/python \
+        [--threads 2] [--min-run-time 1.0] [--rounds 3] [--only TEXT] [--json results.json]
+
+Two builds register the same torch.ops.opforge namespace, so they cannot share a process: each
+runs in a worker (its own interpreter and environment) that stays up for the whole run, and
+the parent asks the two for each row in alternation, --rounds times, keeping each build's best
+median, so load from other processes on a shared machine does not decide a row. "ratio" is
+b time / a time. Both workers first compute every row once and their results must agree.
+Exit status 1 if any row's ratio is above --tolerance.
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def worker(threads, min_run_time):
+    """Serve rows on stdin: 'check NAME' -> a digest of the result, 'time NAME' -> median s."""
+    import torch
+
+    sys.path.insert(0, str(HERE))
+    import bench_cpu
+    import opforge_ops
+
+    torch.set_num_threads(threads)
+    rows = {name: ours for name, ours, _ in bench_cpu.cases(opforge_ops, None)}
+    print(json.dumps({"rows": list(rows), "abi": opforge_ops.build_info().get("abi")}), flush=True)
+    for line in sys.stdin:
+        command, _, name = line.strip().partition(" ")
+        try:
+            if command == "check":
+                out = rows[name]()
+                outs = out if isinstance(out, (list, tuple)) else [out]
+                reply = [None if t is None else t.double().sum().item() if not t.is_quantized
+                         else t.int_repr().double().sum().item() for t in outs]
+            else:
+                reply = bench_cpu.measure(rows[name], min_run_time)
+        except (RuntimeError, NotImplementedError) as error:  # e.g. quantized rows on stable
+            reply = {"error": str(error).splitlines()[0]}
+        print(json.dumps(reply), flush=True)
+
+
+class Worker:
+    def __init__(self, python, threads, min_run_time):
+        self.proc = subprocess.Popen(
+            [python, __file__, "--worker", "--threads", str(threads), "--min-run-time", str(min_run_time)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd="/")
+        hello = self.proc.stdout.readline()
+        if not hello:
+            raise SystemExit(f"bench_abi: the worker {python} did not start")
+        info = json.loads(hello)
+        self.rows, self.abi = info["rows"], info["abi"]
+
+    def ask(self, command, name):
+        self.proc.stdin.write(f"{command} {name}\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def agree(a, b):
+    if isinstance(a, dict) or isinstance(b, dict):
+        return True  # a row one build cannot run is reported, not compared
+    return all((x is None) == (y is None) and (x is None or abs(x - y) <= 1e-3 * max(1.0, abs(x)))
+               for x, y in zip(a, b, strict=True))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--a", help="python of the first build's environment (the baseline)")
+    parser.add_argument("--b", help="python of the second build's environment")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--min-run-time", type=float, default=1.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tolerance", type=float, default=1.05)
+    parser.add_argument("--only", default="")
+    parser.add_argument("--json")
+    args = parser.parse_args(argv)
+    if args.worker:
+        return worker(args.threads, args.min_run_time)
+    if not (args.a and args.b):
+        parser.error("--a and --b name the two environments' python")
+    a = Worker(args.a, args.threads, args.min_run_time)
+    b = Worker(args.b, args.threads, args.min_run_time)
+    results, worst = [], 0.0
+    print(f"{'row':58} {a.abi:>10} {b.abi:>10}  ratio")
+    for name in a.rows:
+        if args.only not in name or name not in b.rows:
+            continue
+        check_a, check_b = a.ask("check", name), b.ask("check", name)
+        if not agree(check_a, check_b):
+            raise SystemExit(f"bench_abi: {name}: the two builds disagree ({check_a} vs {check_b})")
+        best_a = best_b = None
+        for _ in range(args.rounds):
+            for worker_, best in ((a, "a"), (b, "b")):
+                t = worker_.ask("time", name)
+                if isinstance(t, dict):
+                    t = None
+                if best == "a":
+                    best_a = t if best_a is None or (t is not None and t < best_a) else best_a
+                else:
+                    best_b = t if best_b is None or (t is not None and t < best_b) else best_b
+        ratio = best_b / best_a if best_a and best_b else None
+        worst = max(worst, ratio or 0.0)
+        fmt = lambda t: f"{t * 1e3:8.3f}ms" if t else f"{'n/a':>10}"  # noqa: E731
+        print(f"{name:58} {fmt(best_a)} {fmt(best_b)}  {ratio:.3f}" if ratio else
+              f"{name:58} {fmt(best_a)} {fmt(best_b)}  n/a", flush=True)
+        results.append({"row": name, "a_s": best_a, "b_s": best_b, "ratio": ratio})
+    a.close()
+    b.close()
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 1 if worst > args.tolerance else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,358 @@
+// The one header that knows which LibTorch ABI a file is compiled against. Kernels are
+// written once against the names below; a legacy build (the default) maps them onto ATen
+// and torch/library.h, a stable-ABI build (OPFORGE_STABLE_ABI, set by setup.py together
+// with TORCH_TARGET_VERSION) onto torch/csrc/stable and the C shim, so the same kernel body
+// runs in both wheels.
+#pragma once
+
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#ifdef OPFORGE_STABLE_ABI
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/core/ScalarType.h>
+#include <torch/headeronly/util/BFloat16.h>
+#include <torch/headeronly/util/Half.h>
+
+#include <stdexcept>
+#else
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+#endif
+
+namespace opforge {
+
+#ifdef OPFORGE_STABLE_ABI
+using Tensor = torch::stable::Tensor;
+using ScalarType = torch::headeronly::ScalarType;
+using DeviceType = torch::headeronly::DeviceType;
+#else
+using Tensor = at::Tensor;
+using ScalarType = at::ScalarType;
+using DeviceType = c10::DeviceType;
+#endif
+using Half = c10::Half;
+using BFloat16 = c10::BFloat16;
+
+// Concatenates what an error message is made of, the way TORCH_CHECK does.
+template <typename... Args>
+std::string cat(const Args&... args) {
+  std::ostringstream out;
+  (out << ... << args);
+  return out.str();
+}
+
+// A tensor's sizes as TORCH_CHECK prints them: [2, 3].
+inline std::string shape(const Tensor& t) {
+  std::string text = "[";
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    text += (d ? ", " : "") + std::to_string(t.size(d));
+  }
+  return text + "]";
+}
+
+inline std::string strides(const Tensor& t) {
+  std::string text = "[";
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    text += (d ? ", " : "") + std::to_string(t.stride(d));
+  }
+  return text + "]";
+}
+
+// A device type's name as c10::Device prints it (cpu, cuda), or, with upper_case, as
+// c10::DeviceTypeName gives it (CPU, CUDA).
+inline const char* device_type_name(DeviceType type, bool upper_case = false) {
+  switch (type) {
+    case DeviceType::CPU:
+      return upper_case ? "CPU" : "cpu";
+    case DeviceType::CUDA:
+      return upper_case ? "CUDA" : "cuda";
+    case DeviceType::MPS:
+      return upper_case ? "MPS" : "mps";
+    case DeviceType::Meta:
+      return upper_case ? "META" : "meta";
+    default:
+      return upper_case ? "UNKNOWN" : "unknown";
+  }
+}
+
+// A tensor's device as c10::Device prints it: cpu, cuda:0.
+inline std::string device_name(const Tensor& t) {
+  const auto device = t.device();
+  std::string text = device_type_name(device.type());
+  return device.index() >= 0 ? text + ":" + std::to_string(device.index()) : text;
+}
+
+inline DeviceType device_type(const Tensor& t) {
+  return t.device().type();
+}
+
+inline bool same_device(const Tensor& a, const Tensor& b) {
+  return a.device().type() == b.device().type() && a.device().index() == b.device().index();
+}
+
+inline const char* dtype_name(ScalarType type) {
+#ifdef OPFORGE_STABLE_ABI
+  return torch::headeronly::toString(type);
+#else
+  return c10::toString(type);
+#endif
+}
+
+inline std::string dtype_name(const Tensor& t) {
+  return dtype_name(t.scalar_type());
+}
+
+// Bytes held by the tensor's storage, or -1 when it has none to read (meta, undefined).
+inline int64_t storage_nbytes(const Tensor& t) {
+#ifdef OPFORGE_STABLE_ABI
+  int64_t bytes = -1;
+  if (!t.defined() || device_type(t) == DeviceType::Meta ||
+      aoti_torch_get_storage_size(t.get(), &bytes) != AOTI_TORCH_SUCCESS) {
+    return -1;
+  }
+  return bytes;
+#else
+  if (!t.defined() || !t.has_storage() || t.is_meta()) {
+    return -1;
+  }
+  return static_cast<int64_t>(t.storage().nbytes());
+#endif
+}
+
+// Half and bfloat16 compute in float, as at::opmath_type.
+template <typename T>
+struct OpMath {
+  using type = T;
+};
+template <>
+struct OpMath<Half> {
+  using type = float;
+};
+template <>
+struct OpMath<BFloat16> {
+  using type = float;
+};
+template <typename T>
+using opmath_t = typename OpMath<T>::type;
+
+inline ScalarType opmath_dtype(ScalarType type) {
+  return type == ScalarType::Half || type == ScalarType::BFloat16 ? ScalarType::Float : type;
+}
+
+inline std::vector<int64_t> sizes_of(const Tensor& t) {
+  std::vector<int64_t> sizes(t.dim());
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    sizes[d] = t.size(d);
+  }
+  return sizes;
+}
+
+inline Tensor alloc_empty(const Tensor& like, const std::vector<int64_t>& sizes, ScalarType dtype) {
+#ifdef OPFORGE_STABLE_ABI
+  return torch::stable::new_empty(like, sizes, dtype);
+#else
+  return at::empty(sizes, like.options().dtype(dtype));
+#endif
+}
+
+inline Tensor alloc_empty(const Tensor& like, const std::vector<int64_t>& sizes) {
+  return alloc_empty(like, sizes, like.scalar_type());
+}
+
+inline Tensor alloc_zeros(const Tensor& like, const std::vector<int64_t>& sizes, ScalarType dtype) {
+#ifdef OPFORGE_STABLE_ABI
+  return torch::stable::new_zeros(like, sizes, dtype);
+#else
+  return at::zeros(sizes, like.options().dtype(dtype));
+#endif
+}
+
+inline Tensor alloc_zeros(const Tensor& like, const std::vector<int64_t>& sizes) {
+  return alloc_zeros(like, sizes, like.scalar_type());
+}
+
+// as_contiguous() and to(dtype) that cost nothing when there is nothing to do.
+inline Tensor as_contiguous(const Tensor& t) {
+#ifdef OPFORGE_STABLE_ABI
+  return t.is_contiguous() ? t : torch::stable::contiguous(t);
+#else
+  return t.contiguous();
+#endif
+}
+
+inline Tensor to_dtype(const Tensor& t, ScalarType dtype) {
+#ifdef OPFORGE_STABLE_ABI
+  return t.scalar_type() == dtype ? t : torch::stable::to(t, dtype);
+#else
+  return t.to(dtype);
+#endif
+}
+
+template <typename F>
+void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) {
+#ifdef OPFORGE_STABLE_ABI
+  if (begin < end) {
+    torch::stable::parallel_for(begin, end, grain, f);
+  }
+#else
+  at::parallel_for(begin, end, grain, f);
+#endif
+}
+
+inline int64_t num_threads() {
+#ifdef OPFORGE_STABLE_ABI
+  return static_cast<int64_t>(torch::stable::get_num_threads());
+#else
+  return at::get_num_threads();
+#endif
+}
+
+#ifdef OPFORGE_STABLE_ABI
+namespace detail {
+// Calls an ATen operator through the shim's dispatcher entry point; returns its first output.
+template <typename... Args>
+Tensor call_aten(const char* name, const char* overload, const Args&... args) {
+  StableIValue stack[sizeof...(Args)] = {torch::stable::detail::from(args)...};
+  STABLE_TORCH_ERROR_CODE_CHECK(torch_call_dispatcher(name, overload, stack, TORCH_ABI_VERSION));
+  return torch::stable::detail::to<Tensor>(stack[0]);
+}
+}  // namespace detail
+#endif
+
+// The few ATen views and BLAS calls the deform_conv2d kernels build on.
+inline Tensor viewed(const Tensor& t, const std::vector<int64_t>& sizes) {
+#ifdef OPFORGE_STABLE_ABI
+  return torch::stable::view(t, sizes);
+#else
+  return t.view(sizes);
+#endif
+}
+
+inline Tensor reshaped(const Tensor& t, const std::vector<int64_t>& sizes) {
+#ifdef OPFORGE_STABLE_ABI
+  return torch::stable::reshape(t, sizes);
+#else
+  return t.reshape(sizes);
+#endif
+}
+
+inline Tensor narrowed(const Tensor& t, int64_t dim, int64_t start, int64_t length) {
+#ifdef OPFORGE_STABLE_ABI
+  Tensor self = t;
+  return torch::stable::narrow(self, dim, start, length);
+#else
+  return t.narrow(dim, start, length);
+#endif
+}
+
+inline Tensor transposed(const Tensor& t, int64_t dim0, int64_t dim1) {
+#ifdef OPFORGE_STABLE_ABI
+  return torch::stable::transpose(t, dim0, dim1);
+#else
+  return t.transpose(dim0, dim1);
+#endif
+}
+
+inline void copy_into(const Tensor& dst, const Tensor& src) {
+#ifdef OPFORGE_STABLE_ABI
+  Tensor self = dst;
+  torch::stable::copy_(self, src);
+#else
+  const_cast<Tensor&>(dst).copy_(src);
+#endif
+}
+
+// Batched matrix product, into a new tensor or into `out`.
+inline Tensor batched_matmul(const Tensor& a, const Tensor& b) {
+#ifdef OPFORGE_STABLE_ABI
+  return detail::call_aten("aten::bmm", "", a, b);
+#else
+  return at::bmm(a, b);
+#endif
+}
+
+inline void batched_matmul_out(const Tensor& out, const Tensor& a, const Tensor& b) {
+#ifdef OPFORGE_STABLE_ABI
+  detail::call_aten("aten::bmm", "out", a, b, out);
+#else
+  at::bmm_out(const_cast<Tensor&>(out), a, b);
+#endif
+}
+
+// Sum over `dims`, keeping the dtype.
+inline Tensor sum_over(const Tensor& t, const std::vector<int64_t>& dims) {
+#ifdef OPFORGE_STABLE_ABI
+  return torch::stable::sum(t, torch::headeronly::IntHeaderOnlyArrayRef(dims));
+#else
+  return t.sum(dims);
+#endif
+}
+
+}  // namespace opforge
+
+// TORCH_CHECK in both ABIs: the message is built by opforge::cat, so it reads the same in
+// the legacy and the stable wheel (and in the Python fake kernels that mirror it).
+#ifdef OPFORGE_STABLE_ABI
+#define OPFORGE_CHECK(cond, ...)                           \
+  if (C10_UNLIKELY_OR_CONST(!(cond))) {                    \
+    throw std::runtime_error(::opforge::cat(__VA_ARGS__)); \
+  }
+#else
+#define OPFORGE_CHECK(cond, ...) TORCH_CHECK(cond, ::opforge::cat(__VA_ARGS__))
+#endif
+
+// AT_DISPATCH_FLOATING_TYPES_AND2(Half, BFloat16, ...) in both ABIs.
+#define OPFORGE_DISPATCH_CASE_(enum_name, type, ...) \
+  case ::opforge::ScalarType::enum_name: {           \
+    using scalar_t = type;                           \
+    return __VA_ARGS__();                            \
+  }
+#define OPFORGE_DISPATCH_FLOATING_TYPES(TYPE, NAME, ...)                 \
+  [&] {                                                                  \
+    const ::opforge::ScalarType the_type_ = (TYPE);                      \
+    switch (the_type_) {                                                 \
+      OPFORGE_DISPATCH_CASE_(Double, double, __VA_ARGS__)                \
+      OPFORGE_DISPATCH_CASE_(Float, float, __VA_ARGS__)                  \
+      OPFORGE_DISPATCH_CASE_(Half, ::opforge::Half, __VA_ARGS__)         \
+      OPFORGE_DISPATCH_CASE_(BFloat16, ::opforge::BFloat16, __VA_ARGS__) \
+      default:                                                           \
+        OPFORGE_CHECK(false, '"', NAME, "\" not implemented for '",      \
+                      ::opforge::dtype_name(the_type_), "'");            \
+    }                                                                    \
+  }()
+
+// AT_DISPATCH_FLOATING_TYPES (float and double only) in both ABIs.
+#define OPFORGE_DISPATCH_FLOAT_AND_DOUBLE(TYPE, NAME, ...)          \
+  [&] {                                                             \
+    const ::opforge::ScalarType the_type_ = (TYPE);                 \
+    switch (the_type_) {                                            \
+      OPFORGE_DISPATCH_CASE_(Double, double, __VA_ARGS__)           \
+      OPFORGE_DISPATCH_CASE_(Float, float, __VA_ARGS__)             \
+      default:                                                      \
+        OPFORGE_CHECK(false, '"', NAME, "\" not implemented for '", \
+                      ::opforge::dtype_name(the_type_), "'");       \
+    }                                                               \
+  }()
+
+// Operator registration in both ABIs: OPFORGE_LIBRARY_IMPL(CPU, m) { m.impl("nms",
+// OPFORGE_KERNEL(nms_kernel)); }. Kernels take `const opforge::Tensor&` and int64_t for
+// SymInt arguments.
+#ifdef OPFORGE_STABLE_ABI
+#define OPFORGE_LIBRARY_FRAGMENT(m) STABLE_TORCH_LIBRARY_FRAGMENT(opforge, m)
+#define OPFORGE_LIBRARY_IMPL(key, m) STABLE_TORCH_LIBRARY_IMPL(opforge, key, m)
+#define OPFORGE_KERNEL(fn) TORCH_BOX(&fn)
+#else
+#define OPFORGE_LIBRARY_FRAGMENT(m) TORCH_LIBRARY_FRAGMENT(opforge, m)
+#define OPFORGE_LIBRARY_IMPL(key, m) TORCH_LIBRARY_IMPL(opforge, key, m)
+#define OPFORGE_KERNEL(fn) TORCH_FN(fn)
+#endif

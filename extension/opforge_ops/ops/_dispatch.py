@@ -1,0 +1,80 @@
+"""Dispatch-key kernels registered from Python where the compiled library has none.
+
+A legacy build registers Autocast (csrc/autocast) and nms's Autograd kernel (csrc/autograd) in
+C++. The LibTorch stable ABI has no C++ API for either, so a stable-ABI build leaves them to
+this module, which follows the same rules: each function registers only what the library did
+not, so the two builds end up with the same dispatch table.
+"""
+
+import warnings
+
+import torch
+
+_LIB = torch.library.Library("opforge", "IMPL")  # registrations live as long as this object
+_AUTOCAST_KEYS = {"cpu": ("CPU", "AutocastCPU"), "cuda": ("CUDA", "AutocastCUDA"),
+                  "mps": ("MPS", "AutocastMPS")}
+
+
+def has_kernel(name: str, key: str) -> bool:
+    return torch._C._dispatch_has_kernel_for_dispatch_key(f"opforge::{name}", key)
+
+
+def _to_float(value, device_type: str):
+    # at::autocast::cached_cast's rule: floating tensors on the autocast device, except float64
+    if (isinstance(value, torch.Tensor) and value.is_floating_point()
+            and value.dtype != torch.float64 and value.device.type == device_type):
+        return value.float()
+    return value
+
+
+def register_autocast(name: str) -> None:
+    """Autocast for every backend the library has: the op runs in float32 with the autocast key
+    excluded, and its floating outputs return in the first argument's dtype (index outputs
+    such as nms's keep, roi_pool's argmax and channel_mapping are left alone)."""
+    op = getattr(torch.ops.opforge, name).default
+    for device_type, (backend, key) in _AUTOCAST_KEYS.items():
+        if not has_kernel(name, backend) or has_kernel(name, key):
+            continue
+        excluded = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
+
+        def autocast(*args, _device=device_type, _excluded=excluded):
+            with torch._C._ExcludeDispatchKeyGuard(_excluded):
+                result = op(*(_to_float(a, _device) for a in args))
+            dtype = args[0].dtype
+
+            def back(t):
+                return t.to(dtype) if t.is_floating_point() else t
+
+            return tuple(map(back, result)) if isinstance(result, tuple) else back(result)
+
+        _LIB.impl(name, autocast, key)
+
+
+def register_not_differentiable(name: str) -> None:
+    """An Autograd kernel for an op whose outputs carry no gradient (nms's int64 indices), so
+    it runs on inputs that require grad without autograd's not-implemented warning."""
+    if has_kernel(name, "AutogradCPU"):
+        return
+    op = getattr(torch.ops.opforge, name).default
+
+    def autograd(*args):
+        with torch._C._AutoDispatchBelowAutograd():
+            return op(*args)
+
+    _LIB.impl(name, autograd, "Autograd")
+
+
+def alert_not_deterministic(caller: str) -> None:
+    """torch.use_deterministic_algorithms for kernels whose library cannot ask ATen (the stable
+    ABI has no at::globalContext().alertNotDeterministic): an error, or a warning with
+    warn_only=True, worded as ATen words it."""
+    if not torch.are_deterministic_algorithms_enabled():
+        return
+    message = (f"{caller} does not have a deterministic implementation, but you set "
+               "'torch.use_deterministic_algorithms(True)'. You can turn off determinism just for "
+               "this operation, or you can use the 'warn_only=True' option, if that's acceptable "
+               "for your application.")
+    if torch.is_deterministic_algorithms_warn_only_enabled():
+        warnings.warn(message, UserWarning, stacklevel=3)
+    else:
+        raise RuntimeError(message)
