@@ -1,20 +1,23 @@
 """The CPU rows of bench_cpu.py, two builds of opforge_ops side by side (e.g. legacy vs stable ABI).
 
     python benchmarks/bench_abi.py --a /path/legacy-venv/bin/python --b /path/stable-venv/bin/python \
-        [--threads 2] [--min-run-time 1.0] [--rounds 3] [--only TEXT] [--json results.json]
+        [--threads 1] [--min-run-time 1.0] [--rounds 3] [--only TEXT] [--json results.json]
 
 Two builds register the same torch.ops.opforge namespace, so they cannot share a process: each
 runs in a worker (its own interpreter and environment) that stays up for the whole run, and
 the parent asks the two for each row in alternation, --rounds times, keeping each build's best
-median, so load from other processes on a shared machine does not decide a row. "ratio" is
+median of CPU seconds per call (process CPU time, so that load from other processes on a
+shared machine does not decide a row; use --threads 1 for that to hold). "ratio" is
 b time / a time. Both workers first compute every row once and their results must agree.
 Exit status 1 if any row's ratio is above --tolerance.
 """
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -22,28 +25,56 @@ HERE = Path(__file__).resolve().parent
 
 def worker(threads, min_run_time):
     """Serve rows on stdin: 'check NAME' -> a digest of the result, 'time NAME' -> median s."""
+    import warnings
+
     import torch
 
+    warnings.simplefilter("ignore")  # quantized-tensor deprecation notices, once per worker
     sys.path.insert(0, str(HERE))
     import bench_cpu
     import opforge_ops
 
     torch.set_num_threads(threads)
-    rows = {name: ours for name, ours, _ in bench_cpu.cases(opforge_ops, None)}
-    print(json.dumps({"rows": list(rows), "abi": opforge_ops.build_info().get("abi")}), flush=True)
+    # bench_cpu's rows close over variables it rebinds later, so a row is only valid until the
+    # generator moves on: rows are taken one at a time ('next'), as bench_cpu itself runs them.
+    rows = ((name, ours) for name, ours, _ in bench_cpu.cases(opforge_ops, None))
+    current = None
+    print(json.dumps({"abi": opforge_ops.build_info().get("abi", "legacy")}), flush=True)
     for line in sys.stdin:
-        command, _, name = line.strip().partition(" ")
+        command = line.strip()
         try:
-            if command == "check":
-                out = rows[name]()
+            if command == "next":
+                name, current = next(rows, (None, None))
+                reply = name
+            elif command == "check":
+                out = current()
                 outs = out if isinstance(out, (list, tuple)) else [out]
                 reply = [None if t is None else t.double().sum().item() if not t.is_quantized
                          else t.int_repr().double().sum().item() for t in outs]
             else:
-                reply = bench_cpu.measure(rows[name], min_run_time)
+                reply = cpu_time_per_call(current, min_run_time)
         except (RuntimeError, NotImplementedError) as error:  # e.g. quantized rows on stable
             reply = {"error": str(error).splitlines()[0]}
         print(json.dumps(reply), flush=True)
+
+
+def cpu_time_per_call(fn, min_run_time, blocks=5):
+    """The median over `blocks` blocks of this process's CPU seconds per call. CPU time, not
+    wall time: on a shared, loaded machine it counts only the cycles the call itself used."""
+    fn()
+    per_block = min_run_time / blocks
+    start, calls = time.process_time(), 0
+    while time.process_time() - start < per_block / 4 or calls < 1:
+        fn()
+        calls += 1
+    n = max(1, int(calls * per_block / max(time.process_time() - start, 1e-9) / 4) or 1)
+    samples = []
+    for _ in range(blocks):
+        start = time.process_time()
+        for _ in range(n):
+            fn()
+        samples.append((time.process_time() - start) / n)
+    return statistics.median(samples)
 
 
 class Worker:
@@ -54,11 +85,10 @@ class Worker:
         hello = self.proc.stdout.readline()
         if not hello:
             raise SystemExit(f"bench_abi: the worker {python} did not start")
-        info = json.loads(hello)
-        self.rows, self.abi = info["rows"], info["abi"]
+        self.abi = json.loads(hello)["abi"]
 
-    def ask(self, command, name):
-        self.proc.stdin.write(f"{command} {name}\n")
+    def ask(self, command):
+        self.proc.stdin.write(f"{command}\n")
         self.proc.stdin.flush()
         return json.loads(self.proc.stdout.readline())
 
@@ -79,7 +109,7 @@ def main(argv=None):
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--a", help="python of the first build's environment (the baseline)")
     parser.add_argument("--b", help="python of the second build's environment")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--min-run-time", type=float, default=1.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tolerance", type=float, default=1.05)
@@ -94,16 +124,21 @@ def main(argv=None):
     b = Worker(args.b, args.threads, args.min_run_time)
     results, worst = [], 0.0
     print(f"{'row':58} {a.abi:>10} {b.abi:>10}  ratio")
-    for name in a.rows:
-        if args.only not in name or name not in b.rows:
+    while True:
+        name = a.ask("next")
+        if b.ask("next") != name:
+            raise SystemExit("bench_abi: the two builds' bench_cpu.py rows differ")
+        if name is None:
+            break
+        if args.only not in name:
             continue
-        check_a, check_b = a.ask("check", name), b.ask("check", name)
+        check_a, check_b = a.ask("check"), b.ask("check")
         if not agree(check_a, check_b):
             raise SystemExit(f"bench_abi: {name}: the two builds disagree ({check_a} vs {check_b})")
         best_a = best_b = None
         for _ in range(args.rounds):
             for worker_, best in ((a, "a"), (b, "b")):
-                t = worker_.ask("time", name)
+                t = worker_.ask("time")
                 if isinstance(t, dict):
                     t = None
                 if best == "a":

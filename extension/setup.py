@@ -153,7 +153,7 @@ class BuildConfig:
                 f"OPFORGE_TORCH_FLOOR={floor_text} applies to OPFORGE_ABI=stable builds only; a legacy "
                 "wheel runs on exactly the torch it was built against"
             )
-        self.floor = parse_torch_floor(floor_text or "%d.%d" % MIN_STABLE_FLOOR) if self.stable else None
+        self.floor = parse_torch_floor(floor_text or "{}.{}".format(*MIN_STABLE_FLOOR)) if self.stable else None
         self.cuda = env_flag("FORCE_CUDA")
         self.mps = env_flag("FORCE_MPS")
         self.metallib = False

@@ -5,6 +5,7 @@
 // runs in both wheels.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <sstream>
 #include <string>
@@ -21,6 +22,11 @@
 #include <torch/headeronly/util/BFloat16.h>
 #include <torch/headeronly/util/Half.h>
 
+#include <dlfcn.h>
+
+#include <atomic>
+#include <exception>
+#include <mutex>
 #include <stdexcept>
 #else
 #include <ATen/ATen.h>
@@ -42,6 +48,41 @@ using DeviceType = c10::DeviceType;
 #endif
 using Half = c10::Half;
 using BFloat16 = c10::BFloat16;
+
+#ifdef OPFORGE_STABLE_ABI
+namespace detail {
+// Below a 2.13 floor a failed shim call only says which call failed: torch 2.13 added
+// torch_exception_get_what_without_backtrace. It is looked up at run time, so the wheel still
+// loads on its floor and says why (e.g. "not enough memory") wherever the running torch can.
+inline const char* shim_error_message() {
+#if TORCH_FEATURE_VERSION < TORCH_VERSION_2_13_0
+  using Fn = const char* (*)();
+  static const Fn fn = [] {
+    void* lib = dlopen("libtorch_cpu.so", RTLD_LAZY | RTLD_NOLOAD);
+    return lib ? reinterpret_cast<Fn>(dlsym(lib, "torch_exception_get_what_without_backtrace"))
+               : nullptr;
+  }();
+  return fn ? fn() : nullptr;
+#else
+  return nullptr;  // STABLE_TORCH_ERROR_CODE_CHECK carries the message already
+#endif
+}
+
+// Runs a call into the shim, replacing its error with torch's message when there is one.
+template <typename F>
+auto shim_call(const F& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const std::runtime_error&) {
+    const char* why = shim_error_message();
+    if (why == nullptr || *why == '\0') {
+      throw;
+    }
+    throw std::runtime_error(why);
+  }
+}
+}  // namespace detail
+#endif
 
 // Concatenates what an error message is made of, the way TORCH_CHECK does.
 template <typename... Args>
@@ -159,7 +200,25 @@ inline std::vector<int64_t> sizes_of(const Tensor& t) {
 
 inline Tensor alloc_empty(const Tensor& like, const std::vector<int64_t>& sizes, ScalarType dtype) {
 #ifdef OPFORGE_STABLE_ABI
-  return torch::stable::new_empty(like, sizes, dtype);
+  // aoti_torch_empty_strided is one C call; aten::new_empty through torch_call_dispatcher
+  // would box every argument (several microseconds a tensor, visible on small calls).
+  std::vector<int64_t> strides(sizes.size());
+  int64_t stride = 1;
+  for (size_t d = sizes.size(); d-- > 0;) {
+    strides[d] = stride;
+    stride *= std::max<int64_t>(sizes[d], 1);
+  }
+  namespace sd = torch::stable::detail;
+  const auto device = like.device();
+  AtenTensorHandle handle = nullptr;
+  detail::shim_call([&] {
+    STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(
+        static_cast<int64_t>(sizes.size()), sizes.data(), strides.data(),
+        sd::to<int32_t>(sd::from(dtype)), sd::to<int32_t>(sd::from(device.type())),
+        device.index() < 0 ? 0 : device.index(), &handle));
+    return 0;
+  });
+  return Tensor(handle);
 #else
   return at::empty(sizes, like.options().dtype(dtype));
 #endif
@@ -171,7 +230,12 @@ inline Tensor alloc_empty(const Tensor& like, const std::vector<int64_t>& sizes)
 
 inline Tensor alloc_zeros(const Tensor& like, const std::vector<int64_t>& sizes, ScalarType dtype) {
 #ifdef OPFORGE_STABLE_ABI
-  return torch::stable::new_zeros(like, sizes, dtype);
+  Tensor t = alloc_empty(like, sizes, dtype);
+  detail::shim_call([&] {
+    STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_zero_(t.get()));
+    return 0;
+  });
+  return t;
 #else
   return at::zeros(sizes, like.options().dtype(dtype));
 #endif
@@ -184,7 +248,7 @@ inline Tensor alloc_zeros(const Tensor& like, const std::vector<int64_t>& sizes)
 // as_contiguous() and to(dtype) that cost nothing when there is nothing to do.
 inline Tensor as_contiguous(const Tensor& t) {
 #ifdef OPFORGE_STABLE_ABI
-  return t.is_contiguous() ? t : torch::stable::contiguous(t);
+  return detail::shim_call([&] { return t.is_contiguous() ? t : torch::stable::contiguous(t); });
 #else
   return t.contiguous();
 #endif
@@ -192,7 +256,8 @@ inline Tensor as_contiguous(const Tensor& t) {
 
 inline Tensor to_dtype(const Tensor& t, ScalarType dtype) {
 #ifdef OPFORGE_STABLE_ABI
-  return t.scalar_type() == dtype ? t : torch::stable::to(t, dtype);
+  return detail::shim_call(
+      [&] { return t.scalar_type() == dtype ? t : torch::stable::to(t, dtype); });
 #else
   return t.to(dtype);
 #endif
@@ -201,8 +266,30 @@ inline Tensor to_dtype(const Tensor& t, ScalarType dtype) {
 template <typename F>
 void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) {
 #ifdef OPFORGE_STABLE_ABI
-  if (begin < end) {
-    torch::stable::parallel_for(begin, end, grain, f);
+  if (begin >= end) {
+    return;
+  }
+  // An exception must not cross the C shim: torch_parallel_for would turn it into a bare error
+  // code and its message would be lost. The first one is kept and rethrown here.
+  std::exception_ptr error;
+  std::atomic<bool> failed{false};
+  std::mutex lock;
+  torch::stable::parallel_for(begin, end, grain, [&](int64_t chunk_begin, int64_t chunk_end) {
+    if (failed.load(std::memory_order_relaxed)) {
+      return;
+    }
+    try {
+      f(chunk_begin, chunk_end);
+    } catch (...) {
+      const std::lock_guard<std::mutex> guard(lock);
+      if (!error) {
+        error = std::current_exception();
+      }
+      failed = true;
+    }
+  });
+  if (error) {
+    std::rethrow_exception(error);
   }
 #else
   at::parallel_for(begin, end, grain, f);
@@ -232,7 +319,7 @@ Tensor call_aten(const char* name, const char* overload, const Args&... args) {
 // The few ATen views and BLAS calls the deform_conv2d kernels build on.
 inline Tensor viewed(const Tensor& t, const std::vector<int64_t>& sizes) {
 #ifdef OPFORGE_STABLE_ABI
-  return torch::stable::view(t, sizes);
+  return detail::shim_call([&] { return torch::stable::view(t, sizes); });
 #else
   return t.view(sizes);
 #endif
@@ -240,7 +327,7 @@ inline Tensor viewed(const Tensor& t, const std::vector<int64_t>& sizes) {
 
 inline Tensor reshaped(const Tensor& t, const std::vector<int64_t>& sizes) {
 #ifdef OPFORGE_STABLE_ABI
-  return torch::stable::reshape(t, sizes);
+  return detail::shim_call([&] { return torch::stable::reshape(t, sizes); });
 #else
   return t.reshape(sizes);
 #endif
@@ -249,7 +336,7 @@ inline Tensor reshaped(const Tensor& t, const std::vector<int64_t>& sizes) {
 inline Tensor narrowed(const Tensor& t, int64_t dim, int64_t start, int64_t length) {
 #ifdef OPFORGE_STABLE_ABI
   Tensor self = t;
-  return torch::stable::narrow(self, dim, start, length);
+  return detail::shim_call([&] { return torch::stable::narrow(self, dim, start, length); });
 #else
   return t.narrow(dim, start, length);
 #endif
@@ -257,7 +344,7 @@ inline Tensor narrowed(const Tensor& t, int64_t dim, int64_t start, int64_t leng
 
 inline Tensor transposed(const Tensor& t, int64_t dim0, int64_t dim1) {
 #ifdef OPFORGE_STABLE_ABI
-  return torch::stable::transpose(t, dim0, dim1);
+  return detail::shim_call([&] { return torch::stable::transpose(t, dim0, dim1); });
 #else
   return t.transpose(dim0, dim1);
 #endif
@@ -266,7 +353,7 @@ inline Tensor transposed(const Tensor& t, int64_t dim0, int64_t dim1) {
 inline void copy_into(const Tensor& dst, const Tensor& src) {
 #ifdef OPFORGE_STABLE_ABI
   Tensor self = dst;
-  torch::stable::copy_(self, src);
+  detail::shim_call([&] { return torch::stable::copy_(self, src); });
 #else
   const_cast<Tensor&>(dst).copy_(src);
 #endif
@@ -275,7 +362,7 @@ inline void copy_into(const Tensor& dst, const Tensor& src) {
 // Batched matrix product, into a new tensor or into `out`.
 inline Tensor batched_matmul(const Tensor& a, const Tensor& b) {
 #ifdef OPFORGE_STABLE_ABI
-  return detail::call_aten("aten::bmm", "", a, b);
+  return detail::shim_call([&] { return detail::call_aten("aten::bmm", "", a, b); });
 #else
   return at::bmm(a, b);
 #endif
@@ -283,7 +370,7 @@ inline Tensor batched_matmul(const Tensor& a, const Tensor& b) {
 
 inline void batched_matmul_out(const Tensor& out, const Tensor& a, const Tensor& b) {
 #ifdef OPFORGE_STABLE_ABI
-  detail::call_aten("aten::bmm", "out", a, b, out);
+  detail::shim_call([&] { return detail::call_aten("aten::bmm", "out", a, b, out); });
 #else
   at::bmm_out(const_cast<Tensor&>(out), a, b);
 #endif
@@ -292,7 +379,8 @@ inline void batched_matmul_out(const Tensor& out, const Tensor& a, const Tensor&
 // Sum over `dims`, keeping the dtype.
 inline Tensor sum_over(const Tensor& t, const std::vector<int64_t>& dims) {
 #ifdef OPFORGE_STABLE_ABI
-  return torch::stable::sum(t, torch::headeronly::IntHeaderOnlyArrayRef(dims));
+  return detail::shim_call(
+      [&] { return torch::stable::sum(t, torch::headeronly::IntHeaderOnlyArrayRef(dims)); });
 #else
   return t.sum(dims);
 #endif

@@ -8,8 +8,8 @@ from torch.jit.annotations import BroadcastingList2
 from torch.nn.modules.utils import _pair
 
 from ._checks import check_ps_roi_backward_inputs, check_ps_roi_inputs, check_sampling_ratio
-from ._first_order import forbid_double_backward
 from ._dispatch import register_autocast
+from ._first_order import forbid_double_backward
 from ._utils import fx_leaf_call, rois_from_boxes
 
 
