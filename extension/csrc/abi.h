@@ -112,18 +112,20 @@ inline std::string strides(const Tensor& t) {
 // A device type's name as c10::Device prints it (cpu, cuda), or, with upper_case, as
 // c10::DeviceTypeName gives it (CPU, CUDA).
 inline const char* device_type_name(DeviceType type, bool upper_case = false) {
-  switch (type) {
-    case DeviceType::CPU:
-      return upper_case ? "CPU" : "cpu";
-    case DeviceType::CUDA:
-      return upper_case ? "CUDA" : "cuda";
-    case DeviceType::MPS:
-      return upper_case ? "MPS" : "mps";
-    case DeviceType::Meta:
-      return upper_case ? "META" : "meta";
-    default:
-      return upper_case ? "UNKNOWN" : "unknown";
+  // if, not switch: the CUDA emulation (tests/cuda_emu) defines CUDA as CPU
+  if (type == DeviceType::CPU) {
+    return upper_case ? "CPU" : "cpu";
   }
+  if (type == DeviceType::CUDA) {
+    return upper_case ? "CUDA" : "cuda";
+  }
+  if (type == DeviceType::MPS) {
+    return upper_case ? "MPS" : "mps";
+  }
+  if (type == DeviceType::Meta) {
+    return upper_case ? "META" : "meta";
+  }
+  return upper_case ? "UNKNOWN" : "unknown";
 }
 
 // A tensor's device as c10::Device prints it: cpu, cuda:0.

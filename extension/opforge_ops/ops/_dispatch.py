@@ -51,17 +51,11 @@ def register_autocast(name: str) -> None:
 
 
 def register_not_differentiable(name: str) -> None:
-    """An Autograd kernel for an op whose outputs carry no gradient (nms's int64 indices), so
-    it runs on inputs that require grad without autograd's not-implemented warning."""
-    if has_kernel(name, "AutogradCPU"):
+    """An Autograd kernel for an op whose outputs carry no gradient (nms's int64 indices): a
+    fallthrough to the backend, as csrc/autograd's kernel does, with no Python in the call."""
+    if has_kernel(name, "Autograd") or has_kernel(name, "AutogradCPU"):
         return
-    op = getattr(torch.ops.opforge, name).default
-
-    def autograd(*args):
-        with torch._C._AutoDispatchBelowAutograd():
-            return op(*args)
-
-    _LIB.impl(name, autograd, "Autograd")
+    _LIB.impl(name, torch.library.fallthrough_kernel, "Autograd")
 
 
 def alert_not_deterministic(caller: str) -> None:
