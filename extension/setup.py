@@ -2,7 +2,8 @@
 
 What is built is chosen explicitly, never guessed from the build host:
 
-  OPFORGE_VARIANT       cpu | cu126 | cu128 | cu130 | mps (default cpu), recorded in build info
+  OPFORGE_VARIANT       cpu | cu126 | cu128 | cu130 | mps | cpu_stable (default cpu), recorded in
+                        build info; cpu_stable needs OPFORGE_ABI=stable
   OPFORGE_ABI           legacy (default: ATen/torch::Library, one wheel per torch and Python)
                         | stable (LibTorch stable ABI + CPython limited API: one abi3 wheel that
                         loads on every torch from the floor up)
@@ -34,7 +35,7 @@ from torch.utils import cpp_extension
 ROOT = Path(__file__).resolve().parent
 CSRC = ROOT / "csrc"
 BASE_VERSION = "0.1.0"
-VARIANTS = ("cpu", "cu126", "cu128", "cu130", "mps")
+VARIANTS = ("cpu", "cu126", "cu128", "cu130", "mps", "cpu_stable")
 ABIS = ("legacy", "stable")
 # The stable kernels call torch_parallel_for, torch_call_dispatcher, torch_library_impl and the
 # typed data pointers of torch::stable::Tensor, all new in torch 2.10's shim.
@@ -185,7 +186,14 @@ class BuildConfig:
                 f"FORCE_MPS=1 needs macOS with Xcode's Metal toolchain; this host is {platform.system()}. "
                 "In CI the MPS wheel is built on the macOS runner."
             )
-        wants = {"cpu": (False, False), "mps": (False, True)}.get(self.variant, (True, False))
+        if self.variant == "cpu_stable" and not self.stable:
+            raise BuildConfigError(
+                f"OPFORGE_VARIANT=cpu_stable with OPFORGE_ABI={self.abi}: the cpu_stable variant is the "
+                "stable-ABI CPU wheel; set OPFORGE_ABI=stable (opforge build does)"
+            )
+        wants = {"cpu": (False, False), "cpu_stable": (False, False), "mps": (False, True)}.get(
+            self.variant, (True, False)
+        )
         if (self.cuda, self.mps) != wants:
             raise BuildConfigError(
                 f"OPFORGE_VARIANT={self.variant} needs FORCE_CUDA={int(wants[0])} and FORCE_MPS={int(wants[1])}, "
