@@ -239,11 +239,10 @@ class NightlyIndex:
         return older[-1] if older else None
 
 
-def choose_nightlies(links: Iterable[_Link], accepted: Sequence[tags.Tag],
-                     project: str = PROJECT) -> list[Nightly]:
-    """The best-tagged wheel of the last build of each date, oldest date first."""
+def installable_wheels(links: Iterable, accepted: Sequence[tags.Tag], project: str):
+    """(link, version, build, rank) of each of ``project``'s wheels this target can install;
+    rank 0 is the most specific accepted tag. Other files, names and platforms are passed over."""
     rank = {tag: i for i, tag in enumerate(accepted)}
-    best: dict[date, tuple[tuple, Nightly]] = {}
     for link in links:
         if not link.filename.endswith(".whl"):
             continue
@@ -251,14 +250,21 @@ def choose_nightlies(links: Iterable[_Link], accepted: Sequence[tags.Tag],
             name, version, build, wheel_tags = parse_wheel_filename(link.filename)
         except InvalidWheelFilename:
             continue
-        day = nightly_date(version)
-        if name != project or day is None:
-            continue
         ranks = [rank[t] for t in wheel_tags if t in rank]
-        if not ranks:
-            continue  # another platform or Python
+        if name == project and ranks:
+            yield link, version, build, min(ranks)
+
+
+def choose_nightlies(links: Iterable[_Link], accepted: Sequence[tags.Tag],
+                     project: str = PROJECT) -> list[Nightly]:
+    """The best-tagged wheel of the last build of each date, oldest date first."""
+    best: dict[date, tuple[tuple, Nightly]] = {}
+    for link, version, build, rank in installable_wheels(links, accepted, project):
+        day = nightly_date(version)
+        if day is None:
+            continue
         # Several builds on one date (a branch cut, a rebuild): the last one wins.
-        key = (version, build, -min(ranks))
+        key = (version, build, -rank)
         nightly = Nightly(day, str(version), link.filename, link.url, link.sha256)
         if day not in best or key > best[day][0]:
             best[day] = (key, nightly)

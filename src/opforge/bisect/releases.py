@@ -17,12 +17,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from packaging import tags
-from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import Version
 
 from opforge.errors import OpforgeError, UsageError
 
-from .index import PROJECT, Nightly, _is_local, read_links, target_tags
+from .index import PROJECT, Nightly, _is_local, installable_wheels, read_links, target_tags
 
 DEFAULT_RELEASE_INDEX = "https://download.pytorch.org/whl"
 PYPI = "pypi"
@@ -110,21 +109,11 @@ def _listing_url(index: str) -> str:
 
 def choose_releases(links: Iterable, accepted: Sequence[tags.Tag], index: str) -> list[Release]:
     """The best-tagged wheel of each released version (highest build tag), oldest first."""
-    rank = {tag: i for i, tag in enumerate(accepted)}
     best: dict[Version, tuple[tuple, Release]] = {}
-    for link in links:
-        if not link.filename.endswith(".whl"):
+    for link, version, build, rank in installable_wheels(links, accepted, PROJECT):
+        if version.is_devrelease or version.is_postrelease:
             continue
-        try:
-            name, version, build, wheel_tags = parse_wheel_filename(link.filename)
-        except InvalidWheelFilename:
-            continue
-        if name != PROJECT or version.is_devrelease or version.is_postrelease:
-            continue
-        ranks = [rank[t] for t in wheel_tags if t in rank]
-        if not ranks:
-            continue
-        key = (build, -min(ranks))
+        key = (build, -rank)
         release = Release(str(version), link.filename, link.url, link.sha256,
                           None if index == PYPI else index)
         if version not in best or key > best[version][0]:
