@@ -327,14 +327,19 @@ def _expected_archs(arch_list: str) -> tuple[set[str], set[str]]:
     return sass, ptx
 
 
+def _specifiers(requirement: str | None) -> list:
+    """A requirement's version specifiers ([] for nothing or an unparsable requirement)."""
+    if not requirement:
+        return []
+    try:
+        return list(Requirement(requirement).specifier)
+    except InvalidRequirement:
+        return []
+
+
 def exact_pin(requirement: str | None) -> Version | None:
     """The version of a ``torch==X`` requirement; None for a range, a wildcard or nothing."""
-    if not requirement:
-        return None
-    try:
-        specs = list(Requirement(requirement).specifier)
-    except InvalidRequirement:
-        return None
+    specs = _specifiers(requirement)
     if len(specs) != 1 or specs[0].operator not in ("==", "===") or "*" in specs[0].version:
         return None
     try:
@@ -345,12 +350,7 @@ def exact_pin(requirement: str | None) -> Version | None:
 
 def floor_of(requirement: str | None) -> Version | None:
     """The version of a ``torch>=X`` requirement (an upper bound beside it is allowed)."""
-    if not requirement:
-        return None
-    try:
-        specs = list(Requirement(requirement).specifier)
-    except InvalidRequirement:
-        return None
+    specs = _specifiers(requirement)
     lows = [s for s in specs if s.operator == ">="]
     if len(lows) != 1 or any(s.operator in ("==", "===", "~=") for s in specs):
         return None

@@ -294,6 +294,13 @@ def run(args: argparse.Namespace) -> int:
     report.render_terminal(doc)
     if args.keep_env and env.env_dir:
         print(f"environment kept at {env.env_dir} (python: {env.python})", file=sys.stderr)
+    return emit(args, doc)
+
+
+def emit(args: argparse.Namespace, doc: dict) -> int:
+    """The report's files (--json, --junit) and the GitHub summary; the exit code."""
+    from opforge.smoke import report
+
     if args.json:
         write_atomic(args.json, json.dumps(doc, indent=1) + "\n")
     if args.junit:
@@ -330,7 +337,7 @@ def compat_torches(args: argparse.Namespace, variant: str | None) -> list[str]:
 
 
 def run_compat(args: argparse.Namespace, target, request, variant: str | None) -> int:
-    from opforge.smoke import compat, report
+    from opforge.smoke import compat
 
     if target.python is not None:
         raise UsageError("--compat installs the wheel beside each torch in fresh environments; "
@@ -355,9 +362,4 @@ def run_compat(args: argparse.Namespace, target, request, variant: str | None) -
     if variant:
         doc["variant"] = variant
     compat.render(rows, what)
-    if args.json:
-        write_atomic(args.json, json.dumps(doc, indent=1) + "\n")
-    if args.junit:
-        report.write_junit(doc, args.junit)
-    report.publish_github(doc)
-    return report.exit_code(doc)
+    return emit(args, doc)
