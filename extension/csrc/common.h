@@ -182,7 +182,7 @@ inline void check_int32_like_grad(const char* op, const char* name, const Tensor
                 device_name(index));
 }
 
-// Checks shared by ps_roi_align and ps_roi_pool (forward): each output channel
+// Checks shared by the position-sensitive RoI ops (forward): each output channel
 // pools its own input channel per bin, so C must be a multiple of the bin count.
 inline void check_ps_roi_inputs(const char* op, const Tensor& input, const Tensor& rois,
                                 int64_t pooled_height, int64_t pooled_width) {

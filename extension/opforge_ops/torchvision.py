@@ -27,22 +27,9 @@ import torch
 
 import opforge_ops
 
-# The torchvision.ops names opforge_ops can stand in for; a name opforge_ops does not
-# define (yet) is left alone.
-OP_NAMES = (
-    "nms",
-    "batched_nms",
-    "roi_align",
-    "RoIAlign",
-    "roi_pool",
-    "RoIPool",
-    "deform_conv2d",
-    "DeformConv2d",
-    "ps_roi_align",
-    "PSRoIAlign",
-    "ps_roi_pool",
-    "PSRoIPool",
-)
+# The torchvision.ops names opforge_ops can stand in for: its public functions and modules,
+# each named as in torchvision.ops; a name torchvision.ops does not define is left alone.
+OP_NAMES = tuple(name for name in opforge_ops.__all__ if name != "build_info")
 
 _lock = threading.RLock()
 _originals: dict[str, object] = {}  # name -> torchvision's object, while patched

@@ -35,8 +35,6 @@ def case_inputs(case, dtype, rois=24, batch=2, channels_out=2, seed=0):
 class PsRoiOpTester:
     op: str  # torch.ops.opforge name
     backward: str
-    api = None  # the public function, e.g. opforge_ops.ps_roi_pool
-    module = None  # its nn.Module
 
     # --------------------------------------------------------- per-op hooks
     def reference(self, x, rois, scale, ph, pw, ratio):

@@ -17,13 +17,19 @@ from opforge_ops import (
     batched_nms,
     deform_conv2d,
     nms,
-    ps_roi_align,
-    ps_roi_pool,
     roi_align,
     roi_pool,
 )
 
-FUNCTIONS = [nms, batched_nms, roi_align, roi_pool, ps_roi_align, ps_roi_pool, deform_conv2d]
+# Every public function (opforge_ops.__all__ less its modules and build_info): a new op's
+# function is checked here without an edit.
+FUNCTIONS = [getattr(opforge_ops, name) for name in opforge_ops.__all__
+             if name != "build_info" and not isinstance(getattr(opforge_ops, name), type)]
+
+
+def test_the_function_list_is_the_public_api():
+    assert {"nms", "batched_nms", "roi_align", "deform_conv2d"} <= {fn.__name__ for fn in FUNCTIONS}
+    assert all(fn.__name__ == fn.__name__.lower() for fn in FUNCTIONS)
 
 
 def boxes(n):

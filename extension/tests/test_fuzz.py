@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ops_reference as reference
+from ops_table import FORWARD_OPS
 
 ops = torch.ops.opforge
 
@@ -102,29 +103,42 @@ def test_nms_of_broken_input_names_the_problem(case, defect):
 
 
 # ----------------------------------------------------------------------- roi ops
-# name -> (op, reference, extra forward arguments, channels must be a multiple of the bins)
-ROI_OPS = {
-    "roi_align": (
-        lambda x, r, s, p, ratio, aligned: ops.roi_align(x, r, s, *p, ratio, aligned),
-        lambda x, r, s, p, ratio, aligned: reference.roi_align(x, r, s, *p, ratio, aligned),
-        False,
-    ),
-    "roi_pool": (
-        lambda x, r, s, p, ratio, aligned: ops.roi_pool(x, r, s, *p)[0],
-        lambda x, r, s, p, ratio, aligned: reference.roi_pool(x, r, s, *p)[0],
-        False,
-    ),
-    "ps_roi_align": (
-        lambda x, r, s, p, ratio, aligned: ops.ps_roi_align(x, r, s, *p, ratio)[0],
-        lambda x, r, s, p, ratio, aligned: reference.ps_roi_align(x, r, s, *p, ratio)[0],
-        True,
-    ),
-    "ps_roi_pool": (
-        lambda x, r, s, p, ratio, aligned: ops.ps_roi_pool(x, r, s, *p)[0],
-        lambda x, r, s, p, ratio, aligned: reference.ps_roi_pool(x, r, s, *p)[0],
-        True,
-    ),
-}
+def _roi_call(fn, schema):
+    """Call fn (the op or its reference, which take the schema's arguments in its order) with
+    a drawn case; the first output of ops that return two."""
+    names = [a.name for a in schema.arguments]
+
+    def call(x, rois, scale, pooled, ratio, aligned):
+        given = dict(input=x, rois=rois, spatial_scale=scale, pooled_height=pooled[0],
+                     pooled_width=pooled[1], sampling_ratio=ratio, aligned=aligned)
+        out = fn(*(given[name] for name in names))
+        return out[0] if isinstance(out, (tuple, list)) else out
+
+    return call
+
+
+def _roi_ops():
+    """name -> (op, reference, channels must be a multiple of the bins) for every op that pools
+    rois, read from the schemas: position-sensitive ops take a channel_mapping in backward."""
+    table = {}
+    for name in FORWARD_OPS:
+        schema = getattr(ops, name).default._schema
+        if "rois" not in [a.name for a in schema.arguments]:
+            continue
+        backward = getattr(ops, f"_{name}_backward").default._schema
+        position_sensitive = "channel_mapping" in [a.name for a in backward.arguments]
+        table[name] = (_roi_call(getattr(ops, name), schema),
+                       _roi_call(getattr(reference, name), schema), position_sensitive)
+    return table
+
+
+ROI_OPS = _roi_ops()
+PS_ROI_OPS = sorted(name for name, (_, _, position_sensitive) in ROI_OPS.items() if position_sensitive)
+
+
+def test_the_roi_tables_hold_the_roi_ops():
+    assert {"roi_align", "roi_pool"} <= set(ROI_OPS) and "nms" not in ROI_OPS
+    assert PS_ROI_OPS and not set(PS_ROI_OPS) & {"roi_align", "roi_pool"}
 
 
 @st.composite
@@ -205,7 +219,7 @@ def test_roi_op_of_broken_input_names_the_problem(name, defect):
     check()
 
 
-@pytest.mark.parametrize("name", ["ps_roi_align", "ps_roi_pool"])
+@pytest.mark.parametrize("name", PS_ROI_OPS)
 def test_ps_roi_op_of_an_empty_output_size_names_the_problem(name):
     # roi_align / roi_pool give an empty output; C / (PH * PW) has no meaning for 0 bins
     op, _, _ = ROI_OPS[name]
@@ -213,7 +227,7 @@ def test_ps_roi_op_of_an_empty_output_size_names_the_problem(name):
         op(torch.zeros(1, 4, 5, 5), torch.tensor([[0.0, 0, 0, 2, 2]]), 1.0, (0, 2), 1, False)
 
 
-@pytest.mark.parametrize("name", ["ps_roi_align", "ps_roi_pool"])
+@pytest.mark.parametrize("name", PS_ROI_OPS)
 def test_ps_roi_op_of_channels_not_a_multiple_of_the_bins_names_the_problem(name):
     op, _, _ = ROI_OPS[name]
 

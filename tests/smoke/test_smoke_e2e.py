@@ -7,6 +7,7 @@ user reads, not only the exit code.
 from __future__ import annotations
 
 import json
+import runpy
 import shutil
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import pytest
 from smoke_wheelkit import REPO, doctor_wheel, gcc, linked_env, torchvision_python, write_wheel
 
 from opforge.cli import main
+from opforge.matrix import load_matrix
 
 pytestmark = pytest.mark.slow
 # the doctored packages are ELF libraries built with gcc and linked with -soname
@@ -57,14 +59,15 @@ def test_good_cpu_wheel_passes_in_a_fresh_environment(cpu_wheels, tmp_path, caps
     # the variant comes from the wheel's local version (+cpu) and every promise is checked
     assert doc["variant"] == "cpu"
     assert doc["expected_keys"] == ["CPU", "Meta", "Autograd", "AutocastCPU"]
-    for op in ("nms", "roi_align", "roi_pool", "ps_roi_align", "ps_roi_pool", "deform_conv2d"):
+    for op in load_matrix(REPO / "matrix.yaml").extension.ops:
         for key in doc["expected_keys"]:
             assert one(doc, f"census:{op}:{key}")["status"] == "pass"
         assert one(doc, f"run:{op}:cpu")["status"] == "pass"
         assert one(doc, f"fake:{op}")["status"] == "pass"
         assert one(doc, f"compile:{op}")["status"] == "pass"
-    for op in ("roi_align", "nms", "ps_roi_align", "ps_roi_pool"):
-        assert one(doc, f"autocast:{op}:cpu")["status"] == "pass"
+    recipes = runpy.run_path(str(REPO / "extension" / "recipes.py"))["RECIPES"]
+    autocast_ops = sorted(op for op, recipe in recipes.items() if recipe.get("autocast"))
+    assert autocast_ops and all(one(doc, f"autocast:{op}:cpu")["status"] == "pass" for op in autocast_ops)
     # it ran where users run: installed wheel, fresh env, scratch cwd, not the checkout
     assert doc["runner"]["fresh_env"] is True
     assert "site-packages" in doc["import"]["package_dir"]
