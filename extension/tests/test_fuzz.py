@@ -12,9 +12,9 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from ops_table import FORWARD_OPS
 
 import ops_reference as reference
-from ops_table import FORWARD_OPS
 
 ops = torch.ops.opforge
 
