@@ -31,21 +31,23 @@ def nms_inputs(dtype):
     return [dets.to(dtype), scores.to(dtype), 0.5]
 
 
+# Output grids are 2 x 3, not square, so a kernel (or a fake kernel: extension/tests/
+# test_fake_rules.py builds its valid calls from these recipes) that swaps height and width fails.
 def roi_align_inputs(dtype):
-    return [_features(3, dtype), _rois().to(dtype), 1.0, 2, 2, 2, True]
+    return [_features(3, dtype), _rois().to(dtype), 1.0, 2, 3, 2, True]
 
 
 def roi_pool_inputs(dtype):
-    return [_features(3, dtype), _rois().to(dtype), 1.0, 2, 2]
+    return [_features(3, dtype), _rois().to(dtype), 1.0, 2, 3]
 
 
 def ps_roi_align_inputs(dtype):
-    # 2 output channels per bin of a 2x2 grid: 8 input channels
-    return [_features(8, dtype), _rois().to(dtype), 1.0, 2, 2, 2]
+    # 2 output channels per bin of a 2x3 grid: 12 input channels
+    return [_features(12, dtype), _rois().to(dtype), 1.0, 2, 3, 2]
 
 
 def ps_roi_pool_inputs(dtype):
-    return [_features(8, dtype), _rois().to(dtype), 1.0, 2, 2]
+    return [_features(12, dtype), _rois().to(dtype), 1.0, 2, 3]
 
 
 def deform_conv2d_inputs(dtype):
@@ -53,10 +55,11 @@ def deform_conv2d_inputs(dtype):
     x = torch.rand(1, 2, 5, 5, generator=g)
     w = torch.rand(3, 2, 3, 3, generator=g)
     b = torch.rand(3, generator=g)
-    offset = torch.rand(1, 18, 5, 5, generator=g) - 0.5
-    mask = torch.rand(1, 9, 5, 5, generator=g)
+    # no padding: the 3x3 output is not the input's 5x5, so a wrong output shape shows
+    offset = torch.rand(1, 18, 3, 3, generator=g) - 0.5
+    mask = torch.rand(1, 9, 3, 3, generator=g)
     tensors = [t.to(dtype) for t in (x, w, offset, mask, b)]
-    return [*tensors, 1, 1, 1, 1, 1, 1, 1, 1, True]
+    return [*tensors, 1, 1, 0, 0, 1, 1, 1, 1, True]
 
 
 def constant_map_gives_the_constant(call, args, out):
@@ -87,7 +90,8 @@ def zero_offsets_give_conv2d(call, args, out):
     """Zero offsets and a mask of ones make deformable convolution a plain convolution."""
     x, w, offset, mask, b = args[:5]
     got = call(x, w, torch.zeros_like(offset), torch.ones_like(mask), b, *args[5:])
-    want = torch.nn.functional.conv2d(x, w, b, stride=1, padding=1)
+    stride, padding, dilation, groups = args[5:7], args[7:9], args[9:11], args[11]
+    want = torch.nn.functional.conv2d(x, w, b, stride=stride, padding=padding, dilation=dilation, groups=groups)
     if not torch.allclose(got, want, atol=1e-5, rtol=1e-4):
         return f"with zero offsets it differs from conv2d by {float((got - want).abs().max()):.3g}"
     return None

@@ -13,7 +13,9 @@ channel_mapping entries) is checked by the eager kernels alone and is not genera
 
 from __future__ import annotations
 
+import importlib.util
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,8 +23,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import opforge_ops  # noqa: F401  (registers the ops)
+
+RECIPES_PY = Path(__file__).resolve().parents[1] / "recipes.py"
 
 OP = torch.ops.opforge.deform_conv2d.default
 PARAMS = dict(stride_h=1, stride_w=1, pad_h=0, pad_w=0, dilation_h=1, dilation_w=1, groups=1,
@@ -138,44 +143,61 @@ def test_deform_conv2d_fake_and_meta_give_the_eager_shape(case):
 # outcomes (exception type and first line, or output shapes) must be equal.
 
 
-def T(*shape, fill="rand", dtype=torch.float32):  # noqa: N802 - reads as a type in the table
-    return ("tensor", tuple(shape), dtype, fill)
-
-
-_DEFORM_TENSORS = dict(input=T(1, 2, 5, 5), weight=T(4, 2, 3, 3), offset=T(1, 18, 3, 3),
-                       mask=T(1, 9, 3, 3), bias=T(4), stride_h=1, stride_w=1, pad_h=0, pad_w=0,
-                       dilation_h=1, dilation_w=1, groups=1, offset_groups=1, use_mask=True)
-
 # Each fill gives data the eager value checks accept whatever the shape or dtype: rois have
 # batch index 0 and finite coordinates, argmax -1 (no element), channel_mapping channel 0.
-VALID_CALLS = {
-    "nms": dict(dets=T(6, 4), scores=T(6), iou_threshold=0.5),
-    "roi_align": dict(input=T(2, 3, 6, 6), rois=T(4, 5, fill="rois"), spatial_scale=0.5,
-                      pooled_height=2, pooled_width=3, sampling_ratio=2, aligned=False),
-    "roi_pool": dict(input=T(2, 3, 6, 6), rois=T(4, 5, fill="rois"), spatial_scale=0.5,
-                     pooled_height=2, pooled_width=3),
-    "ps_roi_align": dict(input=T(2, 12, 6, 6), rois=T(4, 5, fill="rois"), spatial_scale=0.5,
-                         pooled_height=2, pooled_width=3, sampling_ratio=2),
-    "ps_roi_pool": dict(input=T(2, 12, 6, 6), rois=T(4, 5, fill="rois"), spatial_scale=0.5,
-                        pooled_height=2, pooled_width=3),
-    "_roi_align_backward": dict(grad=T(4, 3, 2, 3), rois=T(4, 5, fill="rois"), spatial_scale=0.5,
-                                pooled_height=2, pooled_width=3, batch_size=2, channels=3,
-                                height=6, width=6, sampling_ratio=2, aligned=True),
-    "_roi_pool_backward": dict(grad=T(4, 3, 2, 3), rois=T(4, 5, fill="rois"),
-                               argmax=T(4, 3, 2, 3, fill="argmax", dtype=torch.int32),
-                               spatial_scale=0.5, pooled_height=2, pooled_width=3, batch_size=2,
-                               channels=3, height=6, width=6),
-    "_ps_roi_align_backward": dict(grad=T(4, 2, 2, 3), rois=T(4, 5, fill="rois"),
-                                   channel_mapping=T(4, 2, 2, 3, fill="mapping", dtype=torch.int32),
-                                   spatial_scale=0.5, pooled_height=2, pooled_width=3,
-                                   sampling_ratio=2, batch_size=2, channels=12, height=6, width=6),
-    "_ps_roi_pool_backward": dict(grad=T(4, 2, 2, 3), rois=T(4, 5, fill="rois"),
-                                  channel_mapping=T(4, 2, 2, 3, fill="mapping", dtype=torch.int32),
-                                  spatial_scale=0.5, pooled_height=2, pooled_width=3,
-                                  batch_size=2, channels=12, height=6, width=6),
-    "deform_conv2d": dict(_DEFORM_TENSORS),
-    "_deform_conv2d_backward": dict(grad=T(1, 4, 3, 3), **_DEFORM_TENSORS),
-}
+FILLS = {"rois": "rois", "argmax": "argmax", "channel_mapping": "mapping"}  # argument -> fill
+
+
+def _spec(name, value):
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape), value.dtype, FILLS.get(name, "rand"))
+    return value
+
+
+class _BackwardCalls(TorchDispatchMode):
+    """Records the opforge backward ops autograd calls (op -> its arguments)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        namespace, _, name = func._schema.name.partition("::")
+        if namespace == "opforge" and name.startswith("_"):
+            self.calls[name] = [_spec(a.name, v) for a, v in zip(func._schema.arguments, args)]
+        return func(*args, **(kwargs or {}))
+
+
+def _load_recipes():
+    spec = importlib.util.spec_from_file_location("opforge_ops_recipes", RECIPES_PY)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.RECIPES
+
+
+def _valid_calls():
+    """op -> {argument: spec}: every forward op called as its smoke recipe (extension/recipes.py)
+    calls it, in float32, and every backward op as autograd calls it from there; a new op
+    needs no entry here."""
+    calls = {}
+    for op, recipe in _load_recipes().items():
+        fn = getattr(torch.ops.opforge, op)
+        args = recipe["inputs"](torch.float32)
+        calls[op] = {a.name: _spec(a.name, v) for a, v in zip(fn.default._schema.arguments, args)}
+        if recipe.get("grad"):
+            leaves = [a.detach().clone().requires_grad_() if i in recipe["grad"] else a
+                      for i, a in enumerate(args)]
+            out = fn(*leaves)
+            out = out[0] if isinstance(out, (tuple, list)) else out
+            with _BackwardCalls() as recorder:
+                out.sum().backward()
+            for name, values in recorder.calls.items():
+                schema = getattr(torch.ops.opforge, name).default._schema
+                calls[name] = dict(zip([a.name for a in schema.arguments], values))
+    return calls
+
+
+VALID_CALLS = _valid_calls()
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
           torch.uint8, torch.bool, torch.complex64)
 INTS = (-1, 0, 1, 2**31)
@@ -185,7 +207,7 @@ FLOATS = (float("nan"), float("inf"), float("-inf"), -1.0, 0.0, 1e30)
 def test_the_table_holds_every_op():
     from ops_table import OPS
 
-    assert set(VALID_CALLS) == set(OPS), "a new op needs a valid call in VALID_CALLS"
+    assert set(VALID_CALLS) == set(OPS), "a new op needs a smoke recipe (with grad) in extension/recipes.py"
     for op, call in VALID_CALLS.items():
         schema = getattr(torch.ops.opforge, op).default._schema
         assert list(call) == [a.name for a in schema.arguments], op
