@@ -206,12 +206,8 @@ class TestDeformConv2d:
         assert not any(g.any() for g in grads)
 
     @pytest.mark.parametrize("backend", BACKENDS, ids=str)
-    def test_nan_offsets_give_nan_where_they_sample_and_nowhere_else(self, backend, request):
+    def test_nan_offsets_give_nan_where_they_sample_and_nowhere_else(self, backend):
         backend.skip_unless_runs(torch.float32, "deform_conv2d")
-        if backend.name in ("mps", "metal_emu"):
-            # csrc/metal/deform_conv2d.metal's deform_coordinate_weight casts floor(NaN) to long
-            # (undefined) and reads zeros: d/dy of a NaN y comes out 0, the CPU and CUDA give NaN
-            request.applymarker(pytest.mark.xfail(strict=True, reason="Metal: NaN y offset -> 0 gradient"))
         case = make_case(batch=1, in_c=2, out_c=2, size=(4, 4), kernel=(1, 1), offset_scale=0.5,
                          dtype=torch.float32)
         case["offset"][0, 0, 1, 2] = math.nan

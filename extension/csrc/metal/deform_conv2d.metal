@@ -32,6 +32,8 @@ inline long deform_column(long c, long i, long j, long b, long y, long x,
 
 template <typename T>
 inline float deform_bilinear(device const T* plane, long height, long width, float h, float w) {
+  // A NaN coordinate samples NaN, as on the CPU and CUDA (and floor(NaN) has no long value).
+  if (isnan(h) || isnan(w)) return NAN;
   if (h <= -1.0f || (float)height <= h || w <= -1.0f || (float)width <= w) return 0.0f;
   const long h_low = (long)floor(h);
   const long w_low = (long)floor(w);
@@ -52,6 +54,9 @@ inline float deform_bilinear(device const T* plane, long height, long width, flo
 template <typename T>
 inline float deform_coordinate_weight(device const T* plane, long height, long width, float y,
                                       float x, bool is_y) {
+  // The gradient at a NaN coordinate is NaN, as on the CPU and CUDA (and floor(NaN) has
+  // no long value: converting it is undefined, and gave 0 here).
+  if (isnan(y) || isnan(x)) return NAN;
   const long y_l = (long)floor(y);
   const long x_l = (long)floor(x);
   const long y_h = y_l + 1;
@@ -121,6 +126,7 @@ inline void deform_col2im_item(device const T* columns, device const T* offset,
   const float sy = (float)(y * p.stride_h - p.pad_h + i * p.dilation_h) + (float)off[(2 * k) * plane_size + pix];
   const float sx = (float)(x * p.stride_w - p.pad_w + j * p.dilation_w) + (float)off[(2 * k + 1) * plane_size + pix];
   const float grad = (float)columns[index];
+  if (isnan(sy) || isnan(sx)) return;  // it read no pixel (and (long)NaN is undefined)
   device float* plane = grad_input + deform_plane(b, c, p);
   for (long dy = -1; dy <= 1; ++dy) {
     for (long dx = -1; dx <= 1; ++dx) {
