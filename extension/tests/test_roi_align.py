@@ -1,6 +1,6 @@
 import pytest
 import torch
-from backends import ALL_FLOATS, BACKENDS, backend_tolerance
+from backends import ALL_FLOATS, BACKENDS, DEVICE_NAMES, backend_tolerance
 
 import opforge_ops
 import ops_reference as reference
@@ -280,3 +280,36 @@ def test_every_backend_matches_the_reference(backend, dtype, scale, size, ratio,
     got = backend.call("_roi_align_backward", grad, rois, scale, *size, 2, 3, 13, 11, ratio, aligned)
     assert got.dtype == dtype
     torch.testing.assert_close(got.double(), expected_grad, **backend_tolerance(dtype))
+
+
+# Many threadgroups (500 rois x 8 channels x 7 x 7 bins), forward and backward against the CPU
+# kernels in float32; on a device also through autograd (the device's Autograd registration).
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b.name != "cpu"], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("aligned", [False, True])
+def test_a_large_problem_matches_the_cpu_kernels(backend, dtype, aligned):
+    backend.skip_unless_runs(dtype)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 8, 32, 32, generator=g).to(dtype)
+    rois = random_rois(500, 2, 32, 32, scale=0.5, generator=g).to(dtype)
+    args = (0.5, 7, 7, 2, aligned)
+    x32 = x.float().requires_grad_()
+    expected = OP(x32, rois.float(), *args)
+    grad = torch.randn(expected.shape, generator=g)
+    (expected_grad,) = torch.autograd.grad(expected, x32, grad)
+    tol = backend_tolerance(dtype)
+    out = backend.call("roi_align", x, rois, *args)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float(), expected.detach(), **tol)
+    got = backend.call("_roi_align_backward", grad.to(dtype), rois, *args[:3], 2, 8, 32, 32, *args[3:])
+    torch.testing.assert_close(got.float(), expected_grad, **tol)
+    if backend.name in DEVICE_NAMES:
+        def forward_backward(x, rois, grad):
+            x = x.requires_grad_()
+            out = opforge_ops.roi_align(x, rois, (7, 7), 0.5, 2, aligned)
+            return out, torch.autograd.grad(out, x, grad)[0]
+
+        out, got = backend.call_function(forward_backward, x, rois, grad.to(dtype))
+        assert out.dtype == got.dtype == dtype
+        torch.testing.assert_close(out.float(), expected.detach(), **tol)
+        torch.testing.assert_close(got.float(), expected_grad, **tol)

@@ -186,3 +186,26 @@ def test_every_backend_matches_the_reference(backend, dtype, scale, size):
     got = backend.call("_roi_pool_backward", grad, rois, argmax, scale, *size, 2, 3, 18, 21)
     assert got.dtype == dtype
     torch.testing.assert_close(got.double(), expected_grad, **backend_tolerance(dtype))
+
+
+# Many threadgroups (300 rois x 4 channels x 5 x 5 bins) against the CPU kernels in float32:
+# the same maxima (argmax equal in float32), the backward scattering through the same argmax.
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b.name != "cpu"], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_a_large_problem_matches_the_cpu_kernels(backend, dtype):
+    backend.skip_unless_runs(dtype)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 4, 24, 24, generator=g).to(dtype)
+    rois = random_rois(300, 2, 24, 24, generator=g).to(dtype)
+    expected, expected_argmax = torch.ops.opforge.roi_pool(x.float(), rois.float(), 1.0, 5, 5)
+    out, argmax = backend.call("roi_pool", x, rois, 1.0, 5, 5)
+    tol = backend_tolerance(dtype)
+    assert out.dtype == dtype and argmax.dtype == expected_argmax.dtype
+    torch.testing.assert_close(out.float(), expected, **tol)
+    if dtype == torch.float32:
+        assert torch.equal(argmax, expected_argmax)
+    grad = torch.randn(expected.shape, generator=g)
+    expected_grad = torch.ops.opforge._roi_pool_backward(grad, rois.float(), argmax, 1.0, 5, 5, 2, 4, 24, 24)
+    got = backend.call("_roi_pool_backward", grad.to(dtype), rois, argmax, 1.0, 5, 5, 2, 4, 24, 24)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.float(), expected_grad, **tol)
