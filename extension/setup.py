@@ -2,17 +2,20 @@
 
 What is built is chosen explicitly, never guessed from the build host:
 
-  OPFORGE_VARIANT       cpu | cu126 | cu128 | cu130 | mps | cpu_stable (default cpu), recorded in
-                        build info; cpu_stable needs OPFORGE_ABI=stable
+  OPFORGE_VARIANT       cpu | cu126 | cu128 | cu130 | mps | cpu_stable | mps_stable (default cpu),
+                        recorded in build info; the *_stable variants need OPFORGE_ABI=stable
   OPFORGE_ABI           legacy (default: ATen/torch::Library, one wheel per torch and Python)
                         | stable (LibTorch stable ABI + CPython limited API: one abi3 wheel that
                         loads on every torch from the floor up)
   OPFORGE_TORCH_FLOOR   stable only: the oldest torch the wheel supports, "2.N" (default and
-                        minimum 2.10, the first torch whose shim has what the kernels call);
+                        minimum 2.10, the first torch whose shim has what the kernels call;
+                        2.14 with FORCE_MPS=1: torch_mps_set_arg_bytes);
                         compiled in as TORCH_TARGET_VERSION, so a shim function newer than the
                         floor does not compile
   FORCE_CUDA=1          compile csrc/cuda/*.cu (fails if CUDA cannot be compiled)
-  FORCE_MPS=1           compile csrc/mps/*.mm + csrc/metal/*.metal (macOS only)
+  FORCE_MPS=1           compile csrc/mps/*_kernel.cpp + csrc/metal/*.metal (macOS only): as
+                        Objective-C++ on Metal (legacy), or plain C++ on torch's MPS C shim
+                        (stable)
   TORCH_CUDA_ARCH_LIST  e.g. "8.0;9.0" (read by torch.utils.cpp_extension)
   OPFORGE_OMIT_KERNELS  fault injection: "roi_align:cpu,nms:cuda" leaves those kernel files out
   MAX_JOBS              parallel compile jobs (read by torch.utils.cpp_extension)
@@ -35,11 +38,14 @@ from torch.utils import cpp_extension
 ROOT = Path(__file__).resolve().parent
 CSRC = ROOT / "csrc"
 BASE_VERSION = "0.1.0"
-VARIANTS = ("cpu", "cu126", "cu128", "cu130", "mps", "cpu_stable")
+VARIANTS = ("cpu", "cu126", "cu128", "cu130", "mps", "cpu_stable", "mps_stable")
 ABIS = ("legacy", "stable")
 # The stable kernels call torch_parallel_for, torch_call_dispatcher, torch_library_impl and the
 # typed data pointers of torch::stable::Tensor, all new in torch 2.10's shim.
 MIN_STABLE_FLOOR = (2, 10)
+# The stable MPS host (csrc/mps/metal_host.h) binds each kernel's parameter struct with
+# torch_mps_set_arg_bytes, new in torch 2.14's shim; the rest of the MPS shim is 2.10's.
+MIN_STABLE_MPS_FLOOR = (2, 14)
 # abi3 wheels are tagged for the oldest CPython pyproject.toml allows.
 LIMITED_API_TAG = "cp310"
 # Backend folder -> the kernel file name pattern inside it (used by OPFORGE_OMIT_KERNELS).
@@ -49,7 +55,7 @@ KERNEL_FILES = {
     "autocast": "autocast/{op}_kernel.cpp",
     "autograd": "autograd/{op}_kernel.cpp",
     "cuda": "cuda/{op}_kernel.cu",
-    "mps": "mps/{op}_kernel.mm",
+    "mps": "mps/{op}_kernel.cpp",
 }
 
 
@@ -120,7 +126,7 @@ def cuda_include_dirs():
     return dirs
 
 
-def embed_metal_sources(out_dir):
+def embed_metal_sources(out_dir, metallib="auto"):
     """csrc/metal/<op>.metal -> <out_dir>/opforge_metal/<op>.h (csrc/metal/embed.py); returns
     (include dir, whether metallibs were embedded)."""
     spec = importlib.util.spec_from_file_location(
@@ -129,7 +135,7 @@ def embed_metal_sources(out_dir):
     embed = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(embed)
     try:
-        info = embed.generate(sorted((CSRC / "metal").glob("*.metal")), out_dir)
+        info = embed.generate(sorted((CSRC / "metal").glob("*.metal")), out_dir, metallib)
     except embed.EmbedError as exc:
         raise BuildConfigError(f"embedding the Metal kernels failed: {exc}") from None
     return out_dir, info["metallib"]
@@ -154,9 +160,16 @@ class BuildConfig:
                 f"OPFORGE_TORCH_FLOOR={floor_text} applies to OPFORGE_ABI=stable builds only; a legacy "
                 "wheel runs on exactly the torch it was built against"
             )
-        self.floor = parse_torch_floor(floor_text or "{}.{}".format(*MIN_STABLE_FLOOR)) if self.stable else None
         self.cuda = env_flag("FORCE_CUDA")
         self.mps = env_flag("FORCE_MPS")
+        least = MIN_STABLE_MPS_FLOOR if self.mps else MIN_STABLE_FLOOR
+        self.floor = parse_torch_floor(floor_text or "{}.{}".format(*least)) if self.stable else None
+        if self.stable and self.mps and self.floor < MIN_STABLE_MPS_FLOOR:
+            raise BuildConfigError(
+                f"OPFORGE_TORCH_FLOOR={floor_text} with FORCE_MPS=1: the stable MPS kernels need torch "
+                "{}.{} or newer (they bind their parameters with torch_mps_set_arg_bytes, new in torch "
+                "2.14's shim); set OPFORGE_TORCH_FLOOR=2.14".format(*MIN_STABLE_MPS_FLOOR)
+            )
         self.metallib = False
         self.omitted = parse_omitted_kernels(os.environ.get("OPFORGE_OMIT_KERNELS", ""))
         if self.cuda and self.mps:
@@ -170,12 +183,6 @@ class BuildConfig:
                 raise BuildConfigError(
                     f"FORCE_CUDA=1 but the torch being built against ({torch.__version__}) is a CPU-only build"
                 )
-        if self.stable and self.mps:
-            raise BuildConfigError(
-                "OPFORGE_ABI=stable with FORCE_MPS=1: the MPS kernels are legacy-only (torch's stable "
-                "shim has no Metal command buffer or MPS stream access yet); build the mps variant "
-                "with OPFORGE_ABI=legacy"
-            )
         if self.stable and self.cuda:
             raise BuildConfigError(
                 "OPFORGE_ABI=stable with FORCE_CUDA=1: the CUDA kernels are not ported to the stable "
@@ -186,12 +193,13 @@ class BuildConfig:
                 f"FORCE_MPS=1 needs macOS with Xcode's Metal toolchain; this host is {platform.system()}. "
                 "In CI the MPS wheel is built on the macOS runner."
             )
-        if self.variant == "cpu_stable" and not self.stable:
+        if self.variant.endswith("_stable") and not self.stable:
             raise BuildConfigError(
-                f"OPFORGE_VARIANT=cpu_stable with OPFORGE_ABI={self.abi}: the cpu_stable variant is the "
-                "stable-ABI CPU wheel; set OPFORGE_ABI=stable (opforge build does)"
+                f"OPFORGE_VARIANT={self.variant} with OPFORGE_ABI={self.abi}: the {self.variant} variant "
+                "is a stable-ABI wheel; set OPFORGE_ABI=stable (opforge build does)"
             )
-        wants = {"cpu": (False, False), "cpu_stable": (False, False), "mps": (False, True)}.get(
+        wants = {"cpu": (False, False), "cpu_stable": (False, False), "mps": (False, True),
+                 "mps_stable": (False, True)}.get(
             self.variant, (True, False)
         )
         if (self.cuda, self.mps) != wants:
@@ -211,11 +219,11 @@ class BuildConfig:
             sources += kernel_sources("autograd", "*_kernel.cpp", omitted)
             sources += kernel_sources("autocast", "*_kernel.cpp", omitted)
         self.cuda_sources = kernel_sources("cuda", "*.cu", omitted) if self.cuda else []
-        self.mps_sources = kernel_sources("mps", "*.mm", omitted) if self.mps else []
+        self.mps_sources = kernel_sources("mps", "*_kernel.cpp", omitted) if self.mps else []
         if self.cuda and not self.cuda_sources:
             raise BuildConfigError("FORCE_CUDA=1 but csrc/cuda holds no .cu kernels to compile")
         if self.mps and not self.mps_sources:
-            raise BuildConfigError("FORCE_MPS=1 but csrc/mps holds no .mm kernels to compile")
+            raise BuildConfigError("FORCE_MPS=1 but csrc/mps holds no *_kernel.cpp to compile")
         return [str(p.relative_to(ROOT)) for p in sources + self.cuda_sources + self.mps_sources]
 
     def extension(self):
@@ -243,7 +251,15 @@ class BuildConfig:
         if self.cuda:
             define_macros.append(("WITH_CUDA", None))
             include_dirs += cuda_include_dirs()
-        if self.mps:
+        if self.mps and self.stable:
+            # torch's MPS C shim only (USE_MPS declares torch_mps_set_arg_bytes); the shim
+            # compiles Metal source, so no metallib is built
+            define_macros += [("WITH_MPS", None), ("USE_MPS", None)]
+            metal_include, self.metallib = embed_metal_sources(
+                ROOT / "build" / "metal_generated", metallib="never"
+            )
+            include_dirs.append(str(metal_include))
+        elif self.mps:
             define_macros.append(("WITH_MPS", None))
             cxx.append("-ObjC++")
             metal_include, self.metallib = embed_metal_sources(ROOT / "build" / "metal_generated")

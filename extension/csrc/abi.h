@@ -446,3 +446,112 @@ inline Tensor sum_over(const Tensor& t, const std::vector<int64_t>& dims) {
 #define OPFORGE_LIBRARY_IMPL(key, m) TORCH_LIBRARY_IMPL(opforge, key, m)
 #define OPFORGE_KERNEL(fn) TORCH_FN(fn)
 #endif
+
+// ---------------------------------------------------------------------------------------------
+// What the MPS host code (csrc/mps/<op>_kernel.cpp) adds: moving tensors between devices,
+// reading one value back, the boxed call of an opforge operator (the CPU crossover), and the
+// few ATen ops it runs on the device. Kept in its own block: the CUDA port extends the one above.
+#include <array>
+#include <optional>
+#ifndef OPFORGE_STABLE_ABI
+#include <ATen/core/dispatch/Dispatcher.h>
+#endif
+
+namespace opforge {
+
+inline Tensor to_cpu(const Tensor& t) {
+#ifdef OPFORGE_STABLE_ABI
+  return detail::shim_call([&] {
+    return device_type(t) == DeviceType::CPU
+               ? t
+               : torch::stable::to(t, torch::stable::Device(DeviceType::CPU));
+  });
+#else
+  return t.cpu();
+#endif
+}
+
+// `t` on the device `like` is on (no copy when it is there already).
+inline Tensor to_device_of(const Tensor& t, const Tensor& like) {
+#ifdef OPFORGE_STABLE_ABI
+  return detail::shim_call(
+      [&] { return same_device(t, like) ? t : torch::stable::to(t, like.device()); });
+#else
+  return t.to(like.device());
+#endif
+}
+
+// The value of a one-element int64 tensor on any device (a device tensor is copied back).
+inline int64_t item_int64(const Tensor& t) {
+#ifdef OPFORGE_STABLE_ABI
+  const Tensor host = to_cpu(t);
+  return *static_cast<const int64_t*>(host.const_data_ptr());
+#else
+  return t.item<int64_t>();
+#endif
+}
+
+// The indices that sort a 1-D tensor in descending order, ties in input order.
+inline Tensor argsort_descending_stable(const Tensor& t) {
+#ifdef OPFORGE_STABLE_ABI
+  namespace sd = torch::stable::detail;
+  return detail::shim_call([&] {
+    StableIValue stack[4] = {sd::from(t), sd::from(std::optional<bool>(true)), sd::from(int64_t{0}),
+                             sd::from(true)};
+    STABLE_TORCH_ERROR_CODE_CHECK(
+        torch_call_dispatcher("aten::sort", "stable", stack, TORCH_ABI_VERSION));
+    (void)sd::to<Tensor>(stack[0]);  // the sorted values: released
+    return sd::to<Tensor>(stack[1]);
+  });
+#else
+  return std::get<1>(t.sort(/*stable=*/true, /*dim=*/0, /*descending=*/true));
+#endif
+}
+
+inline Tensor index_selected(const Tensor& t, int64_t dim, const Tensor& index) {
+#ifdef OPFORGE_STABLE_ABI
+  return detail::shim_call(
+      [&] { return detail::call_aten("aten::index_select", "", t, dim, index); });
+#else
+  return t.index_select(dim, index);
+#endif
+}
+
+// dst += src (src broadcast to dst).
+inline void add_into(const Tensor& dst, const Tensor& src) {
+#ifdef OPFORGE_STABLE_ABI
+  // subtract(a, b, alpha = -1) is a + b: the shim's one add that takes its Scalar as a double.
+  copy_into(dst, detail::shim_call([&] { return torch::stable::subtract(dst, src, -1.0); }));
+#else
+  const_cast<Tensor&>(dst).add_(src);
+#endif
+}
+
+// Calls the registered operator `name` ("opforge::nms") through the dispatcher with boxed
+// arguments (Tensor, double, int64_t, bool) and returns its first N outputs, all tensors.
+template <size_t N, typename... Args>
+std::array<Tensor, N> call_op(const char* name, const Args&... args) {
+  std::array<Tensor, N> out;
+#ifdef OPFORGE_STABLE_ABI
+  namespace sd = torch::stable::detail;
+  constexpr size_t size = sizeof...(Args) > N ? sizeof...(Args) : N;
+  StableIValue stack[size] = {sd::from(args)...};
+  detail::shim_call([&] {
+    STABLE_TORCH_ERROR_CODE_CHECK(torch_call_dispatcher(name, "", stack, TORCH_ABI_VERSION));
+    return 0;
+  });
+  for (size_t i = 0; i < N; ++i) {
+    out[i] = sd::to<Tensor>(stack[i]);
+  }
+#else
+  const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name, "");
+  torch::jit::Stack stack{c10::IValue(args)...};
+  op.callBoxed(&stack);
+  for (size_t i = 0; i < N; ++i) {
+    out[i] = stack[i].toTensor();
+  }
+#endif
+  return out;
+}
+
+}  // namespace opforge

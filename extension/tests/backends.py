@@ -9,7 +9,9 @@ cpu        the built extension's CPU kernels
 cuda       the CUDA kernels on a CUDA device (skipped without one or without a CUDA build)
 mps        the MPS kernels on an Apple GPU (skipped elsewhere)
 cuda_emu   csrc/cuda/*.cu compiled as host C++ and run on the CPU (tests/cuda_emu)
-metal_emu  csrc/mps/*.mm + csrc/metal/*.metal run on the CPU (tests/metal_emu)
+metal_emu  csrc/mps/*_kernel.cpp (legacy ABI) + csrc/metal/*.metal run on the CPU (tests/metal_emu)
+metal_shim_emu  the same host code as the stable-ABI MPS wheel builds it (torch's MPS C shim
+           only), on an emulated shim (tests/metal_emu/shim_emu.h)
 
 The device and emulated backends route nothing to the CPU kernels (OPFORGE_MPS_CPU_BELOW=0).
 """
@@ -40,7 +42,7 @@ def backend_tolerance(dtype):
 
 @contextlib.contextmanager
 def _metal_path_only():
-    """The .mm kernels run their Metal kernels whatever the problem size."""
+    """The MPS host code runs its Metal kernels whatever the problem size."""
     saved = {k: v for k, v in os.environ.items() if k.startswith("OPFORGE_MPS_CPU_BELOW")}
     for key in saved:
         del os.environ[key]
@@ -88,7 +90,7 @@ class Backend:
             if "mps" not in backends:
                 return "opforge_ops was built without MPS kernels"
             return None if torch.backends.mps.is_available() else "no MPS device"
-        if self.name in ("cuda_emu", "metal_emu"):
+        if self.name in ("cuda_emu", "metal_emu", "metal_shim_emu"):
             compiler = os.environ.get("CXX", "g++")
             return None if shutil.which(compiler) else f"no C++ compiler ({compiler}) for the emulation"
         return None
@@ -118,6 +120,10 @@ class Backend:
             from metal_emu import harness
 
             return harness.load_host()
+        if self.name == "metal_shim_emu":
+            from metal_emu import harness
+
+            return harness.load_shim_host()
         return torch.ops.opforge
 
     def call(self, op: str, *args):
@@ -125,7 +131,7 @@ class Backend:
         fn = getattr(self.ops(), op)
         if self.device is not None:
             args = _map(args, lambda t: _to_device(t, self.device))
-        context = _metal_path_only() if self.name in ("mps", "metal_emu") else contextlib.nullcontext()
+        context = _metal_path_only() if self.name in METAL_HOSTS else contextlib.nullcontext()
         with context:
             out = fn(*args)
         return _map(out, lambda t: t.cpu())
@@ -139,6 +145,7 @@ class Backend:
 
 
 DEVICE_NAMES = ("cpu", "cuda", "mps")
+METAL_HOSTS = ("mps", "metal_emu", "metal_shim_emu")  # csrc/mps's host code, routing off
 
 BACKENDS = [
     Backend("cpu", ALL_FLOATS),
@@ -146,6 +153,7 @@ BACKENDS = [
     Backend("mps", METAL_FLOATS, device="mps"),
     Backend("cuda_emu", ALL_FLOATS),
     Backend("metal_emu", METAL_FLOATS),
+    Backend("metal_shim_emu", METAL_FLOATS),
 ]
 # The backends a Python function built on torch.ops.opforge runs on (the emulations
 # register their own namespaces, which such a function does not call).

@@ -15,6 +15,7 @@ import concurrent.futures
 import os
 import re
 import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -895,3 +896,91 @@ def test_msl_lint_reports_what_apples_compiler_would():
     assert "used twice" in problems
     assert "share one type" in problems
     assert "thread float& y" not in problems
+
+
+# ------------------------- csrc/mps/*_kernel.cpp on torch's MPS C shim (stable ABI)
+# The host code as the stable-ABI MPS wheel compiles it (TORCH_STABLE_ONLY, USE_MPS, one
+# translation unit per op), linked with tests/metal_emu/shim_emu.h: every op runs on it as the
+# metal_shim_emu backend of its own test file (tests/backends.py); here: what it links against.
+# What it does not cover: torch's real MPS shim on a Mac (Metal compiling the source, the MPS
+# stream, pipeline thread limits), which only a macOS job with a Metal device exercises.
+@pytest.fixture(scope="module")
+def shim_host_objects() -> list:
+    lib = harness.build_shim_host_library()
+    objects = sorted(lib.parent.glob("host_*_kernel.cpp.o"))
+    assert len(objects) == len(list(harness.MPS_DIR.glob("*_kernel.cpp")))
+    return objects
+
+
+def _undefined(obj) -> set[str]:
+    out = subprocess.run(["nm", "-u", str(obj)], capture_output=True, text=True, check=True)
+    return {line.split()[-1] for line in out.stdout.splitlines() if line.strip()}
+
+
+@pytest.mark.skipif(shutil.which("nm") is None, reason="needs nm (binutils)")
+def test_shim_host_calls_torch_only_through_the_c_shim(shim_host_objects):
+    for obj in shim_host_objects:
+        undefined = _undefined(obj)
+        # mangled libtorch / c10 / ATen C++ (std:: and the C++ runtime are fine)
+        cxx = sorted(s for s in undefined if re.match(r"_ZN(K?)(2at|3c10|5torch|5caffe2)", s))
+        assert cxx == [], f"{obj.name} calls libtorch C++: {cxx[:5]}"
+        assert not any(s.startswith("opforge_emu_") for s in undefined), obj.name
+        shim = {s for s in undefined if s.startswith(("aoti_torch_", "torch_"))}
+        assert {"aoti_torch_mps_create_shader_library", "aoti_torch_mps_get_kernel_function",
+                "aoti_torch_mps_run_command_block", "aoti_torch_mps_start_encoding",
+                "aoti_torch_mps_set_arg_tensor", "torch_mps_set_arg_bytes",
+                "aoti_torch_mps_dispatch_array_with_group_size"} <= shim, obj.name
+
+
+def test_shim_host_floor_is_set_by_torch_mps_set_arg_bytes(shim_host_objects):
+    # torch's own table of when each shim function shipped (carried by torch-abi-audit)
+    versions = pytest.importorskip("torch_abi_audit.torch_versions",
+                                   reason="torch-abi-audit carries torch's shim version table")
+    if shutil.which("nm") is None:
+        pytest.skip("needs nm (binutils)")
+    shim = sorted({s for obj in shim_host_objects for s in _undefined(obj)
+                   if s.startswith(("aoti_torch_", "torch_"))})
+    floor, defining, unknown = versions.minimum_version(shim)
+    assert list(unknown) == []
+    assert versions.format_version(floor) == "2.14.0"
+    assert list(defining) == ["torch_mps_set_arg_bytes"]
+
+
+def test_shim_host_bad_input_is_one_clear_error(metal_path):
+    host = harness.load_shim_host()
+    x = torch.randn(2, 1, 8, 8)
+    with pytest.raises(RuntimeError, match=r"rois\[0, 0\] = 5 is not a batch index"):
+        host.roi_align(x, torch.tensor([[5.0, 0, 0, 4, 4]]), 1.0, 2, 2, 2, False)
+    with pytest.raises(RuntimeError, match="float32 or float16"):
+        host.roi_align(x.double(), torch.tensor([[0.0, 0, 0, 4, 4]]).double(), 1.0, 2, 2, 2, False)
+
+
+def test_shim_host_small_problem_routes_to_cpu_kernel(monkeypatch):
+    # the crossover calls opforge::nms / opforge::_deform_conv2d_backward through
+    # torch_call_dispatcher
+    host = harness.load_shim_host()
+    monkeypatch.delenv("OPFORGE_MPS_CPU_BELOW", raising=False)
+    monkeypatch.setenv("OPFORGE_MPS_CPU_BELOW_NMS", "1000")
+    gen = torch.Generator().manual_seed(24)
+    boxes, scores = random_boxes(gen, 50), torch.rand(50, generator=gen)
+    assert torch.equal(host.nms(boxes, scores, 0.5), torch.ops.opforge.nms(boxes, scores, 0.5))
+    monkeypatch.setenv("OPFORGE_MPS_CPU_BELOW_DEFORM_CONV2D", "1000000")
+    x, w, off, mask, bias = deform_case(gen, B=1)
+    args = (x, w, off, mask, bias, 1, 1, 1, 1, 1, 1, 2, 2, True)
+    out = host.deform_conv2d(*args)
+    torch.testing.assert_close(out, torch.ops.opforge.deform_conv2d(*args))
+    grads = host._deform_conv2d_backward(torch.ones_like(out), *args)
+    expected = torch.ops.opforge._deform_conv2d_backward(torch.ones_like(out), *args)
+    for a, b in zip(grads, expected):
+        torch.testing.assert_close(a, b)
+
+
+def test_shim_host_deform_conv2d_chunk_loop(metal_path, monkeypatch):
+    host = harness.load_shim_host()
+    monkeypatch.setenv("OPFORGE_MPS_DEFORM_MAX_COLUMNS", "1")
+    gen = torch.Generator().manual_seed(23)
+    x, w, off, mask, bias = deform_case(gen, B=3)
+    args = (1, 1, 1, 1, 1, 1, 2, 2, True)
+    ref = ref_deform_conv2d(x, w, off, mask, bias, (1, 1), (1, 1), (1, 1), 2, 2, True)
+    torch.testing.assert_close(host.deform_conv2d(x, w, off, mask, bias, *args), ref,
+                               rtol=1e-4, atol=1e-4)

@@ -362,18 +362,23 @@ def _load_embed():
     return module
 
 
-def build_host_library() -> Path:
-    """csrc/mps/*_kernel.mm built with OPFORGE_MPS_EMULATED into one shared library.
+# The stable MPS wheel's floor: torch_mps_set_arg_bytes is new in torch 2.14's shim.
+STABLE_MPS_FLOOR = (2, 14)
+SHIM_DECLARATIONS = """#include <torch/csrc/inductor/aoti_torch/c/shim_mps.h>
+// torch < 2.14 headers: the one shim function the stable MPS host needs that they lack
+extern "C" AOTITorchError torch_mps_set_arg_bytes(AOTIMetalKernelFunctionHandle func,
+                                                  unsigned idx, const void* ptr, uint64_t size);
+"""
 
-    Loaded with torch.ops.load_library, it registers opforge_emu::<op> on the
-    CPU key: the very host code the Mac runs (checks, parameter structs,
-    strides, chunking, ATen GEMMs, crossover), with every Metal dispatch run by
-    the emulation.  No sanitizers here: the library lives inside Python.
-    """
+
+def _torch_version() -> tuple[int, int]:
     import torch
 
-    metal_files = sorted(METAL_DIR.glob("*.metal"))
-    mm_files = sorted(MPS_DIR.glob("*_kernel.mm"))
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
+
+
+def _host_units(stable: bool, metal_files: list[Path], host_files: list[Path]) -> dict[str, str]:
     tables = [re.sub(r"\W", "_", p.stem) for p in metal_files]
     units = {
         f"kernels_{t}.cpp": prepass.translate(p, [METAL_DIR], None, CXX, library=True)[0]
@@ -383,48 +388,86 @@ def build_host_library() -> Path:
         f"#define OPF_EMU_TABLES(X) {' '.join(f'X({t})' for t in tables)}\n"
         f'#include "{HERE / "emu_runtime.h"}"\n'
     )
-    units["host.cpp"] = "\n".join(f'#include "{p}"' for p in mm_files) + "\n"
+    if stable:
+        # one translation unit per op, as the wheel compiles them
+        units["shim_emu.cpp"] = f'#include "{HERE / "shim_emu.h"}"\n'
+        units.update({f"host_{p.stem}.cpp": f'#include "{p}"\n' for p in host_files})
+    else:
+        units["host.cpp"] = "\n".join(f'#include "{p}"' for p in host_files) + "\n"
+    return units
+
+
+def _host_flags(stable: bool, tmp: Path) -> list[str]:
+    if not stable:
+        return ["-DOPFORGE_MPS_EMULATED"]
+    # the stable MPS wheel's flags (extension/setup.py), at its floor where the torch at hand
+    # has it; older headers get the declaration of torch_mps_set_arg_bytes from the test
+    version = min(_torch_version(), STABLE_MPS_FLOOR)
+    flags = [
+        "-DOPFORGE_STABLE_ABI",
+        "-DTORCH_STABLE_ONLY",
+        f"-DTORCH_TARGET_VERSION=0x{version[0]:02x}{version[1]:02x}000000000000",
+        "-DUSE_MPS",
+        "-DOPFORGE_MPS_EMULATED",
+    ]
+    if _torch_version() < STABLE_MPS_FLOOR:
+        (tmp / "shim_declarations.h").write_text(SHIM_DECLARATIONS)
+        flags += ["-include", str(tmp / "shim_declarations.h")]
+    return flags
+
+
+def _build_host(stable: bool) -> Path:
+    import torch
+
+    metal_files = sorted(METAL_DIR.glob("*.metal"))
+    host_files = sorted(MPS_DIR.glob("*_kernel.cpp"))
+    units = _host_units(stable, metal_files, host_files)
     cflags, ldflags = _torch_build_flags()
     inputs = [u.encode() for u in units.values()]
-    inputs += [p.read_bytes() for p in mm_files + [MPS_DIR / "metal_host.h", CSRC / "common.h"]]
+    inputs += [p.read_bytes() for p in host_files + [MPS_DIR / "metal_host.h"]]
+    inputs += [(CSRC / n).read_bytes() for n in ("common.h", "abi.h")]
     inputs += [p.read_bytes() for p in metal_files] + _emu_sources()
+    inputs += [(HERE / "shim_emu.h").read_bytes(), b"stable" if stable else b"legacy"]
     key = _digest(*inputs, torch.__version__.encode(), " ".join(cflags).encode())
-    lib = _ensure(CACHE) / f"mps-host-{key}" / "libopforge_mps_emulated.so"
+    name = "mps-shim-host" if stable else "mps-host"
+    lib = _ensure(CACHE) / f"{name}-{key}" / f"libopforge_{name.replace('-', '_')}_emulated.so"
     if lib.exists():
         return lib
-    tmp = Path(tempfile.mkdtemp(prefix="mps-host-", dir=CACHE))
+    tmp = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=CACHE))
     try:
         _load_embed().generate(metal_files, tmp / "generated", metallib="never")
+        torch_flags = ["-x", "c++", *cflags, *_host_flags(stable, tmp)]
 
-        def compile_unit(name: str, text: str) -> None:
-            (tmp / name).write_text(text)
-            host = name == "host.cpp"
-            cmd = [CXX, "-std=c++20", "-O1", "-fPIC", "-pthread", "-c"]
-            cmd += ["-DOPFORGE_MPS_EMULATED", "-x", "c++", *cflags] if host else ["-Wno-attributes"]
-            cmd += [
-                f"-I{tmp / 'generated'}",
-                f"-I{CSRC}",
-                str(tmp / name),
-                "-o",
-                str(tmp / f"{name}.o"),
-            ]
+        def compile_unit(unit: str, text: str) -> str:
+            (tmp / unit).write_text(text)
+            # the kernels and the runtime need no torch: one object serves both host builds
+            shared = unit.startswith(("kernels_", "runtime"))
+            flags = ["-Wno-attributes"] if shared else torch_flags
+            cmd = [CXX, "-std=c++20", "-O1", "-fPIC", "-pthread", "-c", *flags]
+            obj = tmp / f"{unit}.o"
+            if shared:
+                obj = _ensure(CACHE / "objects") / f"{unit}-{_digest(text.encode(), ' '.join(cmd).encode(), _compiler_id().encode())}.o"
+                if obj.exists():
+                    return str(obj)
+            out = tmp / f"{unit}.o"
+            cmd += [f"-I{tmp / 'generated'}", f"-I{CSRC}", str(tmp / unit), "-o", str(out)]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
-                raise EmuError(
-                    f"compiling {name} of the emulated MPS host failed:\n{proc.stderr[-8000:]}"
-                )
+                raise EmuError(f"compiling {unit} of the emulated {name} failed:\n{proc.stderr[-8000:]}")
+            if shared:
+                shutil.copyfile(out, tmp / f"{unit}.o.part")
+                os.replace(tmp / f"{unit}.o.part", obj)  # atomic publish
+            return str(obj)
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-            for f in [pool.submit(compile_unit, n, t) for n, t in units.items()]:
-                f.result()
-        objects = [str(tmp / f"{n}.o") for n in units]
+            objects = [f.result() for f in [pool.submit(compile_unit, n, t) for n, t in units.items()]]
         link = subprocess.run(
             [CXX, "-shared", "-pthread", *objects, "-o", str(tmp / lib.name), *ldflags],
             capture_output=True,
             text=True,
         )
         if link.returncode != 0:
-            raise EmuError(f"linking the emulated MPS host failed:\n{link.stderr[-8000:]}")
+            raise EmuError(f"linking the emulated {name} failed:\n{link.stderr[-8000:]}")
         try:
             tmp.rename(lib.parent)
         except OSError:
@@ -435,20 +478,49 @@ def build_host_library() -> Path:
     return lib
 
 
+def build_host_library() -> Path:
+    """csrc/mps/*_kernel.cpp, legacy ABI, built with OPFORGE_MPS_EMULATED into one library.
+
+    Loaded with torch.ops.load_library, it registers opforge_emu::<op> on the
+    CPU key: the very host code the Mac runs (checks, parameter structs,
+    strides, chunking, ATen GEMMs, crossover), with every Metal dispatch run by
+    the emulation.  No sanitizers here: the library lives inside Python.
+    """
+    return _build_host(stable=False)
+
+
+def build_shim_host_library() -> Path:
+    """csrc/mps/*_kernel.cpp as the stable-ABI MPS wheel builds them (torch's C shim only),
+    linked with shim_emu.h, the emulated MPS shim: registers opforge_shim_emu::<op> on the CPU
+    key, every shim call and Metal dispatch emulated."""
+    return _build_host(stable=True)
+
+
 HOST_NAMESPACE = "opforge_emu"
-_HOST_LIBRARIES: list = []
+SHIM_HOST_NAMESPACE = "opforge_shim_emu"
+_HOST_LIBRARIES: dict = {}
 
 
-def load_host():
-    """torch.ops.opforge_emu: the .mm host code (build_host_library) registered under the
-    schemas of the built extension's torch.ops.opforge, every Metal dispatch emulated."""
+def _load(namespace: str, build) -> object:
     import torch
 
-    if not _HOST_LIBRARIES:
-        library = torch.library.Library(HOST_NAMESPACE, "FRAGMENT")
+    if namespace not in _HOST_LIBRARIES:
+        library = torch.library.Library(namespace, "FRAGMENT")
         for schema in torch._C._jit_get_all_schemas():
             if schema.name.startswith("opforge::"):
                 library.define(str(schema).split("::", 1)[1])
-        torch.ops.load_library(str(build_host_library()))
-        _HOST_LIBRARIES.append(library)  # a Library unregisters its ops when collected
-    return getattr(torch.ops, HOST_NAMESPACE)
+        torch.ops.load_library(str(build()))
+        _HOST_LIBRARIES[namespace] = library  # a Library unregisters its ops when collected
+    return getattr(torch.ops, namespace)
+
+
+def load_host():
+    """torch.ops.opforge_emu: the legacy host code (build_host_library) registered under the
+    schemas of the built extension's torch.ops.opforge, every Metal dispatch emulated."""
+    return _load(HOST_NAMESPACE, build_host_library)
+
+
+def load_shim_host():
+    """torch.ops.opforge_shim_emu: the stable-ABI host code on the emulated shim
+    (build_shim_host_library), under the schemas of torch.ops.opforge."""
+    return _load(SHIM_HOST_NAMESPACE, build_shim_host_library)

@@ -2,7 +2,6 @@
 // (csrc/metal/ps_roi_pool.metal, contract in csrc/metal/ps_roi_pool.h).
 // float16 backward accumulates in float32 and is cast back.
 #include <opforge_metal/ps_roi_pool.h>
-#include <torch/library.h>
 
 #include "common.h"
 #include "metal/ps_roi_pool.h"
@@ -28,37 +27,34 @@ OpfPsRoiPoolParams make_params(int64_t total, int64_t channels, int64_t channels
   return p;
 }
 
-std::tuple<at::Tensor, at::Tensor> ps_roi_pool_forward_mps(const at::Tensor& input,
-                                                           const at::Tensor& rois,
-                                                           double spatial_scale,
-                                                           int64_t pooled_height,
-                                                           int64_t pooled_width) {
+std::tuple<Tensor, Tensor> ps_roi_pool_forward_mps(const Tensor& input, const Tensor& rois,
+                                                   double spatial_scale, int64_t pooled_height,
+                                                   int64_t pooled_width) {
   constexpr const char* op = "ps_roi_pool";
   check_ps_roi_inputs(op, input, rois, pooled_height, pooled_width);
   check_mps(op, "input", input);
   const char* type = metal_type(input, op);
   const int64_t channels_out = input.size(1) / (pooled_height * pooled_width);
-  at::Tensor output =
-      at::empty({rois.size(0), channels_out, pooled_height, pooled_width}, input.options());
-  at::Tensor mapping = at::empty(output.sizes(), input.options().dtype(at::kInt));
+  Tensor output = alloc_empty(input, {rois.size(0), channels_out, pooled_height, pooled_width});
+  Tensor mapping = alloc_empty(input, sizes_of(output), ScalarType::Int);
   const int64_t total = output.numel();
   if (total == 0)
     return {output, mapping};
   if (metal::route_to_cpu(metal::kPsRoiPoolCrossover, total)) {
-    auto out =
-        call_cpu("opforge::ps_roi_pool", {input, rois, spatial_scale, pooled_height, pooled_width});
-    return {to_device(out[0], input.device()), to_device(out[1], input.device())};
+    const auto out = call_cpu<2>(input, "opforge::ps_roi_pool", input, rois, spatial_scale,
+                                 pooled_height, pooled_width);
+    return {out[0], out[1]};
   }
   check_rois_on_device(op, rois, input.size(0));
 
-  const at::Tensor input_ = input.contiguous();
-  const at::Tensor rois_ = rois.contiguous();
+  const Tensor input_ = as_contiguous(input);
+  const Tensor rois_ = as_contiguous(rois);
   const OpfPsRoiPoolParams p =
       make_params(total, input.size(1), channels_out, input.size(2), input.size(3), pooled_height,
                   pooled_width, spatial_scale);
   Pipeline pso = ps_roi_pool_library().pipeline(std::string("ps_roi_pool_forward_") + type);
   const Dispatch d = metal::dispatch_1d(static_cast<uint64_t>(total), max_threads(pso));
-  encode([&](Encoder enc) {
+  encode(pso, [&](Encoder enc) {
     set_pipeline(enc, pso);
     bind(enc, input_, OPF_PS_ROI_POOL_FWD_BUF_INPUT);
     bind(enc, rois_, OPF_PS_ROI_POOL_FWD_BUF_ROIS);
@@ -70,36 +66,34 @@ std::tuple<at::Tensor, at::Tensor> ps_roi_pool_forward_mps(const at::Tensor& inp
   return {output, mapping};
 }
 
-at::Tensor ps_roi_pool_backward_mps(const at::Tensor& grad, const at::Tensor& rois,
-                                    const at::Tensor& channel_mapping, double spatial_scale,
-                                    int64_t pooled_height, int64_t pooled_width, int64_t batch_size,
-                                    int64_t channels, int64_t height, int64_t width) {
+Tensor ps_roi_pool_backward_mps(const Tensor& grad, const Tensor& rois,
+                                const Tensor& channel_mapping, double spatial_scale,
+                                int64_t pooled_height, int64_t pooled_width, int64_t batch_size,
+                                int64_t channels, int64_t height, int64_t width) {
   constexpr const char* op = "_ps_roi_pool_backward";
   check_ps_roi_backward_inputs(op, grad, rois, channel_mapping, pooled_height, pooled_width,
                                batch_size, channels, height, width);
   check_mps(op, "grad", grad);
   const char* type = metal_type(grad, op);
   const int64_t total = grad.numel();
-  at::Tensor grad_input =
-      at::zeros({batch_size, channels, height, width}, grad.options().dtype(at::kFloat));
+  Tensor grad_input = alloc_zeros(grad, {batch_size, channels, height, width}, ScalarType::Float);
   if (total == 0 || grad_input.numel() == 0)
-    return grad_input.to(grad.scalar_type());
+    return to_dtype(grad_input, grad.scalar_type());
   if (metal::route_to_cpu(metal::kPsRoiPoolCrossover, total)) {
-    auto out = call_cpu("opforge::_ps_roi_pool_backward",
-                        {grad, rois, channel_mapping, spatial_scale, pooled_height, pooled_width,
-                         batch_size, channels, height, width});
-    return to_device(out[0], grad.device());
+    return call_cpu<1>(grad, "opforge::_ps_roi_pool_backward", grad, rois, channel_mapping,
+                       spatial_scale, pooled_height, pooled_width, batch_size, channels, height,
+                       width)[0];
   }
   check_rois_on_device(op, rois, batch_size);
 
-  const at::Tensor grad_ = grad.contiguous();
-  const at::Tensor rois_ = rois.contiguous();
-  const at::Tensor mapping_ = channel_mapping.contiguous();
+  const Tensor grad_ = as_contiguous(grad);
+  const Tensor rois_ = as_contiguous(rois);
+  const Tensor mapping_ = as_contiguous(channel_mapping);
   const OpfPsRoiPoolParams p = make_params(total, channels, grad.size(1), height, width,
                                            pooled_height, pooled_width, spatial_scale);
   Pipeline pso = ps_roi_pool_library().pipeline(std::string("ps_roi_pool_backward_") + type);
   const Dispatch d = metal::dispatch_1d(static_cast<uint64_t>(total), max_threads(pso));
-  encode([&](Encoder enc) {
+  encode(pso, [&](Encoder enc) {
     set_pipeline(enc, pso);
     bind(enc, grad_, OPF_PS_ROI_POOL_BWD_BUF_GRAD);
     bind(enc, rois_, OPF_PS_ROI_POOL_BWD_BUF_ROIS);
@@ -108,15 +102,16 @@ at::Tensor ps_roi_pool_backward_mps(const at::Tensor& grad, const at::Tensor& ro
     bind_params(enc, p, OPF_PS_ROI_POOL_BWD_BUF_PARAMS);
     dispatch(enc, d);
   });
-  return grad.scalar_type() == at::kFloat ? grad_input : grad_input.to(grad.scalar_type());
+  return grad.scalar_type() == ScalarType::Float ? grad_input
+                                                 : to_dtype(grad_input, grad.scalar_type());
 }
 
 }  // namespace
 
-// TORCH_LIBRARY_IMPL(opforge, MPS, m); see metal_host.h
+// opforge::<op> on the MPS key; see metal_host.h
 OPFORGE_MPS_LIBRARY_IMPL(m) {
-  m.impl("ps_roi_pool", TORCH_FN(ps_roi_pool_forward_mps));
-  m.impl("_ps_roi_pool_backward", TORCH_FN(ps_roi_pool_backward_mps));
+  m.impl("ps_roi_pool", OPFORGE_KERNEL(ps_roi_pool_forward_mps));
+  m.impl("_ps_roi_pool_backward", OPFORGE_KERNEL(ps_roi_pool_backward_mps));
 }
 
 }  // namespace opforge::mps

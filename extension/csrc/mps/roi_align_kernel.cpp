@@ -2,7 +2,6 @@
 // float16 backward accumulates into a float32 buffer (atomic float adds) and
 // is cast back, so half gradients are supported rather than refused.
 #include <opforge_metal/roi_align.h>
-#include <torch/library.h>
 
 #include "common.h"
 #include "metal/roi_align.h"
@@ -29,9 +28,9 @@ OpfRoiAlignParams make_params(int64_t total, int64_t channels, int64_t height, i
   return p;
 }
 
-at::Tensor roi_align_forward_mps(const at::Tensor& input, const at::Tensor& rois,
-                                 double spatial_scale, int64_t pooled_height, int64_t pooled_width,
-                                 int64_t sampling_ratio, bool aligned) {
+Tensor roi_align_forward_mps(const Tensor& input, const Tensor& rois, double spatial_scale,
+                             int64_t pooled_height, int64_t pooled_width, int64_t sampling_ratio,
+                             bool aligned) {
   check_roi_inputs("roi_align", input, rois, pooled_height, pooled_width);
   check_sampling_ratio("roi_align", sampling_ratio, pooled_height, pooled_width);
   check_mps("roi_align", "input", input);
@@ -41,23 +40,22 @@ at::Tensor roi_align_forward_mps(const at::Tensor& input, const at::Tensor& rois
   const int64_t height = input.size(2);
   const int64_t width = input.size(3);
   const int64_t total = metal::roi_work_items(num_rois, channels, pooled_height, pooled_width);
-  at::Tensor output = at::empty({num_rois, channels, pooled_height, pooled_width}, input.options());
+  Tensor output = alloc_empty(input, {num_rois, channels, pooled_height, pooled_width});
   if (total == 0)
     return output;
   if (metal::route_to_cpu(metal::kRoiAlignCrossover, total)) {
-    auto out = call_cpu("opforge::roi_align", {input, rois, spatial_scale, pooled_height,
-                                               pooled_width, sampling_ratio, aligned});
-    return to_device(out[0], input.device());
+    return call_cpu<1>(input, "opforge::roi_align", input, rois, spatial_scale, pooled_height,
+                       pooled_width, sampling_ratio, aligned)[0];
   }
   check_rois_on_device("roi_align", rois, input.size(0));
 
-  const at::Tensor input_ = input.contiguous();
-  const at::Tensor rois_ = rois.contiguous();
+  const Tensor input_ = as_contiguous(input);
+  const Tensor rois_ = as_contiguous(rois);
   const OpfRoiAlignParams p = make_params(total, channels, height, width, pooled_height,
                                           pooled_width, sampling_ratio, spatial_scale, aligned);
   Pipeline pso = roi_align_library().pipeline(std::string("roi_align_forward_") + type);
   const Dispatch d = metal::dispatch_1d(static_cast<uint64_t>(total), max_threads(pso));
-  encode([&](Encoder enc) {
+  encode(pso, [&](Encoder enc) {
     set_pipeline(enc, pso);
     bind(enc, input_, OPF_ROI_ALIGN_FWD_BUF_INPUT);
     bind(enc, rois_, OPF_ROI_ALIGN_FWD_BUF_ROIS);
@@ -68,28 +66,26 @@ at::Tensor roi_align_forward_mps(const at::Tensor& input, const at::Tensor& rois
   return output;
 }
 
-at::Tensor roi_align_backward_mps(const at::Tensor& grad, const at::Tensor& rois,
-                                  double spatial_scale, int64_t pooled_height, int64_t pooled_width,
-                                  int64_t batch_size, int64_t channels, int64_t height,
-                                  int64_t width, int64_t sampling_ratio, bool aligned) {
+Tensor roi_align_backward_mps(const Tensor& grad, const Tensor& rois, double spatial_scale,
+                              int64_t pooled_height, int64_t pooled_width, int64_t batch_size,
+                              int64_t channels, int64_t height, int64_t width,
+                              int64_t sampling_ratio, bool aligned) {
   check_roi_backward_inputs("_roi_align_backward", grad, rois, pooled_height, pooled_width,
                             batch_size, channels, height, width);
   check_sampling_ratio("_roi_align_backward", sampling_ratio, pooled_height, pooled_width);
   check_mps("_roi_align_backward", "grad", grad);
   const char* type = metal_type(grad, "_roi_align_backward");
   const int64_t total = grad.numel();
-  at::Tensor grad_input =
-      at::zeros({batch_size, channels, height, width}, grad.options().dtype(at::kFloat));
+  Tensor grad_input = alloc_zeros(grad, {batch_size, channels, height, width}, ScalarType::Float);
   if (total == 0)
-    return grad_input.to(grad.scalar_type());
+    return to_dtype(grad_input, grad.scalar_type());
   if (metal::route_to_cpu(metal::kRoiAlignCrossover, total)) {
-    auto out = call_cpu("opforge::_roi_align_backward",
-                        {grad, rois, spatial_scale, pooled_height, pooled_width, batch_size,
-                         channels, height, width, sampling_ratio, aligned});
-    return to_device(out[0], grad.device());
+    return call_cpu<1>(grad, "opforge::_roi_align_backward", grad, rois, spatial_scale,
+                       pooled_height, pooled_width, batch_size, channels, height, width,
+                       sampling_ratio, aligned)[0];
   }
 
-  const at::Tensor rois_ = rois.contiguous();
+  const Tensor rois_ = as_contiguous(rois);
   OpfRoiAlignParams p = make_params(total, channels, height, width, pooled_height, pooled_width,
                                     sampling_ratio, spatial_scale, aligned);
   // grad is read through its strides (autograd often hands an expanded one).
@@ -99,7 +95,7 @@ at::Tensor roi_align_backward_mps(const at::Tensor& grad, const at::Tensor& rois
   p.grad_stride_w = grad.stride(3);
   Pipeline pso = roi_align_library().pipeline(std::string("roi_align_backward_") + type);
   const Dispatch d = metal::dispatch_1d(static_cast<uint64_t>(total), max_threads(pso));
-  encode([&](Encoder enc) {
+  encode(pso, [&](Encoder enc) {
     set_pipeline(enc, pso);
     bind(enc, grad, OPF_ROI_ALIGN_BWD_BUF_GRAD);
     bind(enc, rois_, OPF_ROI_ALIGN_BWD_BUF_ROIS);
@@ -107,15 +103,16 @@ at::Tensor roi_align_backward_mps(const at::Tensor& grad, const at::Tensor& rois
     bind_params(enc, p, OPF_ROI_ALIGN_BWD_BUF_PARAMS);
     dispatch(enc, d);
   });
-  return grad.scalar_type() == at::kFloat ? grad_input : grad_input.to(grad.scalar_type());
+  return grad.scalar_type() == ScalarType::Float ? grad_input
+                                                 : to_dtype(grad_input, grad.scalar_type());
 }
 
 }  // namespace
 
-// TORCH_LIBRARY_IMPL(opforge, MPS, m); see metal_host.h
+// opforge::<op> on the MPS key; see metal_host.h
 OPFORGE_MPS_LIBRARY_IMPL(m) {
-  m.impl("roi_align", TORCH_FN(roi_align_forward_mps));
-  m.impl("_roi_align_backward", TORCH_FN(roi_align_backward_mps));
+  m.impl("roi_align", OPFORGE_KERNEL(roi_align_forward_mps));
+  m.impl("_roi_align_backward", OPFORGE_KERNEL(roi_align_backward_mps));
 }
 
 }  // namespace opforge::mps

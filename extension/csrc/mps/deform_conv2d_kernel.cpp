@@ -1,9 +1,8 @@
 // deform_conv2d forward and backward on MPS.  The sampling steps are Metal
-// kernels (csrc/metal/deform_conv2d.metal); the GEMMs between them are ATen
-// bmm on MPS, encoded on the same stream.  Images are processed in chunks so
+// kernels (csrc/metal/deform_conv2d.metal); the GEMMs between them are ATen's
+// bmm on MPS (abi.h), encoded on the same stream.  Images are processed in chunks so
 // the column buffer stays below max_column_elements().
 #include <opforge_metal/deform_conv2d.h>
-#include <torch/library.h>
 
 #include "common.h"
 #include "metal/deform_conv2d.h"
@@ -28,10 +27,10 @@ OPFORGE_KERNEL_LIBRARY(deform_conv2d)
 using Shape = DeformConv2dGeometry;
 
 // The shared checks (common.h: the same rules and messages as the CPU and CUDA kernels).
-Shape check_inputs(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& offset,
-                   const at::Tensor& mask, const at::Tensor& bias, int64_t stride_h,
-                   int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h,
-                   int64_t dilation_w, int64_t groups, int64_t offset_groups, bool use_mask) {
+Shape check_inputs(const Tensor& input, const Tensor& weight, const Tensor& offset,
+                   const Tensor& mask, const Tensor& bias, int64_t stride_h, int64_t stride_w,
+                   int64_t pad_h, int64_t pad_w, int64_t dilation_h, int64_t dilation_w,
+                   int64_t groups, int64_t offset_groups, bool use_mask) {
   return check_deform_conv2d_args(kMpsDeviceType, input, weight, offset, mask, bias, stride_h,
                                   stride_w, pad_h, pad_w, dilation_h, dilation_w, groups,
                                   offset_groups, use_mask);
@@ -67,18 +66,18 @@ int64_t chunk_size(const Shape& s) {
 }
 
 // columns[C*KH*KW, nb*OH*OW] of images [b0, b0 + nb).
-at::Tensor im2col(const char* type, const at::Tensor& input, const at::Tensor& offset,
-                  const at::Tensor& mask, OpfDeformParams p, int64_t b0) {
+Tensor im2col(const char* type, const Tensor& input, const Tensor& offset, const Tensor& mask,
+              OpfDeformParams p, int64_t b0) {
   const int64_t nb = p.batch;
-  at::Tensor columns =
-      at::empty({p.channels * p.kernel_h * p.kernel_w, nb * p.out_h * p.out_w}, input.options());
+  Tensor columns =
+      alloc_empty(input, {p.channels * p.kernel_h * p.kernel_w, nb * p.out_h * p.out_w});
   p.total = metal::deform_im2col_items(p);
-  const at::Tensor in = input.narrow(0, b0, nb);
-  const at::Tensor off = offset.narrow(0, b0, nb);
-  const at::Tensor msk = p.use_mask ? mask.narrow(0, b0, nb) : off;  // bound, never read
+  const Tensor in = narrowed(input, 0, b0, nb);
+  const Tensor off = narrowed(offset, 0, b0, nb);
+  const Tensor msk = p.use_mask ? narrowed(mask, 0, b0, nb) : off;  // bound, never read
   Pipeline pso = deform_conv2d_library().pipeline(std::string("deform_im2col_") + type);
   const Dispatch d = metal::dispatch_1d(static_cast<uint64_t>(p.total), max_threads(pso));
-  encode([&](Encoder enc) {
+  encode(pso, [&](Encoder enc) {
     set_pipeline(enc, pso);
     bind(enc, in, OPF_DEFORM_IM2COL_BUF_INPUT);
     bind(enc, off, OPF_DEFORM_IM2COL_BUF_OFFSET);
@@ -90,47 +89,46 @@ at::Tensor im2col(const char* type, const at::Tensor& input, const at::Tensor& o
   return columns;
 }
 
-at::Tensor deform_conv2d_mps(const at::Tensor& input, const at::Tensor& weight,
-                             const at::Tensor& offset, const at::Tensor& mask,
-                             const at::Tensor& bias, int64_t stride_h, int64_t stride_w,
-                             int64_t pad_h, int64_t pad_w, int64_t dilation_h, int64_t dilation_w,
-                             int64_t groups, int64_t offset_groups, bool use_mask) {
+Tensor deform_conv2d_mps(const Tensor& input, const Tensor& weight, const Tensor& offset,
+                         const Tensor& mask, const Tensor& bias, int64_t stride_h, int64_t stride_w,
+                         int64_t pad_h, int64_t pad_w, int64_t dilation_h, int64_t dilation_w,
+                         int64_t groups, int64_t offset_groups, bool use_mask) {
   const Shape s = check_inputs(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w,
                                dilation_h, dilation_w, groups, offset_groups, use_mask);
   const char* type = metal_type(input, "deform_conv2d");
   const int64_t out_numel = s.batch * s.out_channels * s.out_h * s.out_w;
-  if (out_numel == 0)
-    return at::zeros({s.batch, s.out_channels, s.out_h, s.out_w}, input.options());
-  if (metal::route_to_cpu(metal::kDeformConv2dCrossover, out_numel)) {
-    auto out = call_cpu("opforge::deform_conv2d",
-                        {input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w,
-                         dilation_h, dilation_w, groups, offset_groups, use_mask});
-    return to_device(out[0], input.device());
+  if (out_numel == 0) {
+    return alloc_zeros(input, {s.batch, s.out_channels, s.out_h, s.out_w});
   }
-  const at::Tensor input_ = input.contiguous();
-  const at::Tensor offset_ = offset.contiguous();
-  const at::Tensor mask_ = use_mask ? mask.contiguous() : offset_;
-  const at::Tensor weight_g = weight.contiguous().view({groups, s.out_channels / groups, -1});
-  at::Tensor output = at::empty({s.batch, s.out_channels, s.out_h, s.out_w}, input.options());
+  if (metal::route_to_cpu(metal::kDeformConv2dCrossover, out_numel)) {
+    return call_cpu<1>(input, "opforge::deform_conv2d", input, weight, offset, mask, bias, stride_h,
+                       stride_w, pad_h, pad_w, dilation_h, dilation_w, groups, offset_groups,
+                       use_mask)[0];
+  }
+  const Tensor input_ = as_contiguous(input);
+  const Tensor offset_ = as_contiguous(offset);
+  const Tensor mask_ = use_mask ? as_contiguous(mask) : offset_;
+  const Tensor weight_g = viewed(as_contiguous(weight), {groups, s.out_channels / groups, -1});
+  Tensor output = alloc_empty(input, {s.batch, s.out_channels, s.out_h, s.out_w});
   const int64_t chunk = chunk_size(s);
   for (int64_t b0 = 0; b0 < s.batch; b0 += chunk) {
     const int64_t nb = std::min(chunk, s.batch - b0);
     const OpfDeformParams p = make_params(s, nb, stride_h, stride_w, pad_h, pad_w, dilation_h,
                                           dilation_w, offset_groups, use_mask);
-    const at::Tensor columns = im2col(type, input_, offset_, mask_, p, b0);
-    const at::Tensor out_g = at::bmm(weight_g, columns.view({groups, -1, columns.size(1)}));
-    output.narrow(0, b0, nb).copy_(
-        out_g.view({s.out_channels, nb, s.out_h, s.out_w}).transpose(0, 1));
+    const Tensor columns = im2col(type, input_, offset_, mask_, p, b0);
+    const Tensor out_g = batched_matmul(weight_g, viewed(columns, {groups, -1, columns.size(1)}));
+    copy_into(narrowed(output, 0, b0, nb),
+              transposed(viewed(out_g, {s.out_channels, nb, s.out_h, s.out_w}), 0, 1));
   }
-  output.add_(bias.view({1, s.out_channels, 1, 1}));
+  add_into(output, viewed(bias, {1, s.out_channels, 1, 1}));
   return output;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_conv2d_backward_mps(
-    const at::Tensor& grad, const at::Tensor& input, const at::Tensor& weight,
-    const at::Tensor& offset, const at::Tensor& mask, const at::Tensor& bias, int64_t stride_h,
-    int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h, int64_t dilation_w,
-    int64_t groups, int64_t offset_groups, bool use_mask) {
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> deform_conv2d_backward_mps(
+    const Tensor& grad, const Tensor& input, const Tensor& weight, const Tensor& offset,
+    const Tensor& mask, const Tensor& bias, int64_t stride_h, int64_t stride_w, int64_t pad_h,
+    int64_t pad_w, int64_t dilation_h, int64_t dilation_w, int64_t groups, int64_t offset_groups,
+    bool use_mask) {
   const char* op = "deform_conv2d_backward";
   const Shape s = check_inputs(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w,
                                dilation_h, dilation_w, groups, offset_groups, use_mask);
@@ -138,24 +136,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
   const char* type = metal_type(input, op);
   const int64_t out_numel = grad.numel();
   if (metal::route_to_cpu(metal::kDeformConv2dCrossover, out_numel)) {
-    auto out = call_cpu("opforge::_deform_conv2d_backward",
-                        {grad, input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w,
-                         dilation_h, dilation_w, groups, offset_groups, use_mask});
-    const auto dev = input.device();
-    return {to_device(out[0], dev), to_device(out[1], dev), to_device(out[2], dev),
-            to_device(out[3], dev), to_device(out[4], dev)};
+    const auto out = call_cpu<5>(input, "opforge::_deform_conv2d_backward", grad, input, weight,
+                                 offset, mask, bias, stride_h, stride_w, pad_h, pad_w, dilation_h,
+                                 dilation_w, groups, offset_groups, use_mask);
+    return {out[0], out[1], out[2], out[3], out[4]};
   }
-  const at::Tensor grad_ = grad.contiguous();
-  const at::Tensor input_ = input.contiguous();
-  const at::Tensor offset_ = offset.contiguous();
-  const at::Tensor mask_ = use_mask ? mask.contiguous() : offset_;
-  const at::Tensor weight_g = weight.contiguous().view({groups, s.out_channels / groups, -1});
-  const auto float_opts = input.options().dtype(at::kFloat);
-  at::Tensor grad_input = at::zeros_like(input_, float_opts);
-  at::Tensor grad_offset = at::zeros_like(offset_);
-  at::Tensor grad_mask = use_mask ? at::zeros_like(mask_) : at::zeros_like(mask);
-  at::Tensor grad_weight =
-      at::zeros({groups, s.out_channels / groups, weight_g.size(2)}, float_opts);
+  const Tensor grad_ = as_contiguous(grad);
+  const Tensor input_ = as_contiguous(input);
+  const Tensor offset_ = as_contiguous(offset);
+  const Tensor mask_ = use_mask ? as_contiguous(mask) : offset_;
+  const Tensor weight_g = viewed(as_contiguous(weight), {groups, s.out_channels / groups, -1});
+  Tensor grad_input = alloc_zeros(input_, sizes_of(input_), ScalarType::Float);
+  Tensor grad_offset = alloc_zeros(offset_, sizes_of(offset_));
+  Tensor grad_mask =
+      use_mask ? alloc_zeros(mask_, sizes_of(mask_)) : alloc_zeros(mask, sizes_of(mask));
+  Tensor grad_weight =
+      alloc_zeros(input, {groups, s.out_channels / groups, weight_g.size(2)}, ScalarType::Float);
 
   Pipeline col2im_pso = deform_conv2d_library().pipeline(std::string("deform_col2im_") + type);
   Pipeline coord_pso = deform_conv2d_library().pipeline(std::string("deform_col2im_coord_") + type);
@@ -165,19 +161,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
     OpfDeformParams p = make_params(s, nb, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w,
                                     offset_groups, use_mask);
     // grad of this chunk as [groups, OC/groups, nb*OH*OW].
-    const at::Tensor g_out =
-        grad_.narrow(0, b0, nb)
-            .reshape({nb, s.out_channels, s.out_h * s.out_w})
-            .transpose(0, 1)
-            .reshape({groups, s.out_channels / groups, nb * s.out_h * s.out_w});
-    const at::Tensor grad_columns =
-        at::bmm(weight_g.transpose(1, 2), g_out).reshape({-1, nb * s.out_h * s.out_w}).contiguous();
-    const at::Tensor off = offset_.narrow(0, b0, nb);
-    const at::Tensor msk = use_mask ? mask_.narrow(0, b0, nb) : off;
-    const at::Tensor in = input_.narrow(0, b0, nb);
-    const at::Tensor gin = grad_input.narrow(0, b0, nb);
-    const at::Tensor goff = grad_offset.narrow(0, b0, nb);
-    const at::Tensor gmsk = use_mask ? grad_mask.narrow(0, b0, nb) : goff;  // bound, never written
+    const Tensor g_out = reshaped(
+        transposed(reshaped(narrowed(grad_, 0, b0, nb), {nb, s.out_channels, s.out_h * s.out_w}), 0,
+                   1),
+        {groups, s.out_channels / groups, nb * s.out_h * s.out_w});
+    const Tensor grad_columns = as_contiguous(
+        reshaped(batched_matmul(transposed(weight_g, 1, 2), g_out), {-1, nb * s.out_h * s.out_w}));
+    const Tensor off = narrowed(offset_, 0, b0, nb);
+    const Tensor msk = use_mask ? narrowed(mask_, 0, b0, nb) : off;
+    const Tensor in = narrowed(input_, 0, b0, nb);
+    const Tensor gin = narrowed(grad_input, 0, b0, nb);
+    const Tensor goff = narrowed(grad_offset, 0, b0, nb);
+    const Tensor gmsk = use_mask ? narrowed(grad_mask, 0, b0, nb) : goff;  // bound, never written
     OpfDeformParams col2im_p = p;
     col2im_p.total = metal::deform_col2im_items(p);
     OpfDeformParams coord_p = p;
@@ -186,7 +181,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
         metal::dispatch_1d(static_cast<uint64_t>(col2im_p.total), max_threads(col2im_pso));
     const Dispatch coord_d =
         metal::dispatch_1d(static_cast<uint64_t>(coord_p.total), max_threads(coord_pso));
-    encode([&](Encoder enc) {
+    encode(col2im_pso, [&](Encoder enc) {
       set_pipeline(enc, col2im_pso);
       bind(enc, grad_columns, OPF_DEFORM_COL2IM_BUF_COLUMNS);
       bind(enc, off, OPF_DEFORM_COL2IM_BUF_OFFSET);
@@ -204,21 +199,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
       bind_params(enc, coord_p, OPF_DEFORM_COORD_BUF_PARAMS);
       dispatch(enc, coord_d);
     });
-    const at::Tensor columns = im2col(type, input_, offset_, mask_, p, b0);
-    grad_weight.add_(
-        at::bmm(g_out, columns.view({groups, -1, columns.size(1)}).transpose(1, 2)).to(at::kFloat));
+    const Tensor columns = im2col(type, input_, offset_, mask_, p, b0);
+    add_into(grad_weight,
+             to_dtype(batched_matmul(
+                          g_out, transposed(viewed(columns, {groups, -1, columns.size(1)}), 1, 2)),
+                      ScalarType::Float));
   }
   const auto dtype = input.scalar_type();
-  return {grad_input.to(dtype), grad_weight.view(weight.sizes()).to(dtype), grad_offset, grad_mask,
-          grad_.sum({0, 2, 3}).to(dtype)};
+  return {to_dtype(grad_input, dtype), to_dtype(viewed(grad_weight, sizes_of(weight)), dtype),
+          grad_offset, grad_mask, to_dtype(sum_over(grad_, {0, 2, 3}), dtype)};
 }
 
 }  // namespace
 
-// TORCH_LIBRARY_IMPL(opforge, MPS, m); see metal_host.h
+// opforge::<op> on the MPS key; see metal_host.h
 OPFORGE_MPS_LIBRARY_IMPL(m) {
-  m.impl("deform_conv2d", TORCH_FN(deform_conv2d_mps));
-  m.impl("_deform_conv2d_backward", TORCH_FN(deform_conv2d_backward_mps));
+  m.impl("deform_conv2d", OPFORGE_KERNEL(deform_conv2d_mps));
+  m.impl("_deform_conv2d_backward", OPFORGE_KERNEL(deform_conv2d_backward_mps));
 }
 
 }  // namespace opforge::mps

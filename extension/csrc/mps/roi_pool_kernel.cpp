@@ -1,9 +1,9 @@
 // roi_pool forward (output, int32 argmax) and backward on MPS
 // (csrc/metal/roi_pool.metal).  float16 backward accumulates in float32.
 #include <opforge_metal/roi_pool.h>
-#include <torch/library.h>
 
 #include "common.h"
+#include "metal/roi_align.h"  // roi_work_items
 #include "metal/roi_pool.h"
 #include "mps/metal_host.h"
 
@@ -25,10 +25,9 @@ OpfRoiPoolParams make_params(int64_t total, int64_t channels, int64_t height, in
   return p;
 }
 
-std::tuple<at::Tensor, at::Tensor> roi_pool_forward_mps(const at::Tensor& input,
-                                                        const at::Tensor& rois,
-                                                        double spatial_scale, int64_t pooled_height,
-                                                        int64_t pooled_width) {
+std::tuple<Tensor, Tensor> roi_pool_forward_mps(const Tensor& input, const Tensor& rois,
+                                                double spatial_scale, int64_t pooled_height,
+                                                int64_t pooled_width) {
   check_roi_inputs("roi_pool", input, rois, pooled_height, pooled_width);
   check_mps("roi_pool", "input", input);
   const char* type = metal_type(input, "roi_pool");
@@ -37,25 +36,25 @@ std::tuple<at::Tensor, at::Tensor> roi_pool_forward_mps(const at::Tensor& input,
   const int64_t height = input.size(2);
   const int64_t width = input.size(3);
   const int64_t total = metal::roi_work_items(num_rois, channels, pooled_height, pooled_width);
-  at::Tensor output = at::empty({num_rois, channels, pooled_height, pooled_width}, input.options());
-  at::Tensor argmax =
-      at::empty({num_rois, channels, pooled_height, pooled_width}, input.options().dtype(at::kInt));
+  Tensor output = alloc_empty(input, {num_rois, channels, pooled_height, pooled_width});
+  Tensor argmax =
+      alloc_empty(input, {num_rois, channels, pooled_height, pooled_width}, ScalarType::Int);
   if (total == 0)
     return {output, argmax};
   if (metal::route_to_cpu(metal::kRoiPoolCrossover, total)) {
-    auto out =
-        call_cpu("opforge::roi_pool", {input, rois, spatial_scale, pooled_height, pooled_width});
-    return {to_device(out[0], input.device()), to_device(out[1], input.device())};
+    const auto out = call_cpu<2>(input, "opforge::roi_pool", input, rois, spatial_scale,
+                                 pooled_height, pooled_width);
+    return {out[0], out[1]};
   }
   check_rois_on_device("roi_pool", rois, input.size(0));
 
-  const at::Tensor input_ = input.contiguous();
-  const at::Tensor rois_ = rois.contiguous();
+  const Tensor input_ = as_contiguous(input);
+  const Tensor rois_ = as_contiguous(rois);
   const OpfRoiPoolParams p =
       make_params(total, channels, height, width, pooled_height, pooled_width, spatial_scale);
   Pipeline pso = roi_pool_library().pipeline(std::string("roi_pool_forward_") + type);
   const Dispatch d = metal::dispatch_1d(static_cast<uint64_t>(total), max_threads(pso));
-  encode([&](Encoder enc) {
+  encode(pso, [&](Encoder enc) {
     set_pipeline(enc, pso);
     bind(enc, input_, OPF_ROI_POOL_FWD_BUF_INPUT);
     bind(enc, rois_, OPF_ROI_POOL_FWD_BUF_ROIS);
@@ -67,29 +66,25 @@ std::tuple<at::Tensor, at::Tensor> roi_pool_forward_mps(const at::Tensor& input,
   return {output, argmax};
 }
 
-at::Tensor roi_pool_backward_mps(const at::Tensor& grad, const at::Tensor& rois,
-                                 const at::Tensor& argmax, double spatial_scale,
-                                 int64_t pooled_height, int64_t pooled_width, int64_t batch_size,
-                                 int64_t channels, int64_t height, int64_t width) {
+Tensor roi_pool_backward_mps(const Tensor& grad, const Tensor& rois, const Tensor& argmax,
+                             double spatial_scale, int64_t pooled_height, int64_t pooled_width,
+                             int64_t batch_size, int64_t channels, int64_t height, int64_t width) {
   check_roi_backward_inputs("_roi_pool_backward", grad, rois, pooled_height, pooled_width,
                             batch_size, channels, height, width);
   check_mps("_roi_pool_backward", "grad", grad);
   check_int32_like_grad("_roi_pool_backward", "argmax", argmax, grad);
   const char* type = metal_type(grad, "_roi_pool_backward");
   const int64_t total = grad.numel();
-  at::Tensor grad_input =
-      at::zeros({batch_size, channels, height, width}, grad.options().dtype(at::kFloat));
+  Tensor grad_input = alloc_zeros(grad, {batch_size, channels, height, width}, ScalarType::Float);
   if (total == 0)
-    return grad_input.to(grad.scalar_type());
+    return to_dtype(grad_input, grad.scalar_type());
   if (metal::route_to_cpu(metal::kRoiPoolCrossover, total)) {
-    auto out = call_cpu("opforge::_roi_pool_backward",
-                        {grad, rois, argmax, spatial_scale, pooled_height, pooled_width, batch_size,
-                         channels, height, width});
-    return to_device(out[0], grad.device());
+    return call_cpu<1>(grad, "opforge::_roi_pool_backward", grad, rois, argmax, spatial_scale,
+                       pooled_height, pooled_width, batch_size, channels, height, width)[0];
   }
 
-  const at::Tensor rois_ = rois.contiguous();
-  const at::Tensor argmax_ = argmax.contiguous();
+  const Tensor rois_ = as_contiguous(rois);
+  const Tensor argmax_ = as_contiguous(argmax);
   OpfRoiPoolParams p =
       make_params(total, channels, height, width, pooled_height, pooled_width, spatial_scale);
   p.grad_stride_n = grad.stride(0);
@@ -98,7 +93,7 @@ at::Tensor roi_pool_backward_mps(const at::Tensor& grad, const at::Tensor& rois,
   p.grad_stride_w = grad.stride(3);
   Pipeline pso = roi_pool_library().pipeline(std::string("roi_pool_backward_") + type);
   const Dispatch d = metal::dispatch_1d(static_cast<uint64_t>(total), max_threads(pso));
-  encode([&](Encoder enc) {
+  encode(pso, [&](Encoder enc) {
     set_pipeline(enc, pso);
     bind(enc, grad, OPF_ROI_POOL_BWD_BUF_GRAD);
     bind(enc, rois_, OPF_ROI_POOL_BWD_BUF_ROIS);
@@ -107,15 +102,16 @@ at::Tensor roi_pool_backward_mps(const at::Tensor& grad, const at::Tensor& rois,
     bind_params(enc, p, OPF_ROI_POOL_BWD_BUF_PARAMS);
     dispatch(enc, d);
   });
-  return grad.scalar_type() == at::kFloat ? grad_input : grad_input.to(grad.scalar_type());
+  return grad.scalar_type() == ScalarType::Float ? grad_input
+                                                 : to_dtype(grad_input, grad.scalar_type());
 }
 
 }  // namespace
 
-// TORCH_LIBRARY_IMPL(opforge, MPS, m); see metal_host.h
+// opforge::<op> on the MPS key; see metal_host.h
 OPFORGE_MPS_LIBRARY_IMPL(m) {
-  m.impl("roi_pool", TORCH_FN(roi_pool_forward_mps));
-  m.impl("_roi_pool_backward", TORCH_FN(roi_pool_backward_mps));
+  m.impl("roi_pool", OPFORGE_KERNEL(roi_pool_forward_mps));
+  m.impl("_roi_pool_backward", OPFORGE_KERNEL(roi_pool_backward_mps));
 }
 
 }  // namespace opforge::mps
