@@ -154,6 +154,11 @@ class BuildConfig:
         if self.abi not in ABIS:
             raise BuildConfigError(f"OPFORGE_ABI must be one of {', '.join(ABIS)}, got {self.abi!r}")
         self.stable = self.abi == "stable"
+        if self.variant.endswith("_stable") and not self.stable:
+            raise BuildConfigError(
+                f"OPFORGE_VARIANT={self.variant} with OPFORGE_ABI={self.abi}: the {self.variant} variant "
+                "is a stable-ABI wheel; set OPFORGE_ABI=stable (opforge build does)"
+            )
         floor_text = os.environ.get("OPFORGE_TORCH_FLOOR", "").strip()
         if floor_text and not self.stable:
             raise BuildConfigError(
@@ -192,11 +197,6 @@ class BuildConfig:
             raise BuildConfigError(
                 f"FORCE_MPS=1 needs macOS with Xcode's Metal toolchain; this host is {platform.system()}. "
                 "In CI the MPS wheel is built on the macOS runner."
-            )
-        if self.variant.endswith("_stable") and not self.stable:
-            raise BuildConfigError(
-                f"OPFORGE_VARIANT={self.variant} with OPFORGE_ABI={self.abi}: the {self.variant} variant "
-                "is a stable-ABI wheel; set OPFORGE_ABI=stable (opforge build does)"
             )
         wants = {"cpu": (False, False), "cpu_stable": (False, False), "mps": (False, True),
                  "mps_stable": (False, True)}.get(

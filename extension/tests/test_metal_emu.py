@@ -160,7 +160,7 @@ def emu_roi_align_backward(
         grad_stride_w=s[3],
     )
     grad_input = np.zeros((batch, C, H, W), dtype=np.float32)
-    # Strided grad: hand the kernel the underlying storage, as the .mm does.
+    # Strided grad: hand the kernel the underlying storage, as the MPS host code does.
     storage = grad.detach().as_strided(
         (grad.untyped_storage().nbytes() // grad.element_size(),), (1,), 0
     )
@@ -711,13 +711,13 @@ _PIPELINE = re.compile(r'\.pipeline\(\s*(?:std::string\()?"(\w+)"\)?\s*(\+\s*typ
 
 
 def test_every_kernel_in_every_metal_file_is_exercised():
-    """Each kernel compiled from csrc/metal is one the MPS host code (csrc/mps/*.mm) launches,
+    """Each kernel compiled from csrc/metal is one the MPS host code (csrc/mps/*_kernel.cpp) launches,
     and each it launches exists. The by-op testers run that host code on the metal_emu backend
     in float32 and float16, so a kernel no host code names is dead and fails here, without a
     hand-kept list of kernel names."""
     launched = set()
-    for mm in sorted(harness.MPS_DIR.glob("*.mm")):
-        for name, typed in _PIPELINE.findall(mm.read_text()):
+    for host in sorted(harness.MPS_DIR.glob("*_kernel.cpp")):
+        for name, typed in _PIPELINE.findall(host.read_text()):
             launched |= {name + "float", name + "half"} if typed else {name}
     found = set()
     for path in sorted(harness.METAL_DIR.glob("*.metal")):
@@ -809,15 +809,15 @@ def test_embedded_source_is_what_the_emulation_runs(tmp_path):
         assert strip(a) == strip(b), path.name
 
 
-# ---------------------------------- csrc/mps/*.mm host code, emulated
-# The same .mm host code the Mac runs, built with OPFORGE_MPS_EMULATED: it
+# ------------------------- csrc/mps/*_kernel.cpp host code (legacy ABI), emulated
+# The same host code the legacy Mac wheel runs, built with OPFORGE_MPS_EMULATED: it
 # registers opforge_emu::<op> on the CPU key and every Metal dispatch runs in
 # the emulation. Every op runs on it as the metal_emu backend of its own test
 # file (tests/backends.py); here: what is particular to the host code.  What it does not cover: ObjC encoding itself (setBuffer,
 # dispatch_sync on the MPS stream), which only the macOS job exercises.
 @pytest.fixture(scope="module")
 def host():
-    """torch.ops.opforge_emu, backed by the emulated .mm host code."""
+    """torch.ops.opforge_emu, backed by the emulated legacy host code."""
     return harness.load_host()
 
 

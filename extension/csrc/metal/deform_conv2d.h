@@ -1,5 +1,5 @@
 // deform_conv2d's Metal contract, read by deform_conv2d.metal (embed.py inlines it),
-// mps/deform_conv2d_kernel.mm and the Linux emulation: buffer bindings, the
+// mps/deform_conv2d_kernel.cpp and the Linux emulation: buffer bindings, the
 // parameter struct, work items per kernel and the CPU crossover.
 #ifndef OPFORGE_METAL_DEFORM_CONV2D_H
 #define OPFORGE_METAL_DEFORM_CONV2D_H

@@ -7,7 +7,7 @@
 // Three readers, one truth:
 //   * the .metal kernels (embed.py inlines these headers into the shader source;
 //     __METAL_VERSION__ is defined there, so only the shared part is seen),
-//   * the host code csrc/mps/<op>_kernel.mm,
+//   * the host code csrc/mps/<op>_kernel.cpp,
 //   * the Linux emulation in tests/metal_emu, which runs the kernels with the
 //     geometry computed by the functions here and in the op headers.
 //

@@ -17,7 +17,7 @@ For every kernel file <op>.metal this writes <out>/opforge_metal/<op>.h
 
 The source has its quoted #includes (dispatch.h) inlined, because a library
 compiled at run time from a string has no include path.  The host code
-(csrc/mps/<op>_kernel.mm) loads the metallib when there is one and otherwise
+(csrc/mps/<op>_kernel.cpp) loads the metallib when there is one and otherwise
 compiles the source at first use.  A metallib is built when Apple's `metal`
 tool is found (`xcrun -sdk macosx --find metal`); `--metallib require` fails if
 it is not, `--metallib never` skips it.

@@ -1,5 +1,5 @@
 // nms's Metal contract, read by nms.metal (embed.py inlines it),
-// mps/nms_kernel.mm and the Linux emulation: tile size, buffer bindings,
+// mps/nms_kernel.cpp and the Linux emulation: tile size, buffer bindings,
 // the parameter struct and the two kernels' dispatch.
 #ifndef OPFORGE_METAL_NMS_H
 #define OPFORGE_METAL_NMS_H

@@ -1,5 +1,5 @@
 // ps_roi_align's Metal contract, read by ps_roi_align.metal (embed.py inlines it),
-// mps/ps_roi_align_kernel.mm and the Linux emulation: buffer bindings, the
+// mps/ps_roi_align_kernel.cpp and the Linux emulation: buffer bindings, the
 // parameter struct passed with setBytes, and the CPU crossover.
 #ifndef OPFORGE_METAL_PS_ROI_ALIGN_H
 #define OPFORGE_METAL_PS_ROI_ALIGN_H

@@ -1,5 +1,5 @@
 // ps_roi_pool's Metal contract, read by ps_roi_pool.metal (embed.py inlines it),
-// mps/ps_roi_pool_kernel.mm and the Linux emulation: buffer bindings, the
+// mps/ps_roi_pool_kernel.cpp and the Linux emulation: buffer bindings, the
 // parameter struct passed with setBytes, and the CPU crossover.
 #ifndef OPFORGE_METAL_PS_ROI_POOL_H
 #define OPFORGE_METAL_PS_ROI_POOL_H

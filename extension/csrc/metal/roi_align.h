@@ -1,5 +1,5 @@
 // roi_align's Metal contract, read by roi_align.metal (embed.py inlines it),
-// mps/roi_align_kernel.mm and the Linux emulation: buffer bindings, the
+// mps/roi_align_kernel.cpp and the Linux emulation: buffer bindings, the
 // parameter struct, work items and the CPU crossover.
 #ifndef OPFORGE_METAL_ROI_ALIGN_H
 #define OPFORGE_METAL_ROI_ALIGN_H

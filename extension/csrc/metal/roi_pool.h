@@ -1,5 +1,5 @@
 // roi_pool's Metal contract, read by roi_pool.metal (embed.py inlines it),
-// mps/roi_pool_kernel.mm and the Linux emulation: buffer bindings, the
+// mps/roi_pool_kernel.cpp and the Linux emulation: buffer bindings, the
 // parameter struct and the CPU crossover.
 #ifndef OPFORGE_METAL_ROI_POOL_H
 #define OPFORGE_METAL_ROI_POOL_H

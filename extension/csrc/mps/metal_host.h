@@ -1,16 +1,3 @@
-// Host-side helpers shared by csrc/mps/<op>_kernel.mm: one Metal library per
-// op, compiled (or loaded from an embedded metallib) at first use, cached
-// pipeline states, tensor -> MTLBuffer binding, encoding on torch's current
-// MPS stream, and the CPU route for small problems (dispatch.h).
-//
-// All Objective-C lives in this header; the <op>_kernel.mm files are plain
-// C++ over Pipeline/Encoder handles.  That lets tests/test_metal_emu.py build
-// them on Linux with OPFORGE_MPS_EMULATED: the same host code then registers
-// under opforge_emu::* on the CPU key and runs the kernels in the CPU
-// emulation of tests/metal_emu (a test-only build, never shipped).
-//
-// Works with and without -fobjc-arc: objects created here are cached for the
-// life of the process and never released.
 // Host-side helpers shared by csrc/mps/<op>_kernel.cpp: one Metal library per
 // op, cached kernel functions, tensor and parameter binding, encoding on
 // torch's current MPS stream, and the CPU route for small problems (dispatch.h).

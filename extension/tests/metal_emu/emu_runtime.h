@@ -1,4 +1,4 @@
-// The emulation runtime the OPFORGE_MPS_EMULATED build of csrc/mps/*.mm links
+// The emulation runtime the OPFORGE_MPS_EMULATED build of csrc/mps/*_kernel.cpp links
 // against (see metal_host.h): kernel lookup by name over the tables of the
 // emulated .metal files, and launch.  harness.build_host_library() writes a
 // translation unit that defines OPF_EMU_TABLES and includes this file.

@@ -1,7 +1,7 @@
 """Run opforge's .metal kernels on the CPU: build, launch, probe, geometry.
 
     emu = build("roi_align")                   # compiled once per source hash
-    g = geometry.dispatch_1d(work_items)       # the numbers the .mm host code uses
+    g = geometry.dispatch_1d(work_items)       # the numbers the MPS host code uses
     emu.launch("roi_align_forward_float", g, {0: input, 1: rois, 2: out, 3: params})
 
 Each .metal file becomes one executable (prepass.py + metal_shim.h) built
@@ -337,7 +337,7 @@ def params_bytes(p: ctypes.Structure) -> bytes:
     return ctypes.string_at(ctypes.addressof(p), ctypes.sizeof(p))
 
 
-# ------------------------------------------- the .mm host code, emulated
+# ------------------------------------ the MPS host code (csrc/mps), emulated
 MPS_DIR = EXTENSION / "csrc" / "mps"
 CSRC = EXTENSION / "csrc"
 
