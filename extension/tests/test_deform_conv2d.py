@@ -222,6 +222,27 @@ class TestDeformConv2d:
         assert g_mask[0, 0, 1, 2].isnan() and g_mask.isnan().sum() == 1
 
     @pytest.mark.parametrize("backend", BACKENDS, ids=str)
+    def test_samples_on_and_far_beyond_the_border_match_the_cpu_kernels(self, backend):
+        # On the border (-1 and height are outside), just inside it, and 1e30 away (a value
+        # whose floor no integer type holds): the output and every gradient as the CPU gives.
+        backend.skip_unless_runs(torch.float32, "deform_conv2d")
+        h, w = 3, 4
+        targets = [[(-1.0, 0.0), (-0.5, -0.5), (0.0, 0.0), (2.0, 3.0)],
+                   [(1e30, 1.0), (2.0, 3.0), (2.5, 1.0), (3.0, 3.0)],
+                   [(1.25, 2.75), (-0.999, 3.999), (2.0, -1.0), (1.0, -1e30)]]
+        g = torch.Generator().manual_seed(5)
+        case = dict(input=torch.randn(1, 2, h, w, generator=g), offset=_offsets_to(targets, h, w).float(),
+                    weight=torch.randn(3, 2, 1, 1, generator=g), bias=torch.randn(3, generator=g),
+                    stride=(1, 1), padding=(0, 0), dilation=(1, 1), mask=torch.rand(1, 1, h, w, generator=g))
+        args = _op_args(case)
+        want = torch.ops.opforge.deform_conv2d(*args)
+        grad = torch.randn(want.shape, generator=g)
+        assert_matches(backend.call("deform_conv2d", *args), want.double(), torch.float32, "output")
+        got = backend.call("_deform_conv2d_backward", grad, *args)
+        for name, mine, cpu in zip(LEAVES, got, torch.ops.opforge._deform_conv2d_backward(grad, *args)):
+            assert_matches(mine, cpu.double(), torch.float32, f"grad {name}")
+
+    @pytest.mark.parametrize("backend", BACKENDS, ids=str)
     @pytest.mark.parametrize("index, value, message", [
         (11, 0, "groups must be a positive"),
         (12, 0, "offset_groups must be a positive"),

@@ -54,9 +54,11 @@ inline float deform_bilinear(device const T* plane, long height, long width, flo
 template <typename T>
 inline float deform_coordinate_weight(device const T* plane, long height, long width, float y,
                                       float x, bool is_y) {
-  // The gradient at a NaN coordinate is NaN, as on the CPU and CUDA (and floor(NaN) has
-  // no long value: converting it is undefined, and gave 0 here).
+  // As on the CPU and CUDA: NaN at a NaN coordinate, 0 outside (-1, height) x (-1, width).
+  // Both are decided before floor() is converted to long, which is undefined for NaN and
+  // for values past a long (e.g. an offset of 1e30).
   if (isnan(y) || isnan(x)) return NAN;
+  if (!(y > -1.0f && y < (float)height && x > -1.0f && x < (float)width)) return 0.0f;
   const long y_l = (long)floor(y);
   const long x_l = (long)floor(x);
   const long y_h = y_l + 1;
@@ -126,7 +128,9 @@ inline void deform_col2im_item(device const T* columns, device const T* offset,
   const float sy = (float)(y * p.stride_h - p.pad_h + i * p.dilation_h) + (float)off[(2 * k) * plane_size + pix];
   const float sx = (float)(x * p.stride_w - p.pad_w + j * p.dilation_w) + (float)off[(2 * k + 1) * plane_size + pix];
   const float grad = (float)columns[index];
-  if (isnan(sy) || isnan(sx)) return;  // it read no pixel (and (long)NaN is undefined)
+  // Outside (-1, height) x (-1, width), or NaN: the sample read no pixel (and converting
+  // such a coordinate to long is undefined).
+  if (!(sy > -1.0f && sy < (float)p.height && sx > -1.0f && sx < (float)p.width)) return;
   device float* plane = grad_input + deform_plane(b, c, p);
   for (long dy = -1; dy <= 1; ++dy) {
     for (long dx = -1; dx <= 1; ++dx) {
