@@ -984,3 +984,35 @@ def test_shim_host_deform_conv2d_chunk_loop(metal_path, monkeypatch):
     ref = ref_deform_conv2d(x, w, off, mask, bias, (1, 1), (1, 1), (1, 1), 2, 2, True)
     torch.testing.assert_close(host.deform_conv2d(x, w, off, mask, bias, *args), ref,
                                rtol=1e-4, atol=1e-4)
+
+
+def test_emulated_shim_refuses_what_torchs_shim_or_metal_would():
+    # the emulation must be able to fail: a kernel asked of another op's library, arguments
+    # bound outside a command block, a grid that is not a whole number of threadgroups
+    import ctypes
+
+    harness.load_shim_host()
+    lib = ctypes.CDLL(str(harness.build_shim_host_library()))
+    handle, function = ctypes.c_void_p(), ctypes.c_void_p()
+    assert lib.aoti_torch_mps_create_shader_library(b"kernel void nms_mask_##T(...)",
+                                                    ctypes.byref(handle)) == 0
+    assert lib.aoti_torch_mps_get_kernel_function(handle, b"roi_align_forward_float",
+                                                  ctypes.byref(function)) != 0
+    assert lib.aoti_torch_mps_get_kernel_function(handle, b"nms_mask_float",
+                                                  ctypes.byref(function)) == 0
+    assert lib.aoti_torch_mps_start_encoding(function) != 0  # no command block
+    assert lib.aoti_torch_mps_set_arg_int(function, 0, ctypes.c_int64(1)) != 0
+    callback_type = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
+    seen = []
+
+    def block(func, _):
+        seen.append(lib.aoti_torch_mps_start_encoding(ctypes.c_void_p(func)))
+        grid, group = (ctypes.c_uint64 * 1)(100), (ctypes.c_uint64 * 1)(64)
+        seen.append(lib.aoti_torch_mps_dispatch_array_with_group_size(
+            ctypes.c_void_p(func), grid, 1, group, 1))
+        grid[0], group[0] = 2048, 2048
+        seen.append(lib.aoti_torch_mps_dispatch_array_with_group_size(
+            ctypes.c_void_p(func), grid, 1, group, 1))
+
+    assert lib.aoti_torch_mps_run_command_block(function, callback_type(block), None) == 0
+    assert seen[0] == 0 and seen[1] != 0 and seen[2] != 0  # non-uniform; over 1024 threads
