@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -317,12 +318,13 @@ class Matrix:
     def github_matrix(self, **filters: Any) -> dict[str, list[dict[str, Any]]]:
         return {"include": [job.as_dict() for job in self.jobs(**filters)]}
 
-    def compat_torches(self, variant: Variant) -> list[str]:
-        """A stable variant's compat list with its words resolved: ``floor`` -> the floor
-        (``2.10`` -> ``2.10.0``), ``matrix`` -> the variant's build torch; ``latest`` (the
-        newest release the index serves) and ``nightly`` stay words."""
+    def compat_torches(self, variant: Variant, entries: Sequence[str] | None = None) -> list[str]:
+        """A stable variant's compat list (or ``entries``, e.g. from the command line) with
+        its words resolved: ``floor`` -> the floor (``2.10`` -> ``2.10.0``), ``matrix`` -> the
+        variant's build torch; ``latest`` (the newest release the index serves) and
+        ``nightly`` stay words."""
         out: list[str] = []
-        for entry in variant.compat_torch:
+        for entry in variant.compat_torch if entries is None else entries:
             if entry == "floor":
                 value = str(Version(variant.torch_floor or "0"))
                 value += ".0" * (2 - value.count("."))

@@ -27,7 +27,11 @@ def wheel(tmp_path) -> Path:
 
 @pytest.mark.parametrize("extra, message", [
     (["--variant", "cpu"], "variant 'cpu' is abi: legacy; its wheel pins one torch"),
-    (["--compat-torch", "2.13.0,two"], "'two' is not a torch release (2.13.0), latest or nightly"),
+    (["--compat-torch", "2.13.0,two"],
+     "'two' is not a torch release (2.13.0) nor one of floor, matrix, latest, nightly"),
+    (["--compat-torch", "floor,2.14.1"], "'floor' is the floor or build torch of a stable variant"),
+    (["--variant", "cpu", "--compat-torch", "matrix"],
+     "floor and matrix name a stable variant's torches; 'cpu' is abi: legacy"),
     ([], "--compat needs --variant V (a stable-ABI variant: its compat_torch list)"),
     (["--variant", "cpu_stable", "--torch", "torch==2.13.0"],
      "--compat chooses each environment's torch: drop --torch"),
@@ -38,6 +42,23 @@ def test_bad_compat_arguments_exit_2_with_one_line(wheel, extra, message, capsys
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("opforge smoke: error: ") and message in err[0]
+
+
+@pytest.mark.parametrize("given, expected", [
+    (None, ["2.10.0", "2.13.0", "2.14.1", "latest"]),  # the variant's own list
+    ("matrix,2.14.1", ["2.13.0", "2.14.1"]),
+    ("floor,matrix,2.13.0,nightly", ["2.10.0", "2.13.0", "nightly"]),  # repeats once
+])
+def test_compat_torch_words_resolve_through_the_variant(given, expected):
+    import argparse
+
+    from opforge.cli import smoke as smoke_cli
+
+    parser = argparse.ArgumentParser()
+    smoke_cli.register(parser.add_subparsers())
+    argv = ["smoke", "--compat", "--file", str(ROOT / "matrix.yaml")]
+    args = parser.parse_args(argv + (["--compat-torch", given] if given else []))
+    assert smoke_cli.compat_torches(args, "cpu_stable") == expected
 
 
 def _doc(error: str | None, torch: str = "2.12.0") -> dict:

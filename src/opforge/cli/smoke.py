@@ -44,8 +44,9 @@ def register(subparsers) -> None:
                         "torch of the variant's compat_torch list (or --compat-torch), each in "
                         "a fresh environment; the report is a table wheel x torch")
     p.add_argument("--compat-torch", type=_csv, metavar="V1,V2",
-                   help="the torches for --compat: releases (2.13.0), latest (the newest the "
-                        "index serves) or nightly; replaces the variant's list")
+                   help="the torches for --compat: releases (2.13.0), floor / matrix (the "
+                        "stable variant's floor / build torch), latest (the newest the index "
+                        "serves) or nightly; replaces the variant's list")
     p.add_argument("--speed-check", choices=("auto", "skip"), default="auto",
                    help="auto: fail a device kernel far slower than the same op on this "
                         "machine's CPU (matrix.yaml: extension.max_slowdown, default 10x); "
@@ -317,23 +318,31 @@ def compat_torches(args: argparse.Namespace, variant: str | None) -> list[str]:
 
     if args.compat_torch:
         for entry in args.compat_torch:
-            if entry in COMPAT_WORDS[2:]:
+            if entry in COMPAT_WORDS:
                 continue
             try:
                 Version(entry)
             except InvalidVersion:
-                raise UsageError(f"--compat-torch: {entry!r} is not a torch release (2.13.0), "
-                                 "latest or nightly") from None
-        return list(dict.fromkeys(args.compat_torch))
-    if variant is None:
+                raise UsageError(f"--compat-torch: {entry!r} is not a torch release (2.13.0) "
+                                 f"nor one of {', '.join(COMPAT_WORDS)}") from None
+        words = [e for e in args.compat_torch if e in COMPAT_WORDS[:2]]  # floor, matrix
+        if not words:
+            return list(dict.fromkeys(args.compat_torch))
+        if variant is None:
+            raise UsageError(f"--compat-torch: {words[0]!r} is the floor or build torch of a "
+                             "stable variant: give --variant V")
+    elif variant is None:
         raise UsageError("--compat needs --variant V (a stable-ABI variant: its compat_torch "
                          "list) or --compat-torch V1,V2")
     matrix = _load_matrix(args.file, required=True)
     v = matrix.variant(variant)
     if not v.stable:
+        if args.compat_torch:
+            raise UsageError(f"--compat-torch: floor and matrix name a stable variant's "
+                             f"torches; {variant!r} is abi: {v.abi}")
         raise UsageError(f"--compat: variant {variant!r} is abi: {v.abi}; its wheel pins one "
                          "torch. A torch compat matrix needs abi: stable (or --compat-torch)")
-    return matrix.compat_torches(v)
+    return matrix.compat_torches(v, args.compat_torch or None)
 
 
 def run_compat(args: argparse.Namespace, target, request, variant: str | None) -> int:
