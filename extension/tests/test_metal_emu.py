@@ -902,6 +902,8 @@ def test_msl_lint_reports_what_apples_compiler_would():
 # The host code as the stable-ABI MPS wheel compiles it (TORCH_STABLE_ONLY, USE_MPS, one
 # translation unit per op), linked with tests/metal_emu/shim_emu.h: every op runs on it as the
 # metal_shim_emu backend of its own test file (tests/backends.py); here: what it links against.
+# On a torch older than 2.14 (whose headers lack torch_mps_set_arg_bytes) the harness declares
+# that one function itself; against torch 2.14+ headers every declaration is torch's own.
 # What it does not cover: torch's real MPS shim on a Mac (Metal compiling the source, the MPS
 # stream, pipeline thread limits), which only a macOS job with a Metal device exercises.
 @pytest.fixture(scope="module")
