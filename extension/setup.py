@@ -2,7 +2,8 @@
 
 What is built is chosen explicitly, never guessed from the build host:
 
-  OPFORGE_VARIANT       cpu | cu126 | cu128 | cu130 | mps | cpu_stable | mps_stable (default cpu),
+  OPFORGE_VARIANT       cpu | cu126 | cu128 | cu130 | mps | cpu_stable | mps_stable | cu130_stable
+                        (default cpu),
                         recorded in build info; the *_stable variants need OPFORGE_ABI=stable
   OPFORGE_ABI           legacy (default: ATen/torch::Library, one wheel per torch and Python)
                         | stable (LibTorch stable ABI + CPython limited API: one abi3 wheel that
@@ -38,10 +39,12 @@ from torch.utils import cpp_extension
 ROOT = Path(__file__).resolve().parent
 CSRC = ROOT / "csrc"
 BASE_VERSION = "0.1.0"
-VARIANTS = ("cpu", "cu126", "cu128", "cu130", "mps", "cpu_stable", "mps_stable")
+VARIANTS = ("cpu", "cu126", "cu128", "cu130", "mps", "cpu_stable", "mps_stable", "cu130_stable")
 ABIS = ("legacy", "stable")
 # The stable kernels call torch_parallel_for, torch_call_dispatcher, torch_library_impl and the
-# typed data pointers of torch::stable::Tensor, all new in torch 2.10's shim.
+# typed data pointers of torch::stable::Tensor, all new in torch 2.10's shim. The CUDA kernels
+# add aoti_torch_get_current_cuda_stream and aoti_torch_create/delete_device_guard, which torch
+# 2.9's shim already has: the floor is the same with or without CUDA.
 MIN_STABLE_FLOOR = (2, 10)
 # The stable MPS host (csrc/mps/metal_host.h) binds each kernel's parameter struct with
 # torch_mps_set_arg_bytes, new in torch 2.14's shim; the rest of the MPS shim is 2.10's.
@@ -188,11 +191,6 @@ class BuildConfig:
                 raise BuildConfigError(
                     f"FORCE_CUDA=1 but the torch being built against ({torch.__version__}) is a CPU-only build"
                 )
-        if self.stable and self.cuda:
-            raise BuildConfigError(
-                "OPFORGE_ABI=stable with FORCE_CUDA=1: the CUDA kernels are not ported to the stable "
-                "ABI yet; build the CUDA variants with OPFORGE_ABI=legacy"
-            )
         if self.mps and sys.platform != "darwin":
             raise BuildConfigError(
                 f"FORCE_MPS=1 needs macOS with Xcode's Metal toolchain; this host is {platform.system()}. "
@@ -250,6 +248,9 @@ class BuildConfig:
             extra_link_args.append("-fopenmp")
         if self.cuda:
             define_macros.append(("WITH_CUDA", None))
+            if self.stable:
+                # the shim declares its CUDA functions (aoti_torch_get_current_cuda_stream) under it
+                define_macros.append(("USE_CUDA", None))
             include_dirs += cuda_include_dirs()
         if self.mps and self.stable:
             # torch's MPS C shim only (USE_MPS declares torch_mps_set_arg_bytes); the shim

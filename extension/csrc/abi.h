@@ -388,6 +388,18 @@ inline Tensor sum_over(const Tensor& t, const std::vector<int64_t>& dims) {
 #endif
 }
 
+// Sets every element to 0, in place.
+inline void fill_zero(const Tensor& t) {
+#ifdef OPFORGE_STABLE_ABI
+  detail::shim_call([&] {
+    STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_zero_(t.get()));
+    return 0;
+  });
+#else
+  const_cast<Tensor&>(t).zero_();
+#endif
+}
+
 }  // namespace opforge
 
 // TORCH_CHECK in both ABIs: the message is built by opforge::cat, so it reads the same in
@@ -555,3 +567,115 @@ std::array<Tensor, N> call_op(const char* name, const Args&... args) {
 }
 
 }  // namespace opforge
+
+// ----------------------------------------------------------------------------------- CUDA
+// What the csrc/cuda files need besides the names above, in both ABIs. cuda/cuda_utils.cuh
+// defines OPFORGE_ABI_CUDA before including this header; no other file sees this part.
+//
+//   CudaDeviceGuard guard(t);         the current device is t's until the scope ends
+//   current_cuda_stream(t)            torch's current stream on t's device
+//   cuda_sm_count(), cuda_shared_memory_optin()   of the current device
+//   OPFORGE_CUDA_CHECK(call)          a failed CUDA runtime call throws "CUDA error: <why>"
+//   OPFORGE_CUDA_LAUNCH_CHECK()       after a <<<...>>> launch
+//   OPFORGE_ATOMIC_ADD(ptr, value)    in device code (float and double)
+//   alert_not_deterministic(caller)   torch.use_deterministic_algorithms for atomic kernels
+#ifdef OPFORGE_ABI_CUDA
+#ifdef OPFORGE_STABLE_ABI
+#include <cuda_runtime_api.h>
+#include <torch/csrc/stable/accelerator.h>
+#else
+#include <ATen/Context.h>
+#include <ATen/cuda/Atomic.cuh>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#endif
+
+namespace opforge {
+
+#ifdef OPFORGE_STABLE_ABI
+#define OPFORGE_CUDA_CHECK(call)                                            \
+  do {                                                                      \
+    const cudaError_t opforge_cuda_error_ = (call);                         \
+    OPFORGE_CHECK(opforge_cuda_error_ == cudaSuccess,                       \
+                  "CUDA error: ", cudaGetErrorString(opforge_cuda_error_)); \
+  } while (0)
+#define OPFORGE_CUDA_LAUNCH_CHECK() OPFORGE_CUDA_CHECK(cudaGetLastError())
+#define OPFORGE_ATOMIC_ADD(ptr, value) atomicAdd((ptr), (value))
+#else
+#define OPFORGE_CUDA_CHECK(call) C10_CUDA_CHECK(call)
+#define OPFORGE_CUDA_LAUNCH_CHECK() C10_CUDA_KERNEL_LAUNCH_CHECK()
+#define OPFORGE_ATOMIC_ADD(ptr, value) gpuAtomicAdd((ptr), (value))
+#endif
+
+class CudaDeviceGuard {
+ public:
+  explicit CudaDeviceGuard(const Tensor& t)
+#ifdef OPFORGE_STABLE_ABI
+      : guard_(t.device().index() < 0 ? 0 : t.device().index()) {
+  }
+
+ private:
+  torch::stable::accelerator::DeviceGuard guard_;
+#else
+      : guard_(t.device()) {
+  }
+
+ private:
+  c10::cuda::CUDAGuard guard_;
+#endif
+};
+
+inline cudaStream_t current_cuda_stream(const Tensor& t) {
+#ifdef OPFORGE_STABLE_ABI
+  void* stream = nullptr;
+  detail::shim_call([&] {
+    STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(
+        t.device().index() < 0 ? 0 : t.device().index(), &stream));
+    return 0;
+  });
+  return static_cast<cudaStream_t>(stream);
+#else
+  (void)t;  // the guard made t's device the current one
+  return at::cuda::getCurrentCUDAStream();
+#endif
+}
+
+// Of the current device (the guard's): its SM count and the shared memory a block may opt in to.
+inline int64_t cuda_sm_count() {
+#ifdef OPFORGE_STABLE_ABI
+  int device = 0;
+  int value = 0;
+  OPFORGE_CUDA_CHECK(cudaGetDevice(&device));
+  OPFORGE_CUDA_CHECK(cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, device));
+  return value;
+#else
+  return at::cuda::getCurrentDeviceProperties()->multiProcessorCount;  // cached by torch
+#endif
+}
+
+inline int64_t cuda_shared_memory_optin() {
+#ifdef OPFORGE_STABLE_ABI
+  int device = 0;
+  int value = 0;
+  OPFORGE_CUDA_CHECK(cudaGetDevice(&device));
+  OPFORGE_CUDA_CHECK(
+      cudaDeviceGetAttribute(&value, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return value;
+#else
+  return static_cast<int64_t>(at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin);
+#endif
+}
+
+// The stable ABI has no at::globalContext(): a stable build leaves the check to the Python
+// autograd backward (opforge_ops/ops/_dispatch.py, alert_not_deterministic), which raises or
+// warns with ATen's words for CUDA tensors before it calls the op.
+inline void alert_not_deterministic(const char* caller) {
+#ifdef OPFORGE_STABLE_ABI
+  (void)caller;
+#else
+  at::globalContext().alertNotDeterministic(caller);
+#endif
+}
+
+}  // namespace opforge
+#endif  // OPFORGE_ABI_CUDA

@@ -433,6 +433,65 @@ def test_forward_ops_run_in_deterministic_mode(deterministic_mode):
     assert torch.equal(ops.roi_align(x, rois, 1.0, 2, 2, 2, False), ops.roi_align(x, rois, 1.0, 2, 2, 2, False))
 
 
+# The stable ABI has no at::globalContext().alertNotDeterministic: a stable build's Python
+# autograd backward raises it for CUDA tensors instead (ops/_dispatch.py alert_cuda_atomics).
+# No GPU needed: fake CUDA tensors reach the check, and ATen's own alert (put_ on the CPU)
+# gives the words both builds must use.
+def _stable_backward_case(name, device):
+    from types import SimpleNamespace as Ctx
+
+    from opforge_ops.ops import deform_conv2d, ps_roi_align, ps_roi_pool, roi_align, roi_pool
+
+    g, rois, index = torch.empty(1, 4, 2, 2, device=device), torch.zeros(1, 5, device=device), \
+        torch.zeros(1, 4, 2, 2, dtype=torch.int32, device=device)
+    shape, ps_shape = (1, 4, 8, 8), (1, 16, 8, 8)  # ps ops: 4 output channels of 2x2 bins
+    if name == "deform_conv2d_backward_cuda":  # deform_inputs(batch=1)'s shapes and arguments
+        shapes = [(1, 4, 9, 8), (6, 2, 3, 3), (1, 36, 9, 2), (1, 18, 9, 2), (6,)]
+        saved = tuple(torch.empty(s, dtype=torch.float64, device=device) for s in shapes)
+        grad = torch.empty(1, 6, 9, 2, dtype=torch.float64, device=device)
+        return deform_conv2d._backward, Ctx(saved_tensors=saved, params=[1, 2, 1, 0, 1, 2, 2, 2, True]), (grad,)
+    return {
+        "roi_align_backward_cuda": (roi_align._roi_align_backward,
+                                    Ctx(saved_tensors=(rois,), args=(1.0, 2, 2, 2, False), input_shape=shape), (g,)),
+        "roi_pool_backward_cuda": (roi_pool._roi_pool_backward,
+                                   Ctx(saved_tensors=(rois, index), args=(1.0, 2, 2), input_shape=shape), (g, None)),
+        "ps_roi_align_backward_cuda": (ps_roi_align._ps_roi_align_backward,
+                                       Ctx(saved_tensors=(rois, index), args=(1.0, 2, 2, 2), input_shape=ps_shape), (g, None)),
+        "ps_roi_pool_backward_cuda": (ps_roi_pool._ps_roi_pool_backward,
+                                      Ctx(saved_tensors=(rois, index), args=(1.0, 2, 2), input_shape=ps_shape), (g, None)),
+    }[name]
+
+
+@pytest.mark.parametrize("name", [*BACKWARDS, "ps_roi_align_backward_cuda", "ps_roi_pool_backward_cuda"])
+@pytest.mark.parametrize("stable", [True, False], ids=["stable", "legacy"])
+def test_stable_build_alerts_from_python_with_atens_words(name, stable, deterministic_mode, monkeypatch):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from opforge_ops.ops import _dispatch
+
+    monkeypatch.setattr(_dispatch, "_STABLE", [stable])
+    torch.use_deterministic_algorithms(True)
+    with pytest.raises(RuntimeError) as aten:
+        torch.zeros(3).put_(torch.tensor([0]), torch.tensor([1.0]))
+    expected = str(aten.value).replace("put_", f"opforge::{name}", 1)
+    with FakeTensorMode():
+        backward, ctx, grads = _stable_backward_case(name, "cuda")
+        if stable:
+            with pytest.raises(RuntimeError) as ours:
+                backward(ctx, *grads)
+            assert str(ours.value) == expected
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            backward(ctx, *grads)  # the fake kernel runs after the warning
+    # a legacy library's CUDA kernel alerts itself: nothing from Python
+    assert [str(w.message) for w in caught if "deterministic" in str(w.message)] == ([expected] if stable else [])
+    with FakeTensorMode():
+        backward, ctx, grads = _stable_backward_case(name, "cpu")
+        torch.use_deterministic_algorithms(True)
+        backward(ctx, *grads)  # the CPU kernels are deterministic: no alert in either build
+
+
 # ------------------------------------------------------------------------------ streams
 
 

@@ -23,7 +23,7 @@ OPS_LINE = next(line for line in DEFAULT.splitlines() if line.startswith("  ops:
 def test_default_matrix_has_the_shipped_variants():
     matrix = load_matrix(ROOT / "matrix.yaml")
     assert [v.name for v in matrix.variants] == ["cpu", "cu126", "cu128", "cu130", "mps",
-                                                 "cpu_stable", "mps_stable"]
+                                                 "cpu_stable", "mps_stable", "cu130_stable"]
     cpu = matrix.variant("cpu")
     assert cpu.platforms == ("linux-x86_64", "linux-aarch64", "macos-arm64")
     assert cpu.expected_keys == ("CPU", "Meta", "Autograd", "AutocastCPU")
@@ -80,8 +80,8 @@ def test_jobs_expand_variant_platform_python():
     matrix = load_matrix(ROOT / "matrix.yaml")
     jobs = matrix.jobs()
     # cpu: 3 platforms, cu126/cu128/cu130: 1 each, mps: 1; times 4 pythons
-    # cpu, cu126, cu128, cu130, mps, cpu_stable, mps_stable
-    assert len(jobs) == (3 + 1 + 1 + 1 + 1 + 3 + 1) * 4
+    # cpu, cu126, cu128, cu130, mps, cpu_stable, mps_stable, cu130_stable
+    assert len(jobs) == (3 + 1 + 1 + 1 + 1 + 3 + 1 + 1) * 4
     names = [j.name for j in jobs]
     assert len(set(names)) == len(names)
     mps = matrix.jobs(variant="mps", python="3.11")[0]
@@ -98,7 +98,7 @@ def test_pull_request_trims_to_one_python_per_variant_platform():
     matrix = load_matrix(ROOT / "matrix.yaml")
     jobs = matrix.jobs(pull_request=True)
     assert {j.python for j in jobs} == {matrix.pr_python}
-    assert len(jobs) == 11
+    assert len(jobs) == 12
 
 
 def test_unknown_filter_is_a_usage_error(capsys):
@@ -308,17 +308,18 @@ def test_github_output_is_strategy_matrix_and_written_to_github_output(tmp_path)
     result = _cli("--github", "--pull-request", env={"GITHUB_OUTPUT": str(out)})
     assert result.returncode == 0, result.stderr
     payload = json.loads(result.stdout)
-    assert set(payload) == {"include"} and len(payload["include"]) == 11
+    assert set(payload) == {"include"} and len(payload["include"]) == 12
     cell = next(c for c in payload["include"] if c["variant"] == "mps")
     for key in ("python", "cuda", "container", "runner", "torch_install", "build_name"):
         assert key in cell
     lines = dict(line.split("=", 1) for line in out.read_text().splitlines())
     assert json.loads(lines["matrix"]) == payload
     # the stable variant compiles once per platform: 3 fewer builds than cells
-    assert len(json.loads(lines["builds"])["include"]) == 11
+    assert len(json.loads(lines["builds"])["include"]) == 12
     assert [c["name"] for c in json.loads(lines["compat"])["include"]] == [
         "cpu_stable-linux-x86_64-py3.11", "cpu_stable-linux-aarch64-py3.11",
-        "cpu_stable-macos-arm64-py3.11", "mps_stable-macos-arm64-py3.11"]
+        "cpu_stable-macos-arm64-py3.11", "mps_stable-macos-arm64-py3.11",
+        "cu130_stable-linux-x86_64-py3.11"]
     assert lines["has_compat"] == "true"
 
 

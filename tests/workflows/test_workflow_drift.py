@@ -331,7 +331,7 @@ def test_a_pip_cache_without_its_dependency_files_is_caught(repo):
 
 
 def test_bisect_inputs_that_lose_a_variant_are_caught(repo):
-    repo.replace(BISECT, "options: [cpu, cu126, cu128, cu130, mps, cpu_stable, mps_stable]",
+    repo.replace(BISECT, "options: [cpu, cu126, cu128, cu130, mps, cpu_stable, mps_stable, cu130_stable]",
                  "options: [cpu, cu126]")
     assert one(repo.problems(), "inputs.variant", "differ from matrix.yaml's")
 

@@ -1,16 +1,18 @@
-// Shared launch helpers for the opforge CUDA kernels (one header, included by each
-// csrc/cuda/<op>_kernel.cu; nothing here registers a kernel).
+// Shared launch helpers for the opforge CUDA kernels (one header, included first by each
+// csrc/cuda/<op>_kernel.cu; nothing here registers a kernel). The kernels are written against
+// abi.h's names, so each file compiles for the legacy and the stable ABI.
 #pragma once
 
-#include <ATen/ATen.h>
-#include <ATen/AccumulateType.h>
-#include <ATen/cuda/CUDAContext.h>
-#include <c10/cuda/CUDAGuard.h>
+// abi.h's CUDA part (stream, device guard, launch checks, atomics)
+#define OPFORGE_ABI_CUDA
+#include "../common.h"
+
+#ifndef OPFORGE_CUDA_LAUNCH_CHECK
+#error "cuda_utils.cuh must be included before any other opforge header (abi.h's CUDA part)"
+#endif
 
 #include <algorithm>
 #include <cstdint>
-
-#include "../common.h"
 
 namespace opforge::cuda {
 
@@ -24,7 +26,7 @@ constexpr int64_t kBlocksPerSM = 8;
 // Number of blocks for `n` work items, capped (see kBlocksPerSM). Never 0 for n > 0.
 inline unsigned int capped_blocks(int64_t n, int threads = kThreadsPerBlock) {
   const int64_t needed = (n + threads - 1) / threads;
-  const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int64_t sms = cuda_sm_count();
   const int64_t cap = std::max<int64_t>(1, sms * kBlocksPerSM);
   return static_cast<unsigned int>(std::max<int64_t>(1, std::min(needed, cap)));
 }
@@ -39,9 +41,9 @@ inline unsigned int capped_blocks(int64_t n, int threads = kThreadsPerBlock) {
 
 // Checks that `t` (the op's first tensor) is a CUDA tensor; the shared checks in
 // common.h then compare the other tensors' devices and dtypes with it.
-inline void check_cuda(const char* op, const char* name, const at::Tensor& t) {
-  TORCH_CHECK(t.is_cuda(), op, ": expected ", name, " to be a CUDA tensor, got a tensor on ",
-              t.device());
+inline void check_cuda(const char* op, const char* name, const Tensor& t) {
+  OPFORGE_CHECK(device_type(t) == DeviceType::CUDA, op, ": expected ", name,
+                " to be a CUDA tensor, got a tensor on ", device_name(t));
 }
 
 // Device-side twin of check_rois_values: true when roi [batch, x1, y1, x2, y2] can be

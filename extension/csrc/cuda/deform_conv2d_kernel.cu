@@ -4,21 +4,13 @@
 // The batch is processed in chunks of images. For each chunk:
 //   forward:  im2col (bilinear samples at the offset positions, times the mask) into
 //             columns (Cin*kh*kw, images*out_h*out_w), then one batched GEMM per group
-//             through at::bmm on the current stream.
-//   backward: columns_grad = weight^T @ grad_out (at::bmm); a coordinate kernel turns it
+//             through aten::bmm on the current stream.
+//   backward: columns_grad = weight^T @ grad_out (aten::bmm); a coordinate kernel turns it
 //             into grad_offset and grad_mask; col2im scatters it into grad_input with
 //             atomic adds (hence alertNotDeterministic under deterministic mode); im2col
 //             again and grad_out @ columns^T accumulates grad_weight.
-// Sampling math runs in at::acc_type (float for half/bfloat16); grad_input and
+// Sampling math runs in opmath_t (float for half/bfloat16); grad_input and
 // grad_weight accumulate in that type and are cast to the input dtype at the end.
-#include <ATen/ATen.h>
-#include <ATen/AccumulateType.h>
-#include <ATen/cuda/Atomic.cuh>
-#include <ATen/cuda/CUDAContext.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <torch/library.h>
-
-#include "../ops/deform_conv2d.h"
 #include "cuda_utils.cuh"
 
 namespace opforge::cuda {
@@ -184,7 +176,7 @@ __global__ void deform_col2im_kernel(int64_t total, DeformGeometry g, int64_t b0
         if (xx < 0 || xx >= g.width)
           continue;
         const acc_t wx = dx ? lw : acc_t(1) - lw;
-        gpuAtomicAdd(in_plane + yy * g.width + xx, grad * wy * wx);
+        OPFORGE_ATOMIC_ADD(in_plane + yy * g.width + xx, grad * wy * wx);
       }
     }
   }
@@ -248,13 +240,13 @@ struct Checked {
 
 // The shared argument checks (common.h, the same messages on every backend),
 // turned into the geometry the kernels take.
-Checked check_deform_args(const at::Tensor& input, const at::Tensor& weight,
-                          const at::Tensor& offset, const at::Tensor& mask, const at::Tensor& bias,
-                          int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w,
-                          int64_t dilation_h, int64_t dilation_w, int64_t groups,
-                          int64_t offset_groups, bool use_mask) {
+Checked check_deform_args(const Tensor& input, const Tensor& weight, const Tensor& offset,
+                          const Tensor& mask, const Tensor& bias, int64_t stride_h,
+                          int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h,
+                          int64_t dilation_w, int64_t groups, int64_t offset_groups,
+                          bool use_mask) {
   const DeformConv2dGeometry s = check_deform_conv2d_args(
-      c10::DeviceType::CUDA, input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w,
+      DeviceType::CUDA, input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w,
       dilation_h, dilation_w, groups, offset_groups, use_mask);
   DeformGeometry g;
   g.channels = s.channels;
@@ -286,146 +278,146 @@ int64_t images_per_chunk(const DeformGeometry& g, int64_t batch) {
 }
 
 template <typename scalar_t>
-void launch_im2col(const DeformGeometry& g, int64_t b0, int64_t images, const at::Tensor& input,
-                   const at::Tensor& offset, const at::Tensor& mask, at::Tensor& columns,
+void launch_im2col(const DeformGeometry& g, int64_t b0, int64_t images, const Tensor& input,
+                   const Tensor& offset, const Tensor& mask, const Tensor& columns,
                    cudaStream_t stream) {
-  using acc_t = at::acc_type<scalar_t, /*is_cuda=*/true>;
+  using acc_t = opmath_t<scalar_t>;
   const int64_t total = g.channels * images * g.out_h * g.out_w;
   if (total == 0)
     return;
   deform_im2col_kernel<scalar_t, acc_t><<<capped_blocks(total), kThreadsPerBlock, 0, stream>>>(
       total, g, b0, images, input.const_data_ptr<scalar_t>(), offset.const_data_ptr<scalar_t>(),
-      g.use_mask ? mask.const_data_ptr<scalar_t>() : nullptr, columns.data_ptr<scalar_t>());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+      g.use_mask ? mask.const_data_ptr<scalar_t>() : nullptr, columns.mutable_data_ptr<scalar_t>());
+  OPFORGE_CUDA_LAUNCH_CHECK();
 }
 
-at::Tensor deform_conv2d_forward_cuda(const at::Tensor& input, const at::Tensor& weight,
-                                      const at::Tensor& offset, const at::Tensor& mask,
-                                      const at::Tensor& bias, int64_t stride_h, int64_t stride_w,
-                                      int64_t pad_h, int64_t pad_w, int64_t dilation_h,
-                                      int64_t dilation_w, int64_t groups, int64_t offset_groups,
-                                      bool use_mask) {
-  const auto checked =
+Tensor deform_conv2d_forward_cuda(const Tensor& input, const Tensor& weight, const Tensor& offset,
+                                  const Tensor& mask, const Tensor& bias, int64_t stride_h,
+                                  int64_t stride_w, int64_t pad_h, int64_t pad_w,
+                                  int64_t dilation_h, int64_t dilation_w, int64_t groups,
+                                  int64_t offset_groups, bool use_mask) {
+  const Checked checked =
       check_deform_args(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w,
                         dilation_h, dilation_w, groups, offset_groups, use_mask);
   const DeformGeometry& g = checked.geometry;
-  const c10::cuda::CUDAGuard device_guard(input.device());
-  auto output = at::zeros({checked.batch, checked.out_channels, g.out_h, g.out_w}, input.options());
+  const CudaDeviceGuard device_guard(input);
+  const Tensor output = alloc_zeros(input, {checked.batch, checked.out_channels, g.out_h, g.out_w});
   if (output.numel() == 0) {
     return output;
   }
-  const auto input_c = input.contiguous();
-  const auto offset_c = offset.contiguous();
-  const auto mask_c = use_mask ? mask.contiguous() : mask;
+  const Tensor input_c = as_contiguous(input);
+  const Tensor offset_c = as_contiguous(offset);
+  const Tensor mask_c = use_mask ? as_contiguous(mask) : mask;
   const int64_t taps = g.kernel_h * g.kernel_w;
   const int64_t plane = g.out_h * g.out_w;
-  const auto weight_g = weight.contiguous().view(
-      {groups, checked.out_channels / groups, -1});  // (g, Cout/g, Cin/g*taps)
+  // (g, Cout/g, Cin/g*taps)
+  const Tensor weight_g =
+      viewed(as_contiguous(weight), {groups, checked.out_channels / groups, -1});
   const int64_t chunk = images_per_chunk(g, checked.batch);
-  auto columns = at::empty({g.channels * taps, chunk * plane}, input.options());
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const Tensor columns = alloc_empty(input, {g.channels * taps, chunk * plane});
+  const cudaStream_t stream = current_cuda_stream(input);
 
   for (int64_t b0 = 0; b0 < checked.batch; b0 += chunk) {
     const int64_t images = std::min(chunk, checked.batch - b0);
     // The last chunk may hold fewer images; it gets its own (contiguous) buffer.
-    auto cols =
-        images == chunk ? columns : at::empty({g.channels * taps, images * plane}, input.options());
-    AT_DISPATCH_FLOATING_TYPES_AND2(
-        at::ScalarType::Half, at::ScalarType::BFloat16, input.scalar_type(),
-        "opforge_deform_conv2d_forward_cuda",
-        [&] { launch_im2col<scalar_t>(g, b0, images, input_c, offset_c, mask_c, cols, stream); });
+    const Tensor cols =
+        images == chunk ? columns : alloc_empty(input, {g.channels * taps, images * plane});
+    OPFORGE_DISPATCH_FLOATING_TYPES(input.scalar_type(), "opforge_deform_conv2d_forward_cuda", [&] {
+      launch_im2col<scalar_t>(g, b0, images, input_c, offset_c, mask_c, cols, stream);
+    });
     // (g, Cout/g, K) @ (g, K, images*plane) -> (Cout, images, plane) -> (images, Cout, plane)
-    const auto out_g = at::bmm(weight_g, cols.view({groups, -1, images * plane}));
-    output.narrow(0, b0, images)
-        .view({images, checked.out_channels, plane})
-        .copy_(out_g.view({checked.out_channels, images, plane}).transpose(0, 1));
+    const Tensor out_g = batched_matmul(weight_g, viewed(cols, {groups, -1, images * plane}));
+    copy_into(viewed(narrowed(output, 0, b0, images), {images, checked.out_channels, plane}),
+              transposed(viewed(out_g, {checked.out_channels, images, plane}), 0, 1));
   }
-  output.add_(bias.view({1, checked.out_channels, 1, 1}));
+  add_into(output, viewed(bias, {1, checked.out_channels, 1, 1}));
   return output;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_conv2d_backward_cuda(
-    const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& weight,
-    const at::Tensor& offset, const at::Tensor& mask, const at::Tensor& bias, int64_t stride_h,
-    int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h, int64_t dilation_w,
-    int64_t groups, int64_t offset_groups, bool use_mask) {
-  const auto checked =
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> deform_conv2d_backward_cuda(
+    const Tensor& grad_out, const Tensor& input, const Tensor& weight, const Tensor& offset,
+    const Tensor& mask, const Tensor& bias, int64_t stride_h, int64_t stride_w, int64_t pad_h,
+    int64_t pad_w, int64_t dilation_h, int64_t dilation_w, int64_t groups, int64_t offset_groups,
+    bool use_mask) {
+  const Checked checked =
       check_deform_args(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w,
                         dilation_h, dilation_w, groups, offset_groups, use_mask);
   const DeformGeometry& g = checked.geometry;
-  check_deform_conv2d_grad(c10::DeviceType::CUDA, grad_out, input, checked.shared);
+  check_deform_conv2d_grad(DeviceType::CUDA, grad_out, input, checked.shared);
 
-  const c10::cuda::CUDAGuard device_guard(input.device());
-  const auto acc_dtype = at::toAccumulateType(input.scalar_type(), /*is_cuda=*/true);
+  const CudaDeviceGuard device_guard(input);
+  const ScalarType acc_dtype = opmath_dtype(input.scalar_type());
   const int64_t taps = g.kernel_h * g.kernel_w;
   const int64_t plane = g.out_h * g.out_w;
   const int64_t cout_g = checked.out_channels / groups;
 
-  auto grad_input_acc = at::zeros(input.sizes(), input.options().dtype(acc_dtype));
-  auto grad_weight_acc =
-      at::zeros({groups, cout_g, (g.channels / groups) * taps}, weight.options().dtype(acc_dtype));
-  auto grad_offset = at::zeros(offset.sizes(), offset.options());
-  auto grad_mask = at::zeros(mask.sizes(), mask.options());
-  auto grad_bias = grad_out.sum({0, 2, 3});
+  const Tensor grad_input_acc = alloc_zeros(input, sizes_of(input), acc_dtype);
+  const Tensor grad_weight_acc =
+      alloc_zeros(weight, {groups, cout_g, (g.channels / groups) * taps}, acc_dtype);
+  const Tensor grad_offset = alloc_zeros(offset, sizes_of(offset));
+  const Tensor grad_mask = alloc_zeros(mask, sizes_of(mask));
+  const Tensor grad_bias = sum_over(grad_out, {0, 2, 3});
 
   if (grad_out.numel() > 0 && input.numel() > 0) {
-    at::globalContext().alertNotDeterministic("opforge::deform_conv2d_backward_cuda");
-    const auto input_c = input.contiguous();
-    const auto offset_c = offset.contiguous();
-    const auto mask_c = use_mask ? mask.contiguous() : mask;
-    const auto grad_c = grad_out.contiguous();
+    alert_not_deterministic("opforge::deform_conv2d_backward_cuda");
+    const Tensor input_c = as_contiguous(input);
+    const Tensor offset_c = as_contiguous(offset);
+    const Tensor mask_c = use_mask ? as_contiguous(mask) : mask;
+    const Tensor grad_c = as_contiguous(grad_out);
     // (g, K, Cout/g): weight^T per group.
-    const auto weight_t = weight.contiguous().view({groups, cout_g, -1}).transpose(1, 2);
+    const Tensor weight_t = transposed(viewed(as_contiguous(weight), {groups, cout_g, -1}), 1, 2);
     const int64_t chunk = images_per_chunk(g, checked.batch);
-    const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+    const cudaStream_t stream = current_cuda_stream(input);
 
     for (int64_t b0 = 0; b0 < checked.batch; b0 += chunk) {
       const int64_t images = std::min(chunk, checked.batch - b0);
       // (images, Cout, plane) -> (g, Cout/g, images*plane)
-      const auto grad_g = grad_c.narrow(0, b0, images)
-                              .view({images, checked.out_channels, plane})
-                              .transpose(0, 1)
-                              .reshape({groups, cout_g, images * plane});
-      const auto columns_grad = at::bmm(weight_t, grad_g);  // (g, K, images*plane), contiguous
-      auto columns = at::empty({g.channels * taps, images * plane}, input.options());
-      AT_DISPATCH_FLOATING_TYPES_AND2(
-          at::ScalarType::Half, at::ScalarType::BFloat16, input.scalar_type(),
-          "opforge_deform_conv2d_backward_cuda", [&] {
-            using acc_t = at::acc_type<scalar_t, /*is_cuda=*/true>;
+      const Tensor grad_g = reshaped(
+          transposed(viewed(narrowed(grad_c, 0, b0, images), {images, checked.out_channels, plane}),
+                     0, 1),
+          {groups, cout_g, images * plane});
+      // (g, K, images*plane), contiguous
+      const Tensor columns_grad = batched_matmul(weight_t, grad_g);
+      const Tensor columns = alloc_empty(input, {g.channels * taps, images * plane});
+      OPFORGE_DISPATCH_FLOATING_TYPES(
+          input.scalar_type(), "opforge_deform_conv2d_backward_cuda", [&] {
+            using acc_t = opmath_t<scalar_t>;
             const int64_t coord_total = images * g.offset_groups * taps * plane;
             deform_coord_grad_kernel<scalar_t, acc_t>
                 <<<capped_blocks(coord_total), kThreadsPerBlock, 0, stream>>>(
                     coord_total, g, b0, images, columns_grad.const_data_ptr<scalar_t>(),
                     input_c.const_data_ptr<scalar_t>(), offset_c.const_data_ptr<scalar_t>(),
                     use_mask ? mask_c.const_data_ptr<scalar_t>() : nullptr,
-                    grad_offset.data_ptr<scalar_t>(),
-                    use_mask ? grad_mask.data_ptr<scalar_t>() : nullptr);
-            C10_CUDA_KERNEL_LAUNCH_CHECK();
+                    grad_offset.mutable_data_ptr<scalar_t>(),
+                    use_mask ? grad_mask.mutable_data_ptr<scalar_t>() : nullptr);
+            OPFORGE_CUDA_LAUNCH_CHECK();
             const int64_t col_total = g.channels * taps * images * plane;
             deform_col2im_kernel<scalar_t, acc_t>
                 <<<capped_blocks(col_total), kThreadsPerBlock, 0, stream>>>(
                     col_total, g, b0, images, columns_grad.const_data_ptr<scalar_t>(),
                     offset_c.const_data_ptr<scalar_t>(),
                     use_mask ? mask_c.const_data_ptr<scalar_t>() : nullptr,
-                    grad_input_acc.data_ptr<acc_t>());
-            C10_CUDA_KERNEL_LAUNCH_CHECK();
+                    grad_input_acc.mutable_data_ptr<acc_t>());
+            OPFORGE_CUDA_LAUNCH_CHECK();
             launch_im2col<scalar_t>(g, b0, images, input_c, offset_c, mask_c, columns, stream);
+            // (g, Cout/g, images*plane) @ (g, images*plane, K) -> (g, Cout/g, K), added
+            const Tensor gw = batched_matmul(
+                grad_g, transposed(viewed(columns, {groups, -1, images * plane}), 1, 2));
+            add_into(grad_weight_acc, gw);
           });
-      // (g, Cout/g, images*plane) @ (g, images*plane, K) -> (g, Cout/g, K)
-      const auto gw = at::bmm(grad_g, columns.view({groups, -1, images * plane}).transpose(1, 2));
-      grad_weight_acc.add_(gw);
     }
   }
-  auto grad_input = grad_input_acc.to(input.scalar_type());
-  auto grad_weight = grad_weight_acc.view(weight.sizes()).to(weight.scalar_type());
+  const Tensor grad_input = to_dtype(grad_input_acc, input.scalar_type());
+  const Tensor grad_weight =
+      to_dtype(viewed(grad_weight_acc, sizes_of(weight)), weight.scalar_type());
   return std::make_tuple(grad_input, grad_weight, grad_offset, grad_mask, grad_bias);
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(opforge, CUDA, m) {
-  m.impl("deform_conv2d", TORCH_FN(deform_conv2d_forward_cuda));
-  m.impl("_deform_conv2d_backward", TORCH_FN(deform_conv2d_backward_cuda));
+OPFORGE_LIBRARY_IMPL(CUDA, m) {
+  m.impl("deform_conv2d", OPFORGE_KERNEL(deform_conv2d_forward_cuda));
+  m.impl("_deform_conv2d_backward", OPFORGE_KERNEL(deform_conv2d_backward_cuda));
 }
 
 }  // namespace opforge::cuda

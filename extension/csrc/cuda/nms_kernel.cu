@@ -9,12 +9,6 @@
 //    the device. The N x N/64 mask never leaves the device.
 // 4. The host reads the 8-byte count (the one device->host sync of this op, needed to
 //    size the result tensor) and returns a view of the first `count` indices.
-#include <ATen/ATen.h>
-#include <ATen/OpMathType.h>
-#include <ATen/cuda/CUDAContext.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <torch/library.h>
-
 #include "cuda_utils.cuh"
 
 namespace opforge::cuda {
@@ -57,7 +51,7 @@ __global__ void nms_mask_kernel(
     const scalar_t* __restrict__ boxes,     // sorted by score, (n_boxes, 4) contiguous
     unsigned long long* __restrict__ mask,  // (n_boxes, col_blocks)
     int64_t col_blocks) {
-  using opmath_t = at::opmath_type<scalar_t>;
+  using opmath_t = ::opforge::opmath_t<scalar_t>;
   const int64_t row_block = blockIdx.y;
   const int64_t col_block = blockIdx.x;
   // Only the upper triangle is needed: a box is suppressed only by higher-scored ones.
@@ -161,62 +155,62 @@ __global__ void nms_reduce_kernel(
   }
 }
 
-at::Tensor nms_cuda(const at::Tensor& dets, const at::Tensor& scores, double iou_threshold) {
+Tensor nms_cuda(const Tensor& dets, const Tensor& scores, double iou_threshold) {
   check_cuda("nms", "boxes (dets)", dets);
   check_nms_inputs(dets, scores);
 
-  const c10::cuda::CUDAGuard device_guard(dets.device());
+  const CudaDeviceGuard device_guard(dets);
   const int64_t n_boxes = dets.size(0);
   if (n_boxes == 0) {
-    return at::empty({0}, dets.options().dtype(at::kLong));
+    return alloc_empty(dets, {0}, ScalarType::Long);
   }
   const int64_t col_blocks = ceil_div(n_boxes, kBoxesPerBlock);
-  TORCH_CHECK(col_blocks <= 65535, "nms: at most ", 65535 * int64_t(kBoxesPerBlock),
-              " boxes are supported on CUDA, got ", n_boxes);
+  OPFORGE_CHECK(col_blocks <= 65535, "nms: at most ", 65535 * int64_t(kBoxesPerBlock),
+                " boxes are supported on CUDA, got ", n_boxes);
 
   const int64_t shared_bytes = col_blocks * int64_t(sizeof(unsigned long long));
-  const auto* props = at::cuda::getCurrentDeviceProperties();
-  TORCH_CHECK(shared_bytes <= static_cast<int64_t>(props->sharedMemPerBlockOptin) - 1024,
-              "nms: ", n_boxes, " boxes need ", shared_bytes,
-              " bytes of shared memory for the suppression bitmask, more than this device allows (",
-              props->sharedMemPerBlockOptin, ")");
+  const int64_t shared_optin = cuda_shared_memory_optin();
+  OPFORGE_CHECK(
+      shared_bytes <= shared_optin - 1024, "nms: ", n_boxes, " boxes need ", shared_bytes,
+      " bytes of shared memory for the suppression bitmask, more than this device allows (",
+      shared_optin, ")");
 
-  const auto order = std::get<1>(scores.sort(/*stable=*/true, /*dim=*/0, /*descending=*/true));
-  const auto sorted_boxes = dets.index_select(0, order).contiguous();
-  auto mask = at::empty({n_boxes * col_blocks}, dets.options().dtype(at::kLong));
-  auto keep = at::empty({n_boxes}, dets.options().dtype(at::kLong));
-  auto num_kept = at::empty({1}, dets.options().dtype(at::kLong));
+  const Tensor order = argsort_descending_stable(scores);
+  const Tensor sorted_boxes = as_contiguous(index_selected(dets, 0, order));
+  const Tensor mask = alloc_empty(dets, {n_boxes * col_blocks}, ScalarType::Long);
+  const Tensor keep = alloc_empty(dets, {n_boxes}, ScalarType::Long);
+  const Tensor num_kept = alloc_empty(dets, {1}, ScalarType::Long);
 
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const cudaStream_t stream = current_cuda_stream(dets);
   const dim3 mask_grid(col_blocks, col_blocks);
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::ScalarType::Half, at::ScalarType::BFloat16, dets.scalar_type(), "opforge_nms_cuda", [&] {
-        nms_mask_kernel<scalar_t><<<mask_grid, kBoxesPerBlock, 0, stream>>>(
-            n_boxes, iou_threshold, sorted_boxes.const_data_ptr<scalar_t>(),
-            reinterpret_cast<unsigned long long*>(mask.data_ptr<int64_t>()), col_blocks);
-      });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  OPFORGE_DISPATCH_FLOATING_TYPES(dets.scalar_type(), "opforge_nms_cuda", [&] {
+    nms_mask_kernel<scalar_t><<<mask_grid, kBoxesPerBlock, 0, stream>>>(
+        n_boxes, iou_threshold, sorted_boxes.const_data_ptr<scalar_t>(),
+        reinterpret_cast<unsigned long long*>(mask.mutable_data_ptr<int64_t>()), col_blocks);
+  });
+  OPFORGE_CUDA_LAUNCH_CHECK();
 
   if (shared_bytes > 48 * 1024) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(nms_reduce_kernel,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(shared_bytes)));
+    OPFORGE_CUDA_CHECK(cudaFuncSetAttribute(nms_reduce_kernel,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(shared_bytes)));
   }
   nms_reduce_kernel<<<1, kReduceThreads, shared_bytes, stream>>>(
       n_boxes, col_blocks,
       reinterpret_cast<const unsigned long long*>(mask.const_data_ptr<int64_t>()),
-      order.const_data_ptr<int64_t>(), keep.data_ptr<int64_t>(), num_kept.data_ptr<int64_t>());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+      order.const_data_ptr<int64_t>(), keep.mutable_data_ptr<int64_t>(),
+      num_kept.mutable_data_ptr<int64_t>());
+  OPFORGE_CUDA_LAUNCH_CHECK();
 
   // The single host sync: the result's length is data-dependent.
-  const int64_t count = num_kept.item<int64_t>();
-  return keep.narrow(0, 0, count);
+  const int64_t count = item_int64(num_kept);
+  return narrowed(keep, 0, 0, count);
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(opforge, CUDA, m) {
-  m.impl("nms", TORCH_FN(nms_cuda));
+OPFORGE_LIBRARY_IMPL(CUDA, m) {
+  m.impl("nms", OPFORGE_KERNEL(nms_cuda));
 }
 
 }  // namespace opforge::cuda

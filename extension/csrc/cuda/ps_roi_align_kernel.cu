@@ -8,13 +8,6 @@
 // Rois are not validated on the host (that would be a device->host sync per call): an
 // invalid roi (bad batch index, non-finite coordinate, too many samples) reads nothing
 // and yields 0; a channel_mapping entry outside [0, channels) writes nothing.
-#include <ATen/ATen.h>
-#include <ATen/AccumulateType.h>
-#include <ATen/cuda/Atomic.cuh>
-#include <ATen/cuda/CUDAContext.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <torch/library.h>
-
 #include <limits>
 
 #include "roi_sampling.cuh"
@@ -81,84 +74,77 @@ __global__ void ps_roi_align_backward_kernel(
   }
 }
 
-std::tuple<at::Tensor, at::Tensor> ps_roi_align_forward_cuda(
-    const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t pooled_height,
-    int64_t pooled_width, int64_t sampling_ratio) {
+std::tuple<Tensor, Tensor> ps_roi_align_forward_cuda(const Tensor& input, const Tensor& rois,
+                                                     double spatial_scale, int64_t pooled_height,
+                                                     int64_t pooled_width, int64_t sampling_ratio) {
   constexpr const char* op = "ps_roi_align";
   check_cuda(op, "input", input);
   check_ps_roi_inputs(op, input, rois, pooled_height, pooled_width);
   check_sampling_ratio(op, sampling_ratio, pooled_height, pooled_width);
-  const c10::cuda::CUDAGuard device_guard(input.device());
+  const CudaDeviceGuard device_guard(input);
   const int64_t channels_out = input.size(1) / (pooled_height * pooled_width);
-  auto output =
-      at::empty({rois.size(0), channels_out, pooled_height, pooled_width}, input.options());
-  auto channel_mapping = at::empty(output.sizes(), input.options().dtype(at::kInt));
+  auto output = alloc_empty(input, {rois.size(0), channels_out, pooled_height, pooled_width});
+  auto channel_mapping = alloc_empty(input, sizes_of(output), ScalarType::Int);
   const int64_t total = output.numel();
   if (total == 0) {
     return {output, channel_mapping};
   }
-  const auto input_c = input.contiguous();
-  const auto rois_c = rois.contiguous();
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::ScalarType::Half, at::ScalarType::BFloat16, input.scalar_type(),
-      "opforge_ps_roi_align_forward_cuda", [&] {
-        using acc_t = at::acc_type<scalar_t, /*is_cuda=*/true>;
-        ps_roi_align_forward_kernel<scalar_t, acc_t>
-            <<<capped_blocks(total), kThreadsPerBlock, 0, stream>>>(
-                total, input_c.const_data_ptr<scalar_t>(), rois_c.const_data_ptr<scalar_t>(),
-                input.size(0), static_cast<acc_t>(spatial_scale), input.size(1), input.size(2),
-                input.size(3), pooled_height, pooled_width, sampling_ratio, channels_out,
-                output.data_ptr<scalar_t>(), channel_mapping.data_ptr<int32_t>());
-      });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const Tensor input_c = as_contiguous(input);
+  const Tensor rois_c = as_contiguous(rois);
+  const cudaStream_t stream = current_cuda_stream(input);
+  OPFORGE_DISPATCH_FLOATING_TYPES(input.scalar_type(), "opforge_ps_roi_align_forward_cuda", [&] {
+    using acc_t = opmath_t<scalar_t>;
+    ps_roi_align_forward_kernel<scalar_t, acc_t>
+        <<<capped_blocks(total), kThreadsPerBlock, 0, stream>>>(
+            total, input_c.const_data_ptr<scalar_t>(), rois_c.const_data_ptr<scalar_t>(),
+            input.size(0), static_cast<acc_t>(spatial_scale), input.size(1), input.size(2),
+            input.size(3), pooled_height, pooled_width, sampling_ratio, channels_out,
+            output.mutable_data_ptr<scalar_t>(), channel_mapping.mutable_data_ptr<int32_t>());
+  });
+  OPFORGE_CUDA_LAUNCH_CHECK();
   return {output, channel_mapping};
 }
 
-at::Tensor ps_roi_align_backward_cuda(const at::Tensor& grad, const at::Tensor& rois,
-                                      const at::Tensor& channel_mapping, double spatial_scale,
-                                      int64_t pooled_height, int64_t pooled_width,
-                                      int64_t sampling_ratio, int64_t batch_size, int64_t channels,
-                                      int64_t height, int64_t width) {
+Tensor ps_roi_align_backward_cuda(const Tensor& grad, const Tensor& rois,
+                                  const Tensor& channel_mapping, double spatial_scale,
+                                  int64_t pooled_height, int64_t pooled_width,
+                                  int64_t sampling_ratio, int64_t batch_size, int64_t channels,
+                                  int64_t height, int64_t width) {
   constexpr const char* op = "_ps_roi_align_backward";
   check_cuda(op, "grad", grad);
   check_ps_roi_backward_inputs(op, grad, rois, channel_mapping, pooled_height, pooled_width,
                                batch_size, channels, height, width);
   check_sampling_ratio(op, sampling_ratio, pooled_height, pooled_width);
-  const c10::cuda::CUDAGuard device_guard(grad.device());
+  const CudaDeviceGuard device_guard(grad);
   const int64_t total = grad.numel();
   if (total == 0 || batch_size * channels * height * width == 0) {
-    return at::zeros({batch_size, channels, height, width}, grad.options());
+    return alloc_zeros(grad, {batch_size, channels, height, width});
   }
-  at::globalContext().alertNotDeterministic("opforge::ps_roi_align_backward_cuda");
-  const auto grad_c = grad.contiguous();
-  const auto rois_c = rois.contiguous();
-  const auto mapping_c = channel_mapping.contiguous();
-  const auto acc_dtype = at::toAccumulateType(grad.scalar_type(), /*is_cuda=*/true);
-  auto grad_input =
-      at::zeros({batch_size, channels, height, width}, grad.options().dtype(acc_dtype));
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::ScalarType::Half, at::ScalarType::BFloat16, grad.scalar_type(),
-      "opforge_ps_roi_align_backward_cuda", [&] {
-        using acc_t = at::acc_type<scalar_t, /*is_cuda=*/true>;
-        ps_roi_align_backward_kernel<scalar_t, acc_t>
-            <<<capped_blocks(total), kThreadsPerBlock, 0, stream>>>(
-                total, grad_c.const_data_ptr<scalar_t>(), mapping_c.const_data_ptr<int32_t>(),
-                rois_c.const_data_ptr<scalar_t>(), batch_size, static_cast<acc_t>(spatial_scale),
-                channels, height, width, pooled_height, pooled_width, sampling_ratio, grad.size(1),
-                grad_input.data_ptr<acc_t>());
-      });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return grad_input.scalar_type() == grad.scalar_type() ? grad_input
-                                                        : grad_input.to(grad.scalar_type());
+  alert_not_deterministic("opforge::ps_roi_align_backward_cuda");
+  const Tensor grad_c = as_contiguous(grad);
+  const Tensor rois_c = as_contiguous(rois);
+  const Tensor mapping_c = as_contiguous(channel_mapping);
+  const ScalarType acc_dtype = opmath_dtype(grad.scalar_type());
+  auto grad_input = alloc_zeros(grad, {batch_size, channels, height, width}, acc_dtype);
+  const cudaStream_t stream = current_cuda_stream(grad);
+  OPFORGE_DISPATCH_FLOATING_TYPES(grad.scalar_type(), "opforge_ps_roi_align_backward_cuda", [&] {
+    using acc_t = opmath_t<scalar_t>;
+    ps_roi_align_backward_kernel<scalar_t, acc_t>
+        <<<capped_blocks(total), kThreadsPerBlock, 0, stream>>>(
+            total, grad_c.const_data_ptr<scalar_t>(), mapping_c.const_data_ptr<int32_t>(),
+            rois_c.const_data_ptr<scalar_t>(), batch_size, static_cast<acc_t>(spatial_scale),
+            channels, height, width, pooled_height, pooled_width, sampling_ratio, grad.size(1),
+            grad_input.mutable_data_ptr<acc_t>());
+  });
+  OPFORGE_CUDA_LAUNCH_CHECK();
+  return to_dtype(grad_input, grad.scalar_type());
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(opforge, CUDA, m) {
-  m.impl("ps_roi_align", TORCH_FN(ps_roi_align_forward_cuda));
-  m.impl("_ps_roi_align_backward", TORCH_FN(ps_roi_align_backward_cuda));
+OPFORGE_LIBRARY_IMPL(CUDA, m) {
+  m.impl("ps_roi_align", OPFORGE_KERNEL(ps_roi_align_forward_cuda));
+  m.impl("_ps_roi_align_backward", OPFORGE_KERNEL(ps_roi_align_backward_cuda));
 }
 
 }  // namespace opforge::cuda

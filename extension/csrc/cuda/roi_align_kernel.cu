@@ -7,13 +7,6 @@
 // through at::globalContext().alertNotDeterministic, like the ATen ops without a
 // deterministic CUDA path. Half and bfloat16 accumulate in float (at::acc_type), and the
 // backward scatters into a float buffer, cast to the input dtype at the end.
-#include <ATen/ATen.h>
-#include <ATen/AccumulateType.h>
-#include <ATen/cuda/Atomic.cuh>
-#include <ATen/cuda/CUDAContext.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <torch/library.h>
-
 #include <algorithm>
 #include <cmath>
 
@@ -83,20 +76,20 @@ __global__ void roi_align_backward_kernel(int64_t total, const scalar_t* __restr
   }
 }
 
-at::Tensor roi_align_forward_cuda(const at::Tensor& input, const at::Tensor& rois,
-                                  double spatial_scale, int64_t pooled_height, int64_t pooled_width,
-                                  int64_t sampling_ratio, bool aligned) {
+Tensor roi_align_forward_cuda(const Tensor& input, const Tensor& rois, double spatial_scale,
+                              int64_t pooled_height, int64_t pooled_width, int64_t sampling_ratio,
+                              bool aligned) {
   constexpr const char* op = "roi_align";
   check_cuda(op, "input", input);
   check_roi_inputs(op, input, rois, pooled_height, pooled_width);
   check_sampling_ratio(op, sampling_ratio, pooled_height, pooled_width);
 
-  const c10::cuda::CUDAGuard device_guard(input.device());
+  const CudaDeviceGuard device_guard(input);
   const int64_t num_rois = rois.size(0);
   const int64_t channels = input.size(1);
   const int64_t height = input.size(2);
   const int64_t width = input.size(3);
-  auto output = at::empty({num_rois, channels, pooled_height, pooled_width}, input.options());
+  auto output = alloc_empty(input, {num_rois, channels, pooled_height, pooled_width});
   const int64_t total = output.numel();
   if (total == 0) {
     return output;
@@ -105,70 +98,65 @@ at::Tensor roi_align_forward_cuda(const at::Tensor& input, const at::Tensor& roi
   // A roi the CPU rejects (bad batch index, non-finite coordinate, too many samples)
   // reads nothing and yields 0 (roi_is_valid in roi_geometry).
   if (input.numel() == 0) {
-    return output.zero_();  // an empty (H, W) plane: every sample is outside
+    fill_zero(output);
+    return output;  // an empty (H, W) plane: every sample is outside
   }
 
-  const auto input_c = input.contiguous();
-  const auto rois_c = rois.contiguous();
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::ScalarType::Half, at::ScalarType::BFloat16, input.scalar_type(),
-      "opforge_roi_align_forward_cuda", [&] {
-        using acc_t = at::acc_type<scalar_t, /*is_cuda=*/true>;
-        roi_align_forward_kernel<scalar_t, acc_t>
-            <<<capped_blocks(total), kThreadsPerBlock, 0, stream>>>(
-                total, input_c.const_data_ptr<scalar_t>(), rois_c.const_data_ptr<scalar_t>(),
-                input.size(0), static_cast<acc_t>(spatial_scale), channels, height, width,
-                pooled_height, pooled_width, sampling_ratio, aligned, output.data_ptr<scalar_t>());
-      });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const Tensor input_c = as_contiguous(input);
+  const Tensor rois_c = as_contiguous(rois);
+  const cudaStream_t stream = current_cuda_stream(input);
+  OPFORGE_DISPATCH_FLOATING_TYPES(input.scalar_type(), "opforge_roi_align_forward_cuda", [&] {
+    using acc_t = opmath_t<scalar_t>;
+    roi_align_forward_kernel<scalar_t, acc_t>
+        <<<capped_blocks(total), kThreadsPerBlock, 0, stream>>>(
+            total, input_c.const_data_ptr<scalar_t>(), rois_c.const_data_ptr<scalar_t>(),
+            input.size(0), static_cast<acc_t>(spatial_scale), channels, height, width,
+            pooled_height, pooled_width, sampling_ratio, aligned,
+            output.mutable_data_ptr<scalar_t>());
+  });
+  OPFORGE_CUDA_LAUNCH_CHECK();
   return output;
 }
 
-at::Tensor roi_align_backward_cuda(const at::Tensor& grad, const at::Tensor& rois,
-                                   double spatial_scale, int64_t pooled_height,
-                                   int64_t pooled_width, int64_t batch_size, int64_t channels,
-                                   int64_t height, int64_t width, int64_t sampling_ratio,
-                                   bool aligned) {
+Tensor roi_align_backward_cuda(const Tensor& grad, const Tensor& rois, double spatial_scale,
+                               int64_t pooled_height, int64_t pooled_width, int64_t batch_size,
+                               int64_t channels, int64_t height, int64_t width,
+                               int64_t sampling_ratio, bool aligned) {
   constexpr const char* op = "_roi_align_backward";
   check_cuda(op, "grad", grad);
   check_roi_backward_inputs(op, grad, rois, pooled_height, pooled_width, batch_size, channels,
                             height, width);
   check_sampling_ratio(op, sampling_ratio, pooled_height, pooled_width);
 
-  const c10::cuda::CUDAGuard device_guard(grad.device());
+  const CudaDeviceGuard device_guard(grad);
   const int64_t total = grad.numel();
   if (total == 0 || batch_size * channels * height * width == 0) {
-    return at::zeros({batch_size, channels, height, width}, grad.options());
+    return alloc_zeros(grad, {batch_size, channels, height, width});
   }
-  at::globalContext().alertNotDeterministic("opforge::roi_align_backward_cuda");
+  alert_not_deterministic("opforge::roi_align_backward_cuda");
 
-  const auto rois_c = rois.contiguous();
-  const auto acc_dtype = at::toAccumulateType(grad.scalar_type(), /*is_cuda=*/true);
-  auto grad_input =
-      at::zeros({batch_size, channels, height, width}, grad.options().dtype(acc_dtype));
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::ScalarType::Half, at::ScalarType::BFloat16, grad.scalar_type(),
-      "opforge_roi_align_backward_cuda", [&] {
-        using acc_t = at::acc_type<scalar_t, /*is_cuda=*/true>;
-        roi_align_backward_kernel<scalar_t, acc_t>
-            <<<capped_blocks(total), kThreadsPerBlock, 0, stream>>>(
-                total, grad.const_data_ptr<scalar_t>(), grad.stride(0), grad.stride(1),
-                grad.stride(2), grad.stride(3), rois_c.const_data_ptr<scalar_t>(), batch_size,
-                static_cast<acc_t>(spatial_scale), channels, height, width, pooled_height,
-                pooled_width, sampling_ratio, aligned, grad_input.data_ptr<acc_t>());
-      });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return grad_input.scalar_type() == grad.scalar_type() ? grad_input
-                                                        : grad_input.to(grad.scalar_type());
+  const Tensor rois_c = as_contiguous(rois);
+  const ScalarType acc_dtype = opmath_dtype(grad.scalar_type());
+  auto grad_input = alloc_zeros(grad, {batch_size, channels, height, width}, acc_dtype);
+  const cudaStream_t stream = current_cuda_stream(grad);
+  OPFORGE_DISPATCH_FLOATING_TYPES(grad.scalar_type(), "opforge_roi_align_backward_cuda", [&] {
+    using acc_t = opmath_t<scalar_t>;
+    roi_align_backward_kernel<scalar_t, acc_t>
+        <<<capped_blocks(total), kThreadsPerBlock, 0, stream>>>(
+            total, grad.const_data_ptr<scalar_t>(), grad.stride(0), grad.stride(1), grad.stride(2),
+            grad.stride(3), rois_c.const_data_ptr<scalar_t>(), batch_size,
+            static_cast<acc_t>(spatial_scale), channels, height, width, pooled_height, pooled_width,
+            sampling_ratio, aligned, grad_input.mutable_data_ptr<acc_t>());
+  });
+  OPFORGE_CUDA_LAUNCH_CHECK();
+  return to_dtype(grad_input, grad.scalar_type());
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(opforge, CUDA, m) {
-  m.impl("roi_align", TORCH_FN(roi_align_forward_cuda));
-  m.impl("_roi_align_backward", TORCH_FN(roi_align_backward_cuda));
+OPFORGE_LIBRARY_IMPL(CUDA, m) {
+  m.impl("roi_align", OPFORGE_KERNEL(roi_align_forward_cuda));
+  m.impl("_roi_align_backward", OPFORGE_KERNEL(roi_align_backward_cuda));
 }
 
 }  // namespace opforge::cuda

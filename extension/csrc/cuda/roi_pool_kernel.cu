@@ -6,13 +6,6 @@
 // atomic add; rois that overlap make that order-dependent, so under
 // torch.use_deterministic_algorithms(True) it goes through
 // at::globalContext().alertNotDeterministic (an error, or a warning with warn_only=True).
-#include <ATen/ATen.h>
-#include <ATen/AccumulateType.h>
-#include <ATen/cuda/Atomic.cuh>
-#include <ATen/cuda/CUDAContext.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <torch/library.h>
-
 #include <limits>
 
 #include "cuda_utils.cuh"
@@ -105,27 +98,25 @@ __global__ void roi_pool_backward_kernel(
     }
     const acc_t grad = static_cast<acc_t>(grad_output[n * grad_stride_n + c * grad_stride_c +
                                                       ph * grad_stride_h + pw * grad_stride_w]);
-    gpuAtomicAdd(grad_input + (batch * channels + c) * height * width + at, grad);
+    OPFORGE_ATOMIC_ADD(grad_input + (batch * channels + c) * height * width + at, grad);
   }
 }
 
-std::tuple<at::Tensor, at::Tensor> roi_pool_forward_cuda(const at::Tensor& input,
-                                                         const at::Tensor& rois,
-                                                         double spatial_scale,
-                                                         int64_t pooled_height,
-                                                         int64_t pooled_width) {
+std::tuple<Tensor, Tensor> roi_pool_forward_cuda(const Tensor& input, const Tensor& rois,
+                                                 double spatial_scale, int64_t pooled_height,
+                                                 int64_t pooled_width) {
   constexpr const char* op = "roi_pool";
   check_cuda(op, "input", input);
   check_roi_inputs(op, input, rois, pooled_height, pooled_width);
 
-  const c10::cuda::CUDAGuard device_guard(input.device());
+  const CudaDeviceGuard device_guard(input);
   const int64_t num_rois = rois.size(0);
   const int64_t channels = input.size(1);
   const int64_t height = input.size(2);
   const int64_t width = input.size(3);
-  auto output = at::empty({num_rois, channels, pooled_height, pooled_width}, input.options());
+  auto output = alloc_empty(input, {num_rois, channels, pooled_height, pooled_width});
   auto argmax =
-      at::empty({num_rois, channels, pooled_height, pooled_width}, input.options().dtype(at::kInt));
+      alloc_empty(input, {num_rois, channels, pooled_height, pooled_width}, ScalarType::Int);
   const int64_t total = output.numel();
   if (total == 0) {
     return std::make_tuple(output, argmax);
@@ -133,28 +124,23 @@ std::tuple<at::Tensor, at::Tensor> roi_pool_forward_cuda(const at::Tensor& input
   // No host copy of the rois to validate them (a sync per call): an invalid roi reads
   // nothing and yields 0 with argmax -1 (roi_is_valid in the kernel).
 
-  const auto input_c = input.contiguous();
-  const auto rois_c = rois.contiguous();
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::ScalarType::Half, at::ScalarType::BFloat16, input.scalar_type(),
-      "opforge_roi_pool_forward_cuda", [&] {
-        using acc_t = at::acc_type<scalar_t, /*is_cuda=*/true>;
-        roi_pool_forward_kernel<scalar_t, acc_t>
-            <<<capped_blocks(total), kThreadsPerBlock, 0, stream>>>(
-                total, input_c.const_data_ptr<scalar_t>(), rois_c.const_data_ptr<scalar_t>(),
-                input.size(0), static_cast<acc_t>(spatial_scale), channels, height, width,
-                pooled_height, pooled_width, output.data_ptr<scalar_t>(),
-                argmax.data_ptr<int32_t>());
-      });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const Tensor input_c = as_contiguous(input);
+  const Tensor rois_c = as_contiguous(rois);
+  const cudaStream_t stream = current_cuda_stream(input);
+  OPFORGE_DISPATCH_FLOATING_TYPES(input.scalar_type(), "opforge_roi_pool_forward_cuda", [&] {
+    using acc_t = opmath_t<scalar_t>;
+    roi_pool_forward_kernel<scalar_t, acc_t><<<capped_blocks(total), kThreadsPerBlock, 0, stream>>>(
+        total, input_c.const_data_ptr<scalar_t>(), rois_c.const_data_ptr<scalar_t>(), input.size(0),
+        static_cast<acc_t>(spatial_scale), channels, height, width, pooled_height, pooled_width,
+        output.mutable_data_ptr<scalar_t>(), argmax.mutable_data_ptr<int32_t>());
+  });
+  OPFORGE_CUDA_LAUNCH_CHECK();
   return std::make_tuple(output, argmax);
 }
 
-at::Tensor roi_pool_backward_cuda(const at::Tensor& grad, const at::Tensor& rois,
-                                  const at::Tensor& argmax, double spatial_scale,
-                                  int64_t pooled_height, int64_t pooled_width, int64_t batch_size,
-                                  int64_t channels, int64_t height, int64_t width) {
+Tensor roi_pool_backward_cuda(const Tensor& grad, const Tensor& rois, const Tensor& argmax,
+                              double spatial_scale, int64_t pooled_height, int64_t pooled_width,
+                              int64_t batch_size, int64_t channels, int64_t height, int64_t width) {
   constexpr const char* op = "_roi_pool_backward";
   (void)spatial_scale;  // the argmax already encodes the geometry
   check_cuda(op, "grad", grad);
@@ -162,40 +148,36 @@ at::Tensor roi_pool_backward_cuda(const at::Tensor& grad, const at::Tensor& rois
                             height, width);
   check_int32_like_grad(op, "argmax", argmax, grad);
 
-  const c10::cuda::CUDAGuard device_guard(grad.device());
+  const CudaDeviceGuard device_guard(grad);
   const int64_t total = grad.numel();
   if (total == 0 || batch_size * channels * height * width == 0) {
-    return at::zeros({batch_size, channels, height, width}, grad.options());
+    return alloc_zeros(grad, {batch_size, channels, height, width});
   }
-  at::globalContext().alertNotDeterministic("opforge::roi_pool_backward_cuda");
+  alert_not_deterministic("opforge::roi_pool_backward_cuda");
 
-  const auto rois_c = rois.contiguous();
-  const auto argmax_c = argmax.contiguous();
-  const auto acc_dtype = at::toAccumulateType(grad.scalar_type(), /*is_cuda=*/true);
-  auto grad_input =
-      at::zeros({batch_size, channels, height, width}, grad.options().dtype(acc_dtype));
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::ScalarType::Half, at::ScalarType::BFloat16, grad.scalar_type(),
-      "opforge_roi_pool_backward_cuda", [&] {
-        using acc_t = at::acc_type<scalar_t, /*is_cuda=*/true>;
-        roi_pool_backward_kernel<scalar_t, acc_t>
-            <<<capped_blocks(total), kThreadsPerBlock, 0, stream>>>(
-                total, grad.const_data_ptr<scalar_t>(), grad.stride(0), grad.stride(1),
-                grad.stride(2), grad.stride(3), rois_c.const_data_ptr<scalar_t>(),
-                argmax_c.const_data_ptr<int32_t>(), batch_size, channels, height, width,
-                pooled_height, pooled_width, grad_input.data_ptr<acc_t>());
-      });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return grad_input.scalar_type() == grad.scalar_type() ? grad_input
-                                                        : grad_input.to(grad.scalar_type());
+  const Tensor rois_c = as_contiguous(rois);
+  const Tensor argmax_c = as_contiguous(argmax);
+  const ScalarType acc_dtype = opmath_dtype(grad.scalar_type());
+  auto grad_input = alloc_zeros(grad, {batch_size, channels, height, width}, acc_dtype);
+  const cudaStream_t stream = current_cuda_stream(grad);
+  OPFORGE_DISPATCH_FLOATING_TYPES(grad.scalar_type(), "opforge_roi_pool_backward_cuda", [&] {
+    using acc_t = opmath_t<scalar_t>;
+    roi_pool_backward_kernel<scalar_t, acc_t>
+        <<<capped_blocks(total), kThreadsPerBlock, 0, stream>>>(
+            total, grad.const_data_ptr<scalar_t>(), grad.stride(0), grad.stride(1), grad.stride(2),
+            grad.stride(3), rois_c.const_data_ptr<scalar_t>(), argmax_c.const_data_ptr<int32_t>(),
+            batch_size, channels, height, width, pooled_height, pooled_width,
+            grad_input.mutable_data_ptr<acc_t>());
+  });
+  OPFORGE_CUDA_LAUNCH_CHECK();
+  return to_dtype(grad_input, grad.scalar_type());
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(opforge, CUDA, m) {
-  m.impl("roi_pool", TORCH_FN(roi_pool_forward_cuda));
-  m.impl("_roi_pool_backward", TORCH_FN(roi_pool_backward_cuda));
+OPFORGE_LIBRARY_IMPL(CUDA, m) {
+  m.impl("roi_pool", OPFORGE_KERNEL(roi_pool_forward_cuda));
+  m.impl("_roi_pool_backward", OPFORGE_KERNEL(roi_pool_backward_cuda));
 }
 
 }  // namespace opforge::cuda

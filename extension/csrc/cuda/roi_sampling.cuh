@@ -3,11 +3,9 @@
 // (forward and backward).
 #pragma once
 
-#include <ATen/cuda/Atomic.cuh>
+#include "cuda_utils.cuh"
 
 #include <cstdint>
-
-#include "cuda_utils.cuh"
 
 namespace opforge::cuda {
 
@@ -81,10 +79,10 @@ __device__ __forceinline__ void bilinear_scatter(acc_t* plane, int64_t height, i
   if (c.o1 < 0) {
     return;
   }
-  gpuAtomicAdd(plane + c.o1, grad * c.w1);
-  gpuAtomicAdd(plane + c.o2, grad * c.w2);
-  gpuAtomicAdd(plane + c.o3, grad * c.w3);
-  gpuAtomicAdd(plane + c.o4, grad * c.w4);
+  OPFORGE_ATOMIC_ADD(plane + c.o1, grad * c.w1);
+  OPFORGE_ATOMIC_ADD(plane + c.o2, grad * c.w2);
+  OPFORGE_ATOMIC_ADD(plane + c.o3, grad * c.w3);
+  OPFORGE_ATOMIC_ADD(plane + c.o4, grad * c.w4);
 }
 
 // Adaptive sampling of a huge roi would keep the GPU busy for hours: past kMaxSamplesPerRoi

@@ -67,8 +67,30 @@ def alert_not_deterministic(caller: str) -> None:
     message = (f"{caller} does not have a deterministic implementation, but you set "
                "'torch.use_deterministic_algorithms(True)'. You can turn off determinism just for "
                "this operation, or you can use the 'warn_only=True' option, if that's acceptable "
-               "for your application.")
+               "for your application. You can also file an issue at "
+               "https://github.com/pytorch/pytorch/issues to help us prioritize adding "
+               "deterministic support for this operation.")
     if torch.is_deterministic_algorithms_warn_only_enabled():
         warnings.warn(message, UserWarning, stacklevel=3)
     else:
         raise RuntimeError(message)
+
+
+_STABLE: list[bool] = []  # whether the loaded library is the stable-ABI one (read once)
+
+
+def stable_library() -> bool:
+    if not _STABLE:
+        from .._loader import library_abi
+
+        _STABLE.append(library_abi() == "stable")
+    return _STABLE[0]
+
+
+def alert_cuda_atomics(caller: str, grad: torch.Tensor, launches: bool) -> None:
+    """Called by the Python autograd backward before a CUDA backward kernel that adds with
+    atomics: a legacy library's kernel alerts itself (csrc/cuda, alert_not_deterministic in
+    abi.h); a stable one cannot, so the alert is raised here, for CUDA tensors only and only
+    when the kernel would launch (`launches`: the kernel's own condition)."""
+    if launches and grad.device.type == "cuda" and stable_library():
+        alert_not_deterministic(caller)

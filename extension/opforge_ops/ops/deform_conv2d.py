@@ -18,7 +18,7 @@ from torch.nn.parameter import Parameter
 
 from ._checks import check_storage_holds, sizes
 from ._checks import scalar_type_name as _scalar_type_name
-from ._dispatch import register_autocast
+from ._dispatch import alert_cuda_atomics, register_autocast
 from ._utils import fx_leaf_call
 
 __all__ = ["deform_conv2d", "DeformConv2d"]
@@ -355,6 +355,8 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad):
     input, weight, offset, mask, bias = ctx.saved_tensors
+    alert_cuda_atomics("opforge::deform_conv2d_backward_cuda", grad,
+                       grad.numel() > 0 and input.numel() > 0)
     grad_input, grad_weight, grad_offset, grad_mask, grad_bias = torch.ops.opforge._deform_conv2d_backward(
         grad, input, weight, offset, mask, bias, *ctx.params
     )

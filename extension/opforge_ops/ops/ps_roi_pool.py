@@ -8,7 +8,7 @@ from torch.jit.annotations import BroadcastingList2
 from torch.nn.modules.utils import _pair
 
 from ._checks import check_ps_roi_backward_inputs, check_ps_roi_inputs
-from ._dispatch import register_autocast
+from ._dispatch import alert_cuda_atomics, register_autocast
 from ._first_order import forbid_double_backward
 from ._utils import fx_leaf_call, rois_from_boxes
 from .ps_roi_align import _ps_roi_outputs
@@ -94,6 +94,8 @@ def _ps_roi_pool_backward(ctx, grad_output, grad_channel_mapping):
     rois, channel_mapping = ctx.saved_tensors
     spatial_scale, pooled_height, pooled_width = ctx.args
     batch_size, channels, height, width = ctx.input_shape
+    alert_cuda_atomics("opforge::ps_roi_pool_backward_cuda", grad_output,
+                       grad_output.numel() > 0 and batch_size * channels * height * width > 0)
     grad_input = torch.ops.opforge._ps_roi_pool_backward(
         grad_output,
         rois,

@@ -11,7 +11,7 @@ from torch.jit.annotations import BroadcastingList2
 from torch.nn.modules.utils import _pair
 
 from ._checks import check_roi_backward_inputs, check_roi_inputs, check_sampling_ratio
-from ._dispatch import register_autocast
+from ._dispatch import alert_cuda_atomics, register_autocast
 from ._first_order import forbid_double_backward
 from ._utils import check_quantized_rois, fx_leaf_call, rois_from_boxes
 
@@ -115,6 +115,8 @@ def _roi_align_backward(ctx, grad_output):
     (rois,) = ctx.saved_tensors
     spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned = ctx.args
     batch_size, channels, height, width = ctx.input_shape
+    alert_cuda_atomics("opforge::roi_align_backward_cuda", grad_output,
+                       grad_output.numel() > 0 and batch_size * channels * height * width > 0)
     grad_input = torch.ops.opforge._roi_align_backward(
         grad_output,
         rois,

@@ -8,9 +8,13 @@ unit: prelude.h and the stub headers here stand in for the CUDA runtime, each
 `kernel<<<grid, block>>>(args)` launch runs every (block, thread) of its grid in turn on an
 emulated device with one SM (so the capped grids are far smaller than the work and every
 grid-stride loop takes several steps), and TORCH_LIBRARY_IMPL(opforge, CUDA) registers
-under opforge_cuda_emu on the CPU key. The build is cached per torch version and checkout
+under opforge_cuda_emu on the CPU key. The build is cached per torch version, checkout and ABI
 (ninja recompiles what changed).
 Files in NOT_EMULATED are left out, with the reason.
+
+OPFORGE_CUDA_EMU_ABI=stable (or load(abi="stable")) compiles the same files against the LibTorch
+stable ABI instead (abi.h's stable names, as in the cu130_stable wheel): the same tests then
+run the stable build of every kernel and host wrapper.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ HERE = Path(__file__).resolve().parent
 CSRC = HERE.parents[1] / "csrc"
 NAMESPACE = "opforge_cuda_emu"
 NOT_EMULATED: dict[str, str] = {}  # file name -> why it cannot be emulated
+ABIS = ("legacy", "stable")
 CACHE = Path(
     os.environ.get("OPFORGE_CUDA_EMU_CACHE", Path(tempfile.gettempdir()) / "opforge-cuda-emu")
 )
@@ -89,8 +94,29 @@ def emulated_launches(source: str) -> str:
 _MAIN = """#include "prelude.h"
 // The launch counter, for tests that check an empty input launches nothing.
 int64_t opforge_cuda_emu_launches() { return opforge_emu::launches; }
+#ifdef OPFORGE_STABLE_ABI
+extern "C" AOTITorchError opforge_emu_create_device_guard(int32_t, DeviceGuardHandle* guard) {
+  *guard = nullptr;  // one emulated device: nothing to switch
+  return AOTI_TORCH_SUCCESS;
+}
+extern "C" AOTITorchError opforge_emu_delete_device_guard(DeviceGuardHandle) {
+  return AOTI_TORCH_SUCCESS;
+}
+STABLE_TORCH_LIBRARY_FRAGMENT(opforge_cuda_emu, m) { m.def("_launches() -> int"); }
+_STABLE_TORCH_LIBRARY_IMPL(opforge_cuda_emu, CompositeExplicitAutograd, m, C10_UID) {
+  m.impl("_launches", TORCH_BOX(&opforge_cuda_emu_launches));
+}
+#else
 TORCH_LIBRARY_FRAGMENT(opforge_cuda_emu, m) { m.def("_launches() -> int", &opforge_cuda_emu_launches); }
+#endif
 """
+
+
+def abi_from_env() -> str:
+    abi = os.environ.get("OPFORGE_CUDA_EMU_ABI", "legacy").strip() or "legacy"
+    if abi not in ABIS:
+        raise ValueError(f"OPFORGE_CUDA_EMU_ABI must be one of {', '.join(ABIS)}, got {abi!r}")
+    return abi
 
 
 def _define_schemas() -> None:
@@ -103,11 +129,16 @@ def _define_schemas() -> None:
 
 
 _LIBRARIES: list = []
+_LOADED_ABI: list[str] = []
 
 
-def load():
-    """Build (cached) and load the emulation; returns torch.ops.opforge_cuda_emu."""
+def load(abi: str | None = None):
+    """Build (cached) and load the emulation, for `abi` (default: OPFORGE_CUDA_EMU_ABI, else
+    legacy); returns torch.ops.opforge_cuda_emu. One ABI per process."""
+    abi = abi or abi_from_env()
     if _LIBRARIES:
+        if _LOADED_ABI[0] != abi:
+            raise RuntimeError(f"cuda_emu: the {_LOADED_ABI[0]} emulation is loaded; one ABI per process")
         return getattr(torch.ops, NAMESPACE)
     from torch.utils import cpp_extension
 
@@ -116,7 +147,7 @@ def load():
     # each other's sources and rebuild everything); files are rewritten only when their text
     # changes, so ninja recompiles just the kernel files that changed since the last run.
     checkout = hashlib.sha256(str(CSRC).encode()).hexdigest()[:10]
-    root = CACHE / f"torch-{torch.__version__}-{checkout}"
+    root = CACHE / f"torch-{torch.__version__}-{checkout}{'' if abi == 'legacy' else '-' + abi}"
     src = root / "csrc" / "cuda"
     wanted = {
         Path("csrc") / p.relative_to(CSRC): p.read_text()
@@ -133,11 +164,15 @@ def load():
             target.write_text(text)
     (root / "build").mkdir(exist_ok=True)
     _define_schemas()
+    _LOADED_ABI.append(abi)
+    # the stable build: abi.h's stable names and the shim, at the floor setup.py uses
+    stable = ["-DOPFORGE_STABLE_ABI", "-DTORCH_STABLE_ONLY", "-DTORCH_TARGET_VERSION=0x020a000000000000"]
     cpp_extension.load(
-        name="opforge_cuda_emulation",
+        name="opforge_cuda_emulation" + ("" if abi == "legacy" else f"_{abi}"),
         sources=[str(src / "emu_main.cpp"), *(str(src / f"{p.stem}.emu.cpp") for p in sources)],
         extra_include_paths=[str(HERE / "stub"), str(HERE), str(src)],
-        extra_cflags=["-O1", "-g0", "-w", "-include", str(HERE / "prelude.h")],
+        extra_cflags=["-O1", "-g0", "-w", "-include", str(HERE / "prelude.h"),
+                      *(stable if abi == "stable" else [])],
         build_directory=str(root / "build"),
         is_python_module=False,
         verbose=False,

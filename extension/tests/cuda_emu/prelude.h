@@ -1,8 +1,30 @@
 // Force-included before every csrc/cuda/<op>_kernel.cu compiled as host C++ for
 // the emulation: every header the kernel files include first, then the CUDA
 // keywords as no-ops, a launcher that runs each (block, thread) of a grid in
-// turn (blocks of real threads for kernels that __syncthreads), and registration under opforge_cuda_emu on the CPU key.
+// turn (blocks of real threads for kernels that __syncthreads), and registration under
+// opforge_cuda_emu on the CPU key. With OPFORGE_STABLE_ABI (cuda_emu.load(abi="stable")) the
+// kernel files compile against the LibTorch stable ABI, as in the cu130_stable wheel: abi.h's
+// stable names, the C shim's device guard and stream answered by the emulation.
 #pragma once
+#ifdef OPFORGE_STABLE_ABI
+// The shim's device guard would ask for a real accelerator: these calls are the emulation's
+// (emu_main.cpp), renamed before the shim headers declare them.
+#define aoti_torch_create_device_guard opforge_emu_create_device_guard
+#define aoti_torch_delete_device_guard opforge_emu_delete_device_guard
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/csrc/stable/accelerator.h>
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/core/ScalarType.h>
+#include <torch/headeronly/util/BFloat16.h>
+#include <torch/headeronly/util/Half.h>
+// declared by the shim only with USE_CUDA: the emulated device has the null stream
+inline AOTITorchError aoti_torch_get_current_cuda_stream(int32_t, void** stream) {
+  *stream = nullptr;
+  return AOTI_TORCH_SUCCESS;
+}
+#else
 #include <torch/extension.h>
 #include <ATen/ATen.h>
 #include <ATen/AccumulateType.h>
@@ -11,6 +33,8 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
+#endif
+#include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <barrier>
@@ -109,13 +133,19 @@ void launch_cooperative(EmuDim grid, EmuDim block, int64_t shared_bytes, F&& bod
 #define __ffsll(x) __builtin_ffsll(x)
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline double __dmul_rn(double a, double b) { return a * b; }
-enum EmuFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
-template <typename Kernel>
-int cudaFuncSetAttribute(Kernel, EmuFuncAttribute, int) {
-  return 0;  // the emulation's dynamic shared memory has no limit to raise
+// One thread runs at a time outside a cooperative launch: an atomic add is a plain add.
+template <typename T>
+inline T atomicAdd(T* p, T v) {
+  T old = *p;
+  *p = old + v;
+  return old;
 }
 
-#define is_cuda() defined()  // the emulated inputs are CPU tensors
-#define CUDA CPU             // kCUDA checks (deform_conv2d) accept them too
+#define CUDA CPU  // the emulated inputs are CPU tensors: the kernels' CUDA checks accept them
+#ifdef OPFORGE_STABLE_ABI
+#undef STABLE_TORCH_LIBRARY_IMPL
+#define STABLE_TORCH_LIBRARY_IMPL(ns, k, m) _STABLE_TORCH_LIBRARY_IMPL(opforge_cuda_emu, CPU, m, C10_UID)
+#else
 #undef TORCH_LIBRARY_IMPL
 #define TORCH_LIBRARY_IMPL(ns, k, m) _TORCH_LIBRARY_IMPL(opforge_cuda_emu, CPU, m, C10_UID)
+#endif

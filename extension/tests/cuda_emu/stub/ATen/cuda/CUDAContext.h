@@ -1,8 +1,9 @@
 // Emulation stub: a device with one SM (so capped grids are small and every
 // grid-stride loop takes several steps) and a null stream.
 #pragma once
+#include <cuda_runtime_api.h>
+
 #include <cstddef>
-using cudaStream_t = void*;
 namespace at::cuda {
 struct EmuDeviceProp {
   int multiProcessorCount;
