@@ -97,7 +97,9 @@ class Installer:
         """``pip install PIP_ARGS`` into ``python``'s environment; OpforgeError with the
         installer's own error lines on failure."""
         cmd, extra = self.command(python, *pip_args)
-        full_env = {**(os.environ if env is None else env), **extra}
+        # COLUMNS: uv wraps its reasons at the terminal width (COLUMNS=80 cut "no wheels | with
+        # a matching Python version tag" in two), and _error_lines keeps whole lines only
+        full_env = {**(os.environ if env is None else env), **extra, "COLUMNS": "100000"}
         shown = what or " ".join(a for a in pip_args if not a.startswith("-"))[:120]
         with step(f"installed {shown} with {self.name}"):
             result = subprocess.run(cmd, capture_output=True, text=True, env=full_env)

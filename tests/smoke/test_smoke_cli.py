@@ -53,6 +53,7 @@ def test_wheel_pip_refuses_is_one_line_and_leaves_no_environment(tmp_path, capsy
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the fresh env would go
     monkeypatch.setenv("OPFORGE_INSTALLER", tool)
+    monkeypatch.setenv("COLUMNS", "80")  # a terminal's width: the reason is not cut where uv wraps
     wheel = write_wheel(tmp_path / "oldpkg-1.0-cp27-cp27mu-linux_x86_64.whl",
                         {"oldpkg/__init__.py": b""}, dist="oldpkg", version="1.0")
     assert main(["smoke", "--wheel", str(wheel), "--package", "oldpkg",
