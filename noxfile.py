@@ -40,8 +40,10 @@ def tests(session: nox.Session) -> None:
                               "--out", str(work_dir / "dist"))
     opforge.nox.install(session, "-e", ".[test,build,lint]")
     opforge.nox.install(session, "--no-deps", "--force-reinstall", str(wheel))
-    # harness tests first (fast), then the kernel tests against the installed wheel
-    session.run("pytest", "--durations=15", "tests", "extension/tests", *session.posargs,
+    # the harness and the kernel tests (against the installed wheel) on a worker per core;
+    # tests/conftest.py keeps what shares a build on one worker (`-- -n 0`: one process)
+    session.run("pytest", "-n", "auto", "--maxprocesses", "4", "--dist", "loadgroup",
+                "--durations=15", "tests", "extension/tests", *session.posargs,
                 env={"OPFORGE_TEST_WHEEL": str(wheel), "OPFORGE_TEST_BUILD_DIR": str(work_dir)})
 
 
