@@ -1,5 +1,11 @@
 """The one list of opforge's operators, read from the built extension's schemas: a new op
-is checked for its registrations on every backend without editing a list of names."""
+is checked for its registrations on every backend without editing a list of names. Each op's
+tests live in its module test_<op>.py (`module_of`), its smoke recipe in extension/recipes.py
+(`recipes`)."""
+
+import importlib
+import importlib.util
+from pathlib import Path
 
 import torch
 
@@ -14,3 +20,26 @@ OPS = tuple(
 )
 FORWARD_OPS = tuple(op for op in OPS if not op.startswith("_"))
 BACKWARD_OPS = tuple(op for op in OPS if op.startswith("_"))
+
+TESTS_DIR = Path(__file__).resolve().parent
+RECIPES_PY = TESTS_DIR.parent / "recipes.py"
+
+
+def module_of(op):
+    """The test module of a forward op, test_<op>.py beside this file: its tests, its slow
+    reference (`reference`, see ops_reference.py) and its torchvision-compatibility cases
+    (`torchvision_cases`, see torchvision_compat/tv_cases.py). Imported by the name pytest's
+    import mode (prepend, the default) gives it, so it is the module pytest collects, not a
+    second copy whose tests or registrations would run twice."""
+    module = importlib.import_module(f"test_{op}")
+    where = Path(module.__file__).resolve()
+    assert where == TESTS_DIR / f"test_{op}.py", f"test_{op} was imported from {where}, not from {TESTS_DIR}"
+    return module
+
+
+def recipes():
+    """op -> its smoke recipe (extension/recipes.py's RECIPES: inputs, grad, autocast ...)."""
+    spec = importlib.util.spec_from_file_location("opforge_ops_recipes", RECIPES_PY)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.RECIPES

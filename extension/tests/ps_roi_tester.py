@@ -1,7 +1,7 @@
 """The tester both position-sensitive RoI ops share: every backend against the op's slow
-reference (ops_reference.py), then what only the CPU build exercises (gradcheck, opcheck,
-torch.compile, torch.export, autocast, TorchScript, the Python API). A test file per op
-subclasses it as Test<Op> and says how to call the op."""
+reference (`reference` in its test_<op>.py, see ops_reference.py), then what only the CPU build
+exercises (gradcheck, opcheck, torch.compile, torch.export, autocast, TorchScript, the Python
+API). A test file per op subclasses it as Test<Op> and says how to call the op."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from backends import backend_tolerance as tolerance
 from torch.library import opcheck
 
 import opforge_ops
+import ops_reference
 from ops_inputs import random_rois
 
 # spatial_scale, (pooled_height, pooled_width), sampling_ratio (ps_roi_align only), input H x W
@@ -36,10 +37,11 @@ class PsRoiOpTester:
     op: str  # torch.ops.opforge name
     backward: str
 
-    # --------------------------------------------------------- per-op hooks
     def reference(self, x, rois, scale, ph, pw, ratio):
-        raise NotImplementedError
+        """(output, channel_mapping) of the op's slow reference."""
+        return ops_reference.of(self.op)(*self.forward_args(x, rois, scale, ph, pw, ratio))
 
+    # --------------------------------------------------------- per-op hooks
     def forward_args(self, x, rois, scale, ph, pw, ratio):
         raise NotImplementedError
 

@@ -6,10 +6,11 @@ wherever torch.cuda.is_available() and is skipped with "no CUDA device" elsewher
 """
 
 import warnings
+from types import SimpleNamespace
 
 import pytest
 import torch
-from ops_table import BACKWARD_OPS, FORWARD_OPS
+from ops_table import BACKWARD_OPS, FORWARD_OPS, recipes
 
 import opforge_ops
 
@@ -436,33 +437,41 @@ def test_forward_ops_run_in_deterministic_mode(deterministic_mode):
 # The stable ABI has no at::globalContext().alertNotDeterministic: a stable build's Python
 # autograd backward raises it for CUDA tensors instead (ops/_dispatch.py alert_cuda_atomics).
 # No GPU needed: fake CUDA tensors reach the check, and ATen's own alert (put_ on the CPU)
-# gives the words both builds must use.
-def _stable_backward_case(name, device):
-    from types import SimpleNamespace as Ctx
-
-    from opforge_ops.ops import deform_conv2d, ps_roi_align, ps_roi_pool, roi_align, roi_pool
-
-    g, rois, index = torch.empty(1, 4, 2, 2, device=device), torch.zeros(1, 5, device=device), \
-        torch.zeros(1, 4, 2, 2, dtype=torch.int32, device=device)
-    shape, ps_shape = (1, 4, 8, 8), (1, 16, 8, 8)  # ps ops: 4 output channels of 2x2 bins
-    if name == "deform_conv2d_backward_cuda":  # deform_inputs(batch=1)'s shapes and arguments
-        shapes = [(1, 4, 9, 8), (6, 2, 3, 3), (1, 36, 9, 2), (1, 18, 9, 2), (6,)]
-        saved = tuple(torch.empty(s, dtype=torch.float64, device=device) for s in shapes)
-        grad = torch.empty(1, 6, 9, 2, dtype=torch.float64, device=device)
-        return deform_conv2d._backward, Ctx(saved_tensors=saved, params=[1, 2, 1, 0, 1, 2, 2, 2, True]), (grad,)
-    return {
-        "roi_align_backward_cuda": (roi_align._roi_align_backward,
-                                    Ctx(saved_tensors=(rois,), args=(1.0, 2, 2, 2, False), input_shape=shape), (g,)),
-        "roi_pool_backward_cuda": (roi_pool._roi_pool_backward,
-                                   Ctx(saved_tensors=(rois, index), args=(1.0, 2, 2), input_shape=shape), (g, None)),
-        "ps_roi_align_backward_cuda": (ps_roi_align._ps_roi_align_backward,
-                                       Ctx(saved_tensors=(rois, index), args=(1.0, 2, 2, 2), input_shape=ps_shape), (g, None)),
-        "ps_roi_pool_backward_cuda": (ps_roi_pool._ps_roi_pool_backward,
-                                      Ctx(saved_tensors=(rois, index), args=(1.0, 2, 2), input_shape=ps_shape), (g, None)),
-    }[name]
+# gives the words both builds must use. Every backward op (ops_table.py) adds with atomics on
+# CUDA; `_<op>_backward` alerts as `<op>_backward_cuda`.
+ATOMIC_BACKWARDS = [f"{op[1:]}_cuda" for op in BACKWARD_OPS]
 
 
-@pytest.mark.parametrize("name", [*BACKWARDS, "ps_roi_align_backward_cuda", "ps_roi_pool_backward_cuda"])
+def _recorded_backward(name):
+    """(autograd node, outputs) of the op whose CUDA backward alerts as `name`, called on real
+    CPU tensors as its smoke recipe calls it (extension/recipes.py): the node holds what the
+    op's setup_context saved. (Recording on fake CUDA tensors would need a CUDA runtime.)"""
+    op = name.removesuffix("_backward_cuda")
+    recipe = recipes()[op]
+    args = [a.requires_grad_(i in recipe["grad"]) if isinstance(a, torch.Tensor) else a
+            for i, a in enumerate(recipe["inputs"](torch.float32))]
+    out = getattr(ops, op)(*args)
+    outputs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    return outputs[0].grad_fn, outputs
+
+
+def _stable_backward_case(node, outputs, device):
+    """(backward, ctx, grads): the node's Python backward, a context holding what its
+    setup_context saved with every tensor a fake `device` tensor, and a grad for each
+    floating-point output (call under FakeTensorMode)."""
+    def fake(value):
+        if not isinstance(value, torch.Tensor):
+            return value
+        return torch.empty(value.shape, dtype=value.dtype, device=device)
+
+    ctx = SimpleNamespace(**{key: fake(value) for key, value in vars(node).items()},
+                          saved_tensors=tuple(fake(t) for t in node.saved_tensors),
+                          needs_input_grad=node.needs_input_grad)
+    grads = tuple(fake(o) if o.is_floating_point() else None for o in outputs)
+    return node._forward_cls.backward, ctx, grads
+
+
+@pytest.mark.parametrize("name", ATOMIC_BACKWARDS)
 @pytest.mark.parametrize("stable", [True, False], ids=["stable", "legacy"])
 def test_stable_build_alerts_from_python_with_atens_words(name, stable, deterministic_mode, monkeypatch):
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -474,8 +483,9 @@ def test_stable_build_alerts_from_python_with_atens_words(name, stable, determin
     with pytest.raises(RuntimeError) as aten:
         torch.zeros(3).put_(torch.tensor([0]), torch.tensor([1.0]))
     expected = str(aten.value).replace("put_", f"opforge::{name}", 1)
+    node, outputs = _recorded_backward(name)
     with FakeTensorMode():
-        backward, ctx, grads = _stable_backward_case(name, "cuda")
+        backward, ctx, grads = _stable_backward_case(node, outputs, "cuda")
         if stable:
             with pytest.raises(RuntimeError) as ours:
                 backward(ctx, *grads)
@@ -487,7 +497,7 @@ def test_stable_build_alerts_from_python_with_atens_words(name, stable, determin
     # a legacy library's CUDA kernel alerts itself: nothing from Python
     assert [str(w.message) for w in caught if "deterministic" in str(w.message)] == ([expected] if stable else [])
     with FakeTensorMode():
-        backward, ctx, grads = _stable_backward_case(name, "cpu")
+        backward, ctx, grads = _stable_backward_case(node, outputs, "cpu")
         torch.use_deterministic_algorithms(True)
         backward(ctx, *grads)  # the CPU kernels are deterministic: no alert in either build
 

@@ -1,20 +1,98 @@
-"""deform_conv2d on every backend (tests/backends.py) against ops_reference.deform_conv2d,
+"""deform_conv2d on every backend (tests/backends.py) against its slow reference (below),
 then what only the CPU build exercises (gradcheck, opcheck, torch.compile, torch.export,
-autocast, the module, the Python function's checks). A backend's own concerns (CUDA's
-chunk loop and streams, Metal's threadgroup geometry) stay beside it, in test_cuda.py /
-test_metal_emu.py."""
+autocast, the module, the Python function's checks), and its torchvision cases
+(torchvision_compat/). A backend's own concerns (CUDA's chunk loop and streams, Metal's
+threadgroup geometry) stay beside it, in test_cuda.py / test_metal_emu.py."""
 
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 
 import pytest
 import torch
 from backends import ALL_FLOATS, BACKENDS, backend_tolerance
 
-import ops_reference as reference
 from opforge_ops import DeformConv2d, deform_conv2d
+
+
+# ------------------------------------------------------------ the slow reference
+def _bilinear_zero_padded(planes, y, x):
+    """Bilinear sample of every plane at (y, x), neighbours outside the image counting as 0
+    (deform_conv2d's rule; a point one pixel or more outside samples 0). y and x are 0-d
+    tensors, so autograd reaches the offsets; they keep the offsets' dtype, as the kernels'
+    sampling positions do (float32 offsets: float32 positions)."""
+    height, width = planes.shape[-2:]
+    yv, xv = float(y.detach()), float(x.detach())
+    if math.isnan(yv) or math.isnan(xv):
+        return planes.new_full(planes.shape[:-2], math.nan)
+    if yv <= -1 or yv >= height or xv <= -1 or xv >= width:
+        return planes.new_zeros(planes.shape[:-2])
+    y0, x0 = math.floor(yv), math.floor(xv)
+    ly, lx = y - y0, x - x0
+    out = planes.new_zeros(planes.shape[:-2])
+    for yy, wy in ((y0, 1 - ly), (y0 + 1, ly)):
+        for xx, wx in ((x0, 1 - lx), (x0 + 1, lx)):
+            if 0 <= yy < height and 0 <= xx < width:
+                out = out + wy * wx * planes[..., yy, xx]
+    return out
+
+
+def reference(
+    input, offset, weight, bias=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1), mask=None
+):
+    """Deformable convolution point by point: kernel tap (i, j) of output pixel (oh, ow)
+    samples the input at (oh * sh - ph + i * dh, ow * sw - pw + j * dw) plus the tap's
+    offset (offset group of the channel), times the tap's mask; then a grouped 1x1-per-tap
+    contraction with the weight, plus bias."""
+    n, c = input.shape[:2]
+    out_c, c_per_group, kh, kw = weight.shape
+    groups = c // c_per_group if c_per_group else 1
+    offset_groups = offset.shape[1] // (2 * kh * kw) if kh * kw else 1
+    out_h, out_w = offset.shape[-2:]
+    c_per_offset_group = c // offset_groups
+    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
+    samples = []  # per image: (c, kh, kw, out_h, out_w)
+    for b in range(n):
+        per_channel = [[[None] * kw for _ in range(kh)] for _ in range(c)]
+        for g in range(offset_groups):
+            chans = slice(g * c_per_offset_group, (g + 1) * c_per_offset_group)
+            for i in range(kh):
+                for j in range(kw):
+                    k = i * kw + j
+                    grid = []
+                    for oh in range(out_h):
+                        row = []
+                        for ow in range(out_w):
+                            y = oh * sh - ph + i * dh + offset[b, g * 2 * kh * kw + 2 * k, oh, ow]
+                            x = ow * sw - pw + j * dw + offset[b, g * 2 * kh * kw + 2 * k + 1, oh, ow]
+                            v = _bilinear_zero_padded(input[b, chans], y, x)
+                            if mask is not None:
+                                v = v * mask[b, g * kh * kw + k, oh, ow]
+                            row.append(v)
+                        grid.append(torch.stack(row, dim=-1))
+                    tap = torch.stack(grid, dim=-2)
+                    for ci in range(c_per_offset_group):
+                        per_channel[g * c_per_offset_group + ci][i][j] = tap[ci]
+        samples.append(
+            torch.stack([torch.stack([torch.stack(r) for r in ch]) for ch in per_channel])
+        )
+    if not samples or c == 0 or kh * kw == 0 or out_h * out_w == 0:
+        out = input.new_zeros((n, out_c, out_h, out_w))
+    else:
+        cols = torch.stack(samples)  # (n, c, kh, kw, out_h, out_w)
+        outs = []
+        oc_per_group = out_c // groups
+        for gr in range(groups):
+            w = weight[gr * oc_per_group : (gr + 1) * oc_per_group]
+            col = cols[:, gr * c_per_group : (gr + 1) * c_per_group]
+            outs.append(torch.einsum("ocij,bcijhw->bohw", w, col))
+        out = torch.cat(outs, dim=1)
+    if bias is not None:
+        out = out + bias.view(1, -1, 1, 1)
+    return out
+
 
 
 def make_case(batch=2, in_c=4, out_c=6, size=(7, 6), kernel=(3, 3), stride=(1, 1),
@@ -92,7 +170,7 @@ def expected(name):
     leaves = {k: case[k].clone().requires_grad_() for k in LEAVES if case[k] is not None}
     if case["bias"] is None:  # the raw op always takes a bias: zeros, whose gradient is still defined
         leaves["bias"] = torch.zeros(case["weight"].shape[0], dtype=torch.float64, requires_grad=True)
-    out = _call(reference.deform_conv2d, dict(case, **leaves))
+    out = _call(reference, dict(case, **leaves))
     grad = torch.randint(-8, 9, out.shape, generator=torch.Generator().manual_seed(1)).double() / 8
     grads = torch.autograd.grad(out, list(leaves.values()), grad)
     return case, out.detach(), grad, dict(zip(leaves, grads))
@@ -273,7 +351,7 @@ class TestDeformConv2d:
                     weight=torch.randn(3, 2, 1, 1, dtype=torch.float64), bias=None, stride=(1, 1),
                     padding=(0, 0), dilation=(1, 1), mask=torch.rand(1, 1, h, w, dtype=torch.float64))
         out = _call(deform_conv2d, case)
-        torch.testing.assert_close(out, _call(reference.deform_conv2d, case))
+        torch.testing.assert_close(out, _call(reference, case))
         # (-1, 0) and (3, 3) are outside: exactly zero output there.
         assert torch.all(out[0, :, 0, 0] == 0) and torch.all(out[0, :, 1, 3] == 0)
 
@@ -297,7 +375,7 @@ class TestDeformConv2d:
         out = _call(deform_conv2d, dict(case, **ours))
         grad = torch.randn_like(out)
         got = torch.autograd.grad(out, list(ours.values()), grad)
-        want = torch.autograd.grad(_call(reference.deform_conv2d, dict(case, **theirs)), list(theirs.values()), grad)
+        want = torch.autograd.grad(_call(reference, dict(case, **theirs)), list(theirs.values()), grad)
         for key, g, w in zip(LEAVES, got, want):
             torch.testing.assert_close(g, w, msg=f"grad of {key}")
 
@@ -442,3 +520,117 @@ class TestDeformConv2d:
         make, error, message = BAD_FUNCTIONAL[name]
         with pytest.raises(error, match=message):
             _call(deform_conv2d, make())
+
+
+# ---------------------------------------------------- torchvision-compatibility cases
+def _tv_inputs(dtype, batch=2, in_c=4, out_c=6, groups=1, offset_groups=1, kernel=(3, 3),
+               stride=(1, 1), padding=(0, 0), dilation=(1, 1), size=(7, 8), mask=False, bias=True,
+               memory="contiguous"):
+    from tv_cases import layout
+
+    kh, kw = kernel
+    out_h = (size[0] + 2 * padding[0] - (dilation[0] * (kh - 1) + 1)) // stride[0] + 1
+    out_w = (size[1] + 2 * padding[1] - (dilation[1] * (kw - 1) + 1)) // stride[1] + 1
+    x = layout(torch.rand(batch, in_c, *size, dtype=dtype), memory)
+    offset = layout(torch.randn(batch, 2 * offset_groups * kh * kw, out_h, out_w, dtype=dtype), memory)
+    weight = torch.randn(out_c, in_c // max(groups, 1), kh, kw, dtype=dtype)
+    b = torch.randn(out_c, dtype=dtype) if bias else None
+    m = torch.rand(batch, offset_groups * kh * kw, out_h, out_w, dtype=dtype) if mask else None
+    return x, offset, weight, b, m
+
+
+def _tv_call(stride=(1, 1), padding=(0, 0), dilation=(1, 1)):
+    def call(ns, a):
+        x, offset, weight, bias, mask = a
+        return ns.deform_conv2d(x, offset, weight, bias, stride=stride, padding=padding,
+                                dilation=dilation, mask=mask)
+    return call
+
+
+def torchvision_cases():
+    """deform_conv2d's and DeformConv2d's cases for the torchvision differential suite;
+    torchvision_compat/tv_cases.py calls this, with its helpers imported."""
+    from tv_cases import FLOAT_DTYPES, Case, crashing_torchvision
+
+    geometries = {
+        "plain": {},
+        "stride-pad-dilation": dict(stride=(2, 1), padding=(1, 2), dilation=(1, 2)),
+        "groups": dict(in_c=4, out_c=6, groups=2),
+        "offset-groups": dict(in_c=4, offset_groups=2),
+        "kernel-1x2": dict(kernel=(1, 2)),
+    }
+    for (gname, geo), dtype, mask, bias in itertools.product(
+            geometries.items(), FLOAT_DTYPES, (False, True), (False, True)):
+        conv = {k: geo[k] for k in ("stride", "padding", "dilation") if k in geo}
+        yield Case(
+            "deform_conv2d", f"{gname}-{dtype}-mask{mask}-bias{bias}",
+            lambda geo=geo, dtype=dtype, mask=mask, bias=bias: _tv_inputs(dtype, mask=mask, bias=bias, **geo),
+            _tv_call(**conv), grad=dtype == torch.float64 and gname in ("plain", "groups", "offset-groups"),
+        )
+    for memory in ("channels_last", "strided"):
+        yield Case("deform_conv2d", f"layout-{memory}",
+                   lambda memory=memory: _tv_inputs(torch.float32, mask=True, memory=memory), _tv_call())
+    yield Case("deform_conv2d", "int-stride-padding",
+               lambda: _tv_inputs(torch.float32, stride=(2, 2), padding=(1, 1)), _tv_call(2, 1, 1))
+    yield Case("deform_conv2d", "float16", lambda: _tv_inputs(torch.float16, mask=True), _tv_call())
+    degenerate = {
+        "zero-batch": dict(batch=0),
+        "zero-out-channels": dict(out_c=0),
+    }
+    for name, geo in degenerate.items():
+        yield Case("deform_conv2d", name, lambda geo=geo: _tv_inputs(torch.float32, **geo), _tv_call())
+
+    def bad(**changes):
+        def make():
+            x, offset, weight, b, m = _tv_inputs(torch.float32, mask=True)
+            values = dict(x=x, offset=offset, weight=weight, b=b, m=m)
+            values.update({k: v() for k, v in changes.items()})
+            return values["x"], values["offset"], values["weight"], values["b"], values["m"]
+        return make
+
+    malformed = {
+        "weight-0d": bad(weight=lambda: torch.tensor(1.0)),
+        "weight-1d": bad(weight=lambda: torch.rand(6)),
+        "weight-3d": bad(weight=lambda: torch.rand(6, 4, 3)),
+        "input-3d": bad(x=lambda: torch.rand(4, 7, 8)),
+        "offset-1d": bad(offset=lambda: torch.rand(18)),
+        "offset-3d": bad(offset=lambda: torch.rand(18, 5, 6)),
+        "offset-too-few-channels": bad(offset=lambda: torch.rand(2, 5, 5, 6)),
+        "offset-channels-not-multiple": bad(offset=lambda: torch.rand(2, 19, 5, 6)),
+        "offset-batch": bad(offset=lambda: torch.rand(1, 18, 5, 6)),
+        "offset-spatial": bad(offset=lambda: torch.rand(2, 18, 4, 6)),
+        "kernel-empty": bad(weight=lambda: torch.rand(6, 4, 0, 3)),
+        "weight-zero-in-channels": bad(weight=lambda: torch.rand(6, 0, 3, 3)),
+        "groups-not-dividing": bad(weight=lambda: torch.rand(6, 3, 3, 3)),
+        "out-channels-not-divisible": bad(weight=lambda: torch.rand(5, 2, 3, 3), b=lambda: torch.rand(5)),
+        "mask-channels": bad(m=lambda: torch.rand(2, 8, 5, 6)),
+        "mask-3d": bad(m=lambda: torch.rand(9, 5, 6)),
+        "bias-length": bad(b=lambda: torch.rand(3)),
+        "weight-dtype": bad(weight=lambda: torch.rand(6, 4, 3, 3, dtype=torch.float64)),
+        "integer-tensors": lambda: tuple(t.int() if t is not None else None
+                                         for t in _tv_inputs(torch.float32, mask=True)),
+        "kernel-larger-than-input": bad(x=lambda: torch.rand(2, 4, 2, 2)),
+    }
+    for name, make in malformed.items():
+        yield Case("deform_conv2d", name, make, _tv_call())
+    yield from crashing_torchvision(
+        (Case("deform_conv2d", name, lambda: _tv_inputs(torch.float32), _tv_call(**conv))
+         for name, conv in {"stride-negative": dict(stride=-1), "padding-negative": dict(padding=-1),
+                            "dilation-zero": dict(dilation=0), "stride-three-values": dict(stride=(1, 1, 1)),
+                            "stride-zero": dict(stride=0)}.items()),
+        {"stride-zero": "RuntimeError"},  # torchvision: SIGFPE (division by zero)
+    )
+    yield Case("deform_conv2d", "module", lambda: _tv_inputs(torch.float64, in_c=4, mask=True)[:2] + (
+        torch.rand(2, 9, 5, 6, dtype=torch.float64),), _tv_module, grad=True)
+    yield Case("deform_conv2d", "module-repr", lambda: (),
+               lambda ns, a: repr(ns.DeformConv2d(4, 6, 3, stride=2, padding=1, dilation=2, groups=2, bias=False)))
+    for name, kwargs in {"module-groups-in": dict(in_channels=3, out_channels=4, kernel_size=3, groups=2),
+                         "module-groups-out": dict(in_channels=4, out_channels=3, kernel_size=3, groups=2),
+                         "module-groups-zero": dict(in_channels=4, out_channels=4, kernel_size=3, groups=0)}.items():
+        yield Case("deform_conv2d", name, lambda: (), lambda ns, a, kwargs=kwargs: ns.DeformConv2d(**kwargs))
+
+
+def _tv_module(ns, a):
+    torch.manual_seed(7)  # the same initial parameters in both namespaces
+    module = ns.DeformConv2d(4, 6, 3).double()
+    return module(*a)

@@ -13,21 +13,18 @@ channel_mapping entries) is checked by the eager kernels alone and is not genera
 
 from __future__ import annotations
 
-import importlib.util
 import re
-from pathlib import Path
 
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from ops_table import OPS, recipes
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import opforge_ops  # noqa: F401  (registers the ops)
-
-RECIPES_PY = Path(__file__).resolve().parents[1] / "recipes.py"
 
 OP = torch.ops.opforge.deform_conv2d.default
 PARAMS = dict(stride_h=1, stride_w=1, pad_h=0, pad_w=0, dilation_h=1, dilation_w=1, groups=1,
@@ -168,19 +165,12 @@ class _BackwardCalls(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _load_recipes():
-    spec = importlib.util.spec_from_file_location("opforge_ops_recipes", RECIPES_PY)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.RECIPES
-
-
 def _valid_calls():
     """op -> {argument: spec}: every forward op called as its smoke recipe (extension/recipes.py)
     calls it, in float32, and every backward op as autograd calls it from there; a new op
     needs no entry here."""
     calls = {}
-    for op, recipe in _load_recipes().items():
+    for op, recipe in recipes().items():
         fn = getattr(torch.ops.opforge, op)
         args = recipe["inputs"](torch.float32)
         calls[op] = {a.name: _spec(a.name, v) for a, v in zip(fn.default._schema.arguments, args)}
@@ -205,8 +195,6 @@ FLOATS = (float("nan"), float("inf"), float("-inf"), -1.0, 0.0, 1e30)
 
 
 def test_the_table_holds_every_op():
-    from ops_table import OPS
-
     assert set(VALID_CALLS) == set(OPS), "a new op needs a smoke recipe (with grad) in extension/recipes.py"
     for op, call in VALID_CALLS.items():
         schema = getattr(torch.ops.opforge, op).default._schema

@@ -13,8 +13,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ops_table import FORWARD_OPS
+from test_nms import box_iou
 
-import ops_reference as reference
+import ops_reference
 
 ops = torch.ops.opforge
 
@@ -59,7 +60,7 @@ def nms_case(draw):
 
 
 def _iou(a, b):
-    return reference.box_iou(a, b)
+    return box_iou(a, b)
 
 
 @given(nms_case())
@@ -128,7 +129,7 @@ def _roi_ops():
         backward = getattr(ops, f"_{name}_backward").default._schema
         position_sensitive = "channel_mapping" in [a.name for a in backward.arguments]
         table[name] = (_roi_call(getattr(ops, name), schema),
-                       _roi_call(getattr(reference, name), schema), position_sensitive)
+                       _roi_call(ops_reference.of(name), schema), position_sensitive)
     return table
 
 
@@ -280,7 +281,7 @@ def deform_case(draw):
 def _deform_reference(tensors, ints):
     x, weight, offset, mask, bias = tensors
     sh, sw, ph, pw, dh, dw, _, _, use_mask = ints
-    return reference.deform_conv2d(x, offset, weight, bias, (sh, sw), (ph, pw), (dh, dw), mask if use_mask else None)
+    return ops_reference.of("deform_conv2d")(x, offset, weight, bias, (sh, sw), (ph, pw), (dh, dw), mask if use_mask else None)
 
 
 @given(deform_case())

@@ -65,7 +65,7 @@ DTYPE = {torch.float32: "float", torch.float16: "half"}
 
 # ----------------------------------------------------------- references
 # The built extension's CPU kernels (conftest imports it); the slow references they are
-# themselves tested against live in ops_reference.py.
+# themselves tested against live in each op's test_<op>.py (`reference`).
 def ref_roi_align(input, rois, scale, ph_, pw_, sampling, aligned):
     return torch.ops.opforge.roi_align(input, rois, scale, ph_, pw_, sampling, aligned)
 

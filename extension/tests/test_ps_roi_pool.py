@@ -1,4 +1,8 @@
-"""ps_roi_pool on every backend (see ps_roi_tester.py), and what is particular to it."""
+"""ps_roi_pool on every backend (see ps_roi_tester.py) against its slow reference (below),
+what is particular to it, and its torchvision cases (torchvision_compat/)."""
+
+import itertools
+import math
 
 import pytest
 import torch
@@ -6,15 +10,48 @@ from backends import BACKENDS
 from ps_roi_tester import PsRoiOpTester
 
 import opforge_ops
-import ops_reference
+from ops_reference import acc as _acc
+from ops_reference import round_half_away
+
+
+# ------------------------------------------------------------ the slow reference
+def reference(input, rois, spatial_scale, pooled_height, pooled_width):
+    """(output, channel_mapping): output channel c of bin (ph, pw) is the mean of input
+    channel (c * PH + ph) * PW + pw over the bin quantized to pixels; bins are clipped to
+    [0, H - 1) x [0, W - 1), as torchvision's (the last row and column are never pooled)."""
+    acc = _acc(rois)
+    height, width = input.shape[-2:]
+    bins = pooled_height * pooled_width
+    channels_out = input.shape[1] // bins
+    shape = (rois.shape[0], channels_out, pooled_height, pooled_width)
+    mapping = (torch.arange(channels_out * bins, dtype=torch.int32).reshape(shape[1:])).expand(shape)
+    rows = []
+    for roi in rois.double().tolist():
+        planes = input[int(roi[0])].double()
+        x1, y1, x2, y2 = (round_half_away(float(acc(v) * acc(spatial_scale))) for v in roi[1:])
+        bin_h = acc(max(y2 - y1, 1)) / acc(pooled_height)
+        bin_w = acc(max(x2 - x1, 1)) / acc(pooled_width)
+        out = []
+        for ph in range(pooled_height):
+            h0 = min(max(math.floor(acc(ph) * bin_h) + y1, 0), max(height - 1, 0))
+            h1 = min(max(math.ceil(acc(ph + 1) * bin_h) + y1, 0), max(height - 1, 0))
+            for pw in range(pooled_width):
+                w0 = min(max(math.floor(acc(pw) * bin_w) + x1, 0), max(width - 1, 0))
+                w1 = min(max(math.ceil(acc(pw + 1) * bin_w) + x1, 0), max(width - 1, 0))
+                plane = planes[ph * pooled_width + pw :: bins]
+                if h1 <= h0 or w1 <= w0:
+                    out.append(plane.new_zeros(channels_out))
+                else:
+                    out.append(plane[:, h0:h1, w0:w1].mean(dim=(1, 2)))
+        rows.append(torch.stack(out, dim=1).reshape(shape[1:]))
+    output = torch.stack(rows) if rows else input.new_zeros(shape, dtype=torch.float64)
+    return output.to(input.dtype), mapping.contiguous()
+
 
 
 class TestPsRoiPool(PsRoiOpTester):
     op = "ps_roi_pool"
     backward = "_ps_roi_pool_backward"
-
-    def reference(self, x, rois, scale, ph, pw, ratio):
-        return ops_reference.ps_roi_pool(x, rois, scale, ph, pw)
 
     def forward_args(self, x, rois, scale, ph, pw, ratio):
         return (x, rois, scale, ph, pw)
@@ -47,3 +84,43 @@ class TestPsRoiPool(PsRoiOpTester):
         x[0, 0, :, 3] = 100.0
         out, _ = backend.call("ps_roi_pool", x, torch.tensor([[0.0, 0, 0, 4, 4]]), 1.0, 1, 1)
         assert out.item() == 0.0
+
+
+# ---------------------------------------------------- torchvision-compatibility cases
+def torchvision_cases():
+    """ps_roi_pool's and PSRoIPool's cases for the torchvision differential suite;
+    torchvision_compat/tv_cases.py calls this, with its helpers imported."""
+    from tv_cases import (
+        BOX_FORMS,
+        FLOAT_DTYPES,
+        MEMORY_LAYOUTS,
+        Case,
+        bin_count,
+        crashing_torchvision,
+        ps_common_cases,
+        ps_inputs,
+    )
+
+    for dtype, form, memory in itertools.product(FLOAT_DTYPES, BOX_FORMS, MEMORY_LAYOUTS):
+        for size, scale in ((2, 1.0), ((3, 2), 0.5), ([1, 4], 2.0)):
+            yield Case(
+                "ps_roi_pool", f"{dtype}-{form}-{memory}-{size}-{scale}",
+                lambda dtype=dtype, form=form, memory=memory, size=size: ps_inputs(
+                    dtype, form, memory, bin_count(size)),
+                lambda ns, a, size=size, scale=scale: ns.ps_roi_pool(a[0], a[1], size, scale),
+            )
+            if scale <= 1.0:  # the gradient, on boxes off the last row and column
+                yield Case(
+                    "ps_roi_pool", f"{dtype}-{form}-{memory}-{size}-{scale}-interior",
+                    lambda dtype=dtype, form=form, memory=memory, size=size: ps_inputs(
+                        dtype, form, memory, bin_count(size), interior=True),
+                    lambda ns, a, size=size, scale=scale: ns.ps_roi_pool(a[0], a[1], size, scale),
+                    grad=dtype == torch.float64,
+                )
+    yield from crashing_torchvision(
+        ps_common_cases("ps_roi_pool", lambda ns, a, size=1: ns.ps_roi_pool(a[0], a[1], size, 1.0)),
+        {"output-size-0": "RuntimeError", "output-size-0-by-2": "RuntimeError"},  # torchvision: SIGFPE
+    )
+    yield Case("ps_roi_pool", "module", lambda: ps_inputs(torch.float64, "list", "contiguous", 6, interior=True),
+               lambda ns, a: ns.PSRoIPool((2, 3), 0.5)(a[0], a[1]), grad=True)
+    yield Case("ps_roi_pool", "module-repr", lambda: (), lambda ns, a: repr(ns.PSRoIPool((2, 3), 0.5)))

@@ -1,10 +1,51 @@
+"""roi_align against its slow reference (below) on every backend (tests/backends.py), then
+what only the CPU build exercises, and its torchvision cases (torchvision_compat/)."""
+
+import itertools
+import math
+
 import pytest
 import torch
 from backends import ALL_FLOATS, BACKENDS, DEVICE_NAMES, backend_tolerance
 
 import opforge_ops
-import ops_reference as reference
 from ops_inputs import random_rois
+from ops_reference import acc as _acc
+from ops_reference import bilinear
+
+
+# ------------------------------------------------------------ the slow reference
+def reference(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned):
+    """Average of bilinear samples on a regular grid inside each of the roi's bins."""
+    num_rois, channels = rois.shape[0], input.shape[1]
+    acc = _acc(rois)
+    rows = []
+    offset = acc(0.5 if aligned else 0.0)
+    for roi in rois.double().tolist():
+        plane = input[int(roi[0])]
+        x1, y1, x2, y2 = (acc(v) * acc(spatial_scale) - offset for v in roi[1:])
+        roi_w, roi_h = x2 - x1, y2 - y1
+        if not aligned:
+            roi_w, roi_h = max(roi_w, acc(1)), max(roi_h, acc(1))
+        bin_h, bin_w = roi_h / acc(pooled_height), roi_w / acc(pooled_width)
+        grid_h = sampling_ratio if sampling_ratio > 0 else max(0, math.ceil(bin_h))
+        grid_w = sampling_ratio if sampling_ratio > 0 else max(0, math.ceil(bin_w))
+        count = max(grid_h * grid_w, 1)
+        bins = []
+        for ph in range(pooled_height):
+            for pw in range(pooled_width):
+                total = input.new_zeros(channels)
+                for iy in range(grid_h):
+                    y = y1 + acc(ph) * bin_h + (acc(iy) + acc(0.5)) * bin_h / acc(grid_h)
+                    for ix in range(grid_w):
+                        x = x1 + acc(pw) * bin_w + (acc(ix) + acc(0.5)) * bin_w / acc(grid_w)
+                        total = total + bilinear(plane, float(y), float(x))
+                bins.append(total / count)
+        rows.append(torch.stack(bins, dim=1).reshape(channels, pooled_height, pooled_width))
+    if not rows:
+        return input.new_zeros((num_rois, channels, pooled_height, pooled_width))
+    return torch.stack(rows)
+
 
 OP = torch.ops.opforge.roi_align
 
@@ -22,7 +63,7 @@ def test_roi_align_matches_reference(dtype, aligned, sampling_ratio):
     input = torch.randn(2, 3, 10, 12, dtype=dtype)
     rois = random_rois(6, 2, 10, 12, dtype, scale=0.5)
     args = (0.5, 3, 4, sampling_ratio, aligned)
-    expected = reference.roi_align(input, rois, *args)
+    expected = reference(input, rois, *args)
     torch.testing.assert_close(OP(input, rois, *args), expected, **tolerance(dtype))
 
 
@@ -34,7 +75,7 @@ def test_roi_align_gradient_matches_reference(aligned):
     args = (1.0, 3, 2, -1, aligned)
     (ours,) = torch.autograd.grad((OP(input, rois, *args) * weights).sum(), input)
     (expected,) = torch.autograd.grad(
-        (reference.roi_align(input, rois, *args) * weights).sum(), input
+        (reference(input, rois, *args) * weights).sum(), input
     )
     torch.testing.assert_close(ours, expected, atol=1e-10, rtol=1e-10)
 
@@ -102,7 +143,7 @@ def test_zero_area_rois_match_reference(aligned):
     )
     for sampling_ratio in (-1, 2):
         args = (1.0, 2, 2, sampling_ratio, aligned)
-        torch.testing.assert_close(OP(input, rois, *args), reference.roi_align(input, rois, *args))
+        torch.testing.assert_close(OP(input, rois, *args), reference(input, rois, *args))
 
 
 def test_non_contiguous_inputs_match_contiguous():
@@ -272,7 +313,7 @@ def test_every_backend_matches_the_reference(backend, dtype, scale, size, ratio,
     rois = random_rois(40, 2, 13, 11, scale=scale, generator=g).to(dtype)
     out = backend.call("roi_align", x, rois, scale, *size, ratio, aligned)
     x64 = x.double().requires_grad_()
-    expected = reference.roi_align(x64, rois, scale, *size, ratio, aligned)
+    expected = reference(x64, rois, scale, *size, ratio, aligned)
     assert out.dtype == dtype
     torch.testing.assert_close(out.double(), expected, **backend_tolerance(dtype))
     grad = torch.randn(expected.shape[::-1], generator=g).to(dtype).permute(3, 2, 1, 0)
@@ -313,3 +354,65 @@ def test_a_large_problem_matches_the_cpu_kernels(backend, dtype, aligned):
         assert out.dtype == got.dtype == dtype
         torch.testing.assert_close(out.float(), expected.detach(), **tol)
         torch.testing.assert_close(got.float(), expected_grad, **tol)
+
+
+# ---------------------------------------------------- torchvision-compatibility cases
+def torchvision_cases():
+    """roi_align's and RoIAlign's cases (float and quantized) for the torchvision differential
+    suite; torchvision_compat/tv_cases.py calls this, with its helpers imported."""
+    from tv_cases import (
+        BOX_FORMS,
+        FLOAT_DTYPES,
+        MEMORY_LAYOUTS,
+        QUANTIZED_DTYPES,
+        Case,
+        crashing_torchvision,
+        quantize,
+        roi_common_cases,
+        roi_inputs,
+        rois,
+    )
+
+    for dtype, form, memory in itertools.product(FLOAT_DTYPES + (torch.float16,), BOX_FORMS, MEMORY_LAYOUTS):
+        for size, scale, ratio, aligned in ((2, 1.0, -1, False), ((3, 2), 0.5, 2, True), ([4, 1], 2.0, 0, False)):
+            yield Case(
+                "roi_align", f"{dtype}-{form}-{memory}-{size}-{scale}-{ratio}-{aligned}",
+                lambda dtype=dtype, form=form, memory=memory: roi_inputs(dtype, form, memory),
+                lambda ns, a, size=size, scale=scale, ratio=ratio, aligned=aligned: ns.roi_align(
+                    a[0], a[1], size, scale, ratio, aligned),
+                grad=dtype == torch.float64,
+            )
+    yield from crashing_torchvision(
+        roi_common_cases("roi_align", lambda ns, a, size=2: ns.roi_align(a[0], a[1], size, 1.0, -1, False)),
+        {"input-zero-height": "zeros", "input-zero-width": "zeros"},  # torchvision: segmentation fault
+    )
+    yield Case("roi_align", "keyword-arguments", lambda: roi_inputs(torch.float32, "tensor", "contiguous"),
+               lambda ns, a: ns.roi_align(input=a[0], boxes=a[1], output_size=(2, 2), spatial_scale=0.5,
+                                          sampling_ratio=3, aligned=True))
+    yield Case("roi_align", "defaults", lambda: roi_inputs(torch.float32, "tensor", "contiguous"),
+               lambda ns, a: ns.roi_align(a[0], a[1], 3))
+    yield Case("roi_align", "module", lambda: roi_inputs(torch.float64, "list", "contiguous"),
+               lambda ns, a: ns.RoIAlign((2, 3), 0.5, 2, aligned=True)(a[0], a[1]), grad=True)
+    yield Case("roi_align", "module-repr", lambda: (),
+               lambda ns, a: repr(ns.RoIAlign((2, 3), 0.5, 2, aligned=True)))
+
+    # the QuantizedCPU kernel
+    for dtype, (size, scale, ratio, aligned) in itertools.product(
+            QUANTIZED_DTYPES, ((2, 1.0, -1, False), ((3, 2), 0.5, 2, True), (4, 1.0, 0, True))):
+        yield Case(
+            "roi_align", f"quantized-{dtype}-{size}-{scale}-{ratio}-{aligned}",
+            lambda dtype=dtype: (quantize(torch.rand(1, 3, 9, 11) * 4, 0.05, 3, dtype),
+                                 quantize(rois(7, 1, 9, 11).clamp(min=0), 0.125, 0, dtype)),
+            lambda ns, a, size=size, scale=scale, ratio=ratio, aligned=aligned: ns.roi_align(
+                a[0], a[1], size, scale, ratio, aligned))
+    yield Case("roi_align", "quantized-list-boxes",
+               lambda: (quantize(torch.rand(1, 2, 8, 8), 0.02, 10, torch.quint8),
+                        [quantize(rois(3, 1, 8, 8)[:, 1:].clamp(min=0), 0.25, 0, torch.quint8)]),
+               lambda ns, a: ns.roi_align(a[0], a[1], 2))
+    yield Case("roi_align", "quantized-zero-rois",
+               lambda: (quantize(torch.rand(1, 2, 8, 8), 0.02, 10, torch.quint8),
+                        quantize(torch.zeros(0, 5), 0.25, 0, torch.quint8)),
+               lambda ns, a: ns.roi_align(a[0], a[1], 2))
+    yield Case("roi_align", "quantized-input-float-rois",
+               lambda: (quantize(torch.rand(1, 2, 8, 8), 0.02, 10, torch.quint8), rois(3, 1, 8, 8)),
+               lambda ns, a: ns.roi_align(a[0], a[1], 2))

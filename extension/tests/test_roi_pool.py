@@ -1,10 +1,54 @@
+"""roi_pool against its slow reference (below) on every backend (tests/backends.py), then
+what only the CPU build exercises, and its torchvision cases (torchvision_compat/)."""
+
+import itertools
+import math
+
 import pytest
 import torch
 from backends import ALL_FLOATS, BACKENDS, backend_tolerance
 
 import opforge_ops
-import ops_reference as reference
 from ops_inputs import random_rois
+from ops_reference import acc as _acc
+from ops_reference import round_half_away
+
+
+# ------------------------------------------------------------ the slow reference
+def reference(input, rois, spatial_scale, pooled_height, pooled_width):
+    """Max over each bin of the roi quantized to input pixels; argmax is the flat H*W index
+    of the first maximum (-1 and output 0 for an empty bin)."""
+    num_rois, channels = rois.shape[0], input.shape[1]
+    height, width = input.shape[-2:]
+    output = input.new_zeros((num_rois, channels, pooled_height, pooled_width))
+    argmax = torch.full(output.shape, -1, dtype=torch.int32)
+    outputs = []
+    acc = _acc(rois)
+    for n, roi in enumerate(rois.double().tolist()):
+        plane = input[int(roi[0])]
+        x1, y1, x2, y2 = (round_half_away(float(acc(v) * acc(spatial_scale))) for v in roi[1:])
+        roi_w, roi_h = max(x2 - x1 + 1, 1), max(y2 - y1 + 1, 1)
+        bin_h, bin_w = acc(roi_h) / acc(pooled_height), acc(roi_w) / acc(pooled_width)
+        bins = []
+        for ph in range(pooled_height):
+            h0 = min(max(math.floor(acc(ph) * bin_h) + y1, 0), height)
+            h1 = min(max(math.ceil(acc(ph + 1) * bin_h) + y1, 0), height)
+            for pw in range(pooled_width):
+                w0 = min(max(math.floor(acc(pw) * bin_w) + x1, 0), width)
+                w1 = min(max(math.ceil(acc(pw + 1) * bin_w) + x1, 0), width)
+                if h1 <= h0 or w1 <= w0:
+                    bins.append(input.new_zeros(channels))
+                    continue
+                region = plane[:, h0:h1, w0:w1].reshape(channels, (h1 - h0) * (w1 - w0))
+                values, where = region.max(dim=1)
+                bins.append(values)
+                rows_, cols_ = where // (w1 - w0) + h0, where % (w1 - w0) + w0
+                argmax[n, :, ph, pw] = (rows_ * width + cols_).to(torch.int32)
+        outputs.append(torch.stack(bins, dim=1).reshape(channels, pooled_height, pooled_width))
+    if outputs:
+        output = torch.stack(outputs)
+    return output, argmax
+
 
 OP = torch.ops.opforge.roi_pool
 
@@ -15,7 +59,7 @@ def test_roi_pool_matches_reference_with_argmax(dtype, spatial_scale):
     input = torch.randn(2, 3, 10, 12, dtype=dtype)
     rois = random_rois(8, 2, 10, 12, dtype, scale=spatial_scale)
     output, argmax = OP(input, rois, spatial_scale, 3, 4)
-    expected, expected_argmax = reference.roi_pool(input, rois, spatial_scale, 3, 4)
+    expected, expected_argmax = reference(input, rois, spatial_scale, 3, 4)
     assert argmax.dtype == torch.int32
     torch.testing.assert_close(output, expected, rtol=0, atol=0)
     assert torch.equal(argmax, expected_argmax)
@@ -29,7 +73,7 @@ def test_roi_pool_gradient_matches_reference():
         (opforge_ops.roi_pool(input, rois, (2, 3)) * weights).sum(), input
     )
     (expected,) = torch.autograd.grad(
-        (reference.roi_pool(input, rois, 1.0, 2, 3)[0] * weights).sum(), input
+        (reference(input, rois, 1.0, 2, 3)[0] * weights).sum(), input
     )
     torch.testing.assert_close(ours, expected, rtol=0, atol=1e-12)
 
@@ -73,7 +117,7 @@ def test_zero_area_and_inverted_rois_match_reference():
         [[0.0, 2, 2, 2, 2], [0, 4, 4, 1, 1], [0, 5.5, 0, 5.5, 6]], dtype=torch.float64
     )
     output, argmax = OP(input, rois, 1.0, 3, 2)
-    expected, expected_argmax = reference.roi_pool(input, rois, 1.0, 3, 2)
+    expected, expected_argmax = reference(input, rois, 1.0, 3, 2)
     torch.testing.assert_close(output, expected, rtol=0, atol=0)
     assert torch.equal(argmax, expected_argmax)
 
@@ -177,7 +221,7 @@ def test_every_backend_matches_the_reference(backend, dtype, scale, size):
     rois = random_rois(40, 2, 18, 21, scale=scale, generator=g).to(dtype)
     out, argmax = backend.call("roi_pool", x, rois, scale, *size)
     x64 = x.double().requires_grad_()
-    expected, expected_argmax = reference.roi_pool(x64, rois, scale, *size)
+    expected, expected_argmax = reference(x64, rois, scale, *size)
     assert out.dtype == dtype and argmax.dtype == torch.int32
     torch.testing.assert_close(argmax, expected_argmax, rtol=0, atol=0)
     torch.testing.assert_close(out.double(), expected, **backend_tolerance(dtype))
@@ -209,3 +253,23 @@ def test_a_large_problem_matches_the_cpu_kernels(backend, dtype):
     got = backend.call("_roi_pool_backward", grad.to(dtype), rois, argmax, 1.0, 5, 5, 2, 4, 24, 24)
     assert got.dtype == dtype
     torch.testing.assert_close(got.float(), expected_grad, **tol)
+
+
+# ---------------------------------------------------- torchvision-compatibility cases
+def torchvision_cases():
+    """roi_pool's and RoIPool's cases for the torchvision differential suite;
+    torchvision_compat/tv_cases.py calls this, with its helpers imported."""
+    from tv_cases import BOX_FORMS, FLOAT_DTYPES, MEMORY_LAYOUTS, Case, roi_common_cases, roi_inputs
+
+    for dtype, form, memory in itertools.product(FLOAT_DTYPES, BOX_FORMS, MEMORY_LAYOUTS):
+        for size, scale in ((2, 1.0), ((3, 2), 0.5), ([1, 4], 2.0)):
+            yield Case(
+                "roi_pool", f"{dtype}-{form}-{memory}-{size}-{scale}",
+                lambda dtype=dtype, form=form, memory=memory: roi_inputs(dtype, form, memory),
+                lambda ns, a, size=size, scale=scale: ns.roi_pool(a[0], a[1], size, scale),
+                grad=dtype == torch.float64,
+            )
+    yield from roi_common_cases("roi_pool", lambda ns, a, size=2: ns.roi_pool(a[0], a[1], size, 1.0))
+    yield Case("roi_pool", "module", lambda: roi_inputs(torch.float64, "list", "contiguous"),
+               lambda ns, a: ns.RoIPool((2, 3), 0.5)(a[0], a[1]), grad=True)
+    yield Case("roi_pool", "module-repr", lambda: (), lambda ns, a: repr(ns.RoIPool((2, 3), 0.5)))
