@@ -35,8 +35,8 @@ def worker(threads, min_run_time):
     import opforge_ops
 
     torch.set_num_threads(threads)
-    # bench_cpu's rows close over variables it rebinds later, so a row is only valid until the
-    # generator moves on: rows are taken one at a time ('next'), as bench_cpu itself runs them.
+    # bench_cpu builds a row's inputs when its generator reaches the row: rows are taken one at
+    # a time ('next'), as bench_cpu itself runs them, so a worker holds one row's tensors.
     rows = ((name, ours) for name, ours, _ in bench_cpu.cases(opforge_ops, None))
     current = None
     print(json.dumps({"abi": opforge_ops.build_info().get("abi", "legacy")}), flush=True)

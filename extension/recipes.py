@@ -186,3 +186,210 @@ RECIPES = {
                       "workloads": {"small": _deform_load(1, 8, 16), "medium": _deform_load(2, 32, 32),
                                     "large": _deform_load(4, 64, 64)}},
 }
+
+
+# ----------------------------------------------------------------------------- benchmark rows
+# benchmarks/bench_cpu.py and bench_cuda.py time these rows beside torchvision and name no op:
+# BENCHMARKS[op] maps "cpu" and "cuda" to that op's rows (every op of RECIPES has an entry).
+# Not a recipe field: opforge validates those, and these calls go through the Python API.
+#   label   the row's name in the tables; kept unchanged so that results compare across notes
+#   inputs  (device) -> arguments, drawn from a generator of that device (rows of one op that
+#           share a seed see the same values)
+#   call    (lib, *arguments) -> output: lib is the package (opforge_ops or torchvision.ops) in
+#           cpu rows, the op namespace (torch.ops.opforge or torch.ops.torchvision) in cuda rows
+#   grad    argument indices that get a gradient: a forward+backward row (absent: forward only)
+
+
+def _row(label, inputs, call, grad=None):
+    return {"label": label, "inputs": inputs, "call": call, **({"grad": grad} if grad else {})}
+
+
+def _draw(device, seed):
+    g = torch.Generator(device=device).manual_seed(seed)
+    return (lambda *shape: torch.rand(*shape, generator=g, device=device),
+            lambda *shape: torch.randn(*shape, generator=g, device=device),
+            lambda high, *shape: torch.randint(0, high, shape, generator=g, device=device))
+
+
+def _detections(n, classes=0, seed=None):
+    """n boxes of 1 to 101 px on a 1000 px image, their scores and (classes > 0) class ids."""
+    def inputs(device):
+        rand, _, randint = _draw(device, n if seed is None else seed)
+        xy = rand(n, 2) * 1000
+        wh = rand(n, 2) * 100 + 1
+        out = [torch.cat([xy, xy + wh], 1), rand(n)]
+        return out + [randint(classes, n)] if classes else out
+    return inputs
+
+
+def _quantized_detections(device):
+    boxes, scores = _detections(1_000)(device)
+    return [torch.quantize_per_tensor(boxes, 5.0, 0, torch.qint32),
+            torch.quantize_per_tensor(scores, 0.005, 0, torch.qint32)]
+
+
+def _feature_rois(batch, channels, size, rois, seed=0):
+    """cpu rows: features and `rois` boxes in the top-left three quarters, up to a quarter wide."""
+    def inputs(device):
+        rand, randn, randint = _draw(device, seed)
+        x = randn(batch, channels, size, size)
+        xy = rand(rois, 2) * size * 0.75
+        wh = rand(rois, 2) * size * 0.25 + 1
+        return [x, torch.cat([randint(batch, rois, 1).float(), xy, xy + wh], 1)]
+    return inputs
+
+
+def _per_image(inputs):
+    """The same rois as a list of per-image boxes (the Python API's other form)."""
+    def listed(device):
+        x, rois = inputs(device)
+        return [x, [rois[rois[:, 0] == i, 1:] for i in range(x.shape[0])]]
+    return listed
+
+
+def _first_rois(inputs, n):
+    def first(device):
+        x, rois = inputs(device)
+        return [x, rois[:n]]
+    return first
+
+
+def _quantized_box_head(device):
+    """quint8: the box head's first image and 256 of its rois, all moved to that image."""
+    x, rois = _BOX_HEAD(device)
+    rois = rois[:256].clone()
+    rois[:, 0] = 0
+    return [torch.quantize_per_tensor(x[:1].relu(), 0.02, 0, torch.quint8),
+            torch.quantize_per_tensor(rois, 0.125, 0, torch.quint8)]
+
+
+def _cuda_rois(channels, seed, reach):
+    """cuda rows: 4 x channels x 64 x 64 features, 1000 boxes of 8 to 64 px starting below
+    `reach` (on the input image; spatial scale 0.25)."""
+    def inputs(device):
+        rand, randn, randint = _draw(device, seed)
+        x = randn(4, channels, 64, 64)
+        xy = rand(1000, 2) * reach
+        wh = rand(1000, 2) * 56 + 8
+        return [x, torch.cat([randint(4, 1000, 1).float(), xy, xy + wh], 1)]
+    return inputs
+
+
+def _deform_inputs(n, c, size, offset_groups, mask, seed=0):
+    """x, offset, weight, bias[, mask] of a 3x3 c -> c deformable convolution."""
+    def inputs(device):
+        rand, randn, _ = _draw(device, seed)
+        x = randn(n, c, size, size)
+        weight = randn(c, c, 3, 3) * 0.05
+        offset = randn(n, 2 * offset_groups * 9, size, size)
+        masks = [rand(n, offset_groups * 9, size, size)] if mask else []
+        return [x, offset, weight, randn(c), *masks]
+    return inputs
+
+
+def _cuda_deform_inputs(device):
+    """x, weight, offset, mask, bias in the op's order: 8 x 64 x 56 x 56, 64 x 64 x 3 x 3."""
+    rand, randn, _ = _draw(device, 2)
+    return [randn(8, 64, 56, 56), randn(64, 64, 3, 3) * 0.05, randn(8, 18, 56, 56),
+            rand(8, 9, 56, 56), randn(64)]
+
+
+# Faster R-CNN box head on one FPN level: 2 images, 256 channels, 512 rois (mask head: 128)
+_BOX_HEAD = _feature_rois(2, 256, 50, 512)
+# R-FCN heads: position-sensitive score maps, 10 outputs per 7x7 bin grid (490 channels)
+_RFCN_HEAD = _feature_rois(2, 490, 50, 512, seed=1)
+# boxes end before the last row and column, where torchvision's ps_roi_pool backward is not the
+# gradient of its forward; 10 outputs per 7x7 bin grid
+_CUDA_RFCN = _cuda_rois(490, seed=3, reach=180)
+
+
+def _deform_rows(label, n, c, size, offset_groups, mask):
+    inputs = _deform_inputs(n, c, size, offset_groups, mask)
+
+    def call(lib, x, offset, weight, bias, mask=None):
+        return lib.deform_conv2d(x, offset, weight, bias, padding=(1, 1), mask=mask)
+    grad = list(range(5 if mask else 4))
+    return [_row(f"deform_conv2d fwd {label}", inputs, call),
+            _row(f"deform_conv2d fwd+bwd {label}", inputs, call, grad)]
+
+
+def _cuda_fwd_and_bwd(op, shape, inputs, call, grad=(0,)):
+    return [_row(f"{op} fwd ({shape})", inputs, call),
+            _row(f"{op} fwd+bwd", inputs, call, list(grad))]
+
+
+BENCHMARKS = {
+    "nms": {
+        "cpu": [
+            _row("nms 1000 boxes", _detections(1_000), lambda lib, b, s: lib.nms(b, s, 0.5)),
+            _row("nms 5000 boxes", _detections(5_000), lambda lib, b, s: lib.nms(b, s, 0.5)),
+            # small calls, where the Python wrappers' argument handling is most of the time
+            _row("nms 50 boxes", _detections(50), lambda lib, b, s: lib.nms(b, s, 0.5)),
+            _row("batched_nms 50 boxes, 5 classes", _detections(50, classes=5),
+                 lambda lib, b, s, i: lib.batched_nms(b, s, i, 0.5)),
+            _row("batched_nms 5000 boxes, 80 classes", _detections(5_000, classes=80),
+                 lambda lib, b, s, i: lib.batched_nms(b, s, i, 0.5)),
+            # QuantizedCPU kernels: detection post-processing
+            _row("nms quantized qint32 1000 boxes", _quantized_detections,
+                 lambda lib, b, s: lib.nms(b, s, 0.5)),
+        ],
+        "cuda": [_row(f"nms {n // 1000}k boxes", _detections(n, seed=0),
+                      lambda ops, b, s: ops.nms(b, s, 0.5))
+                 for n in (1_000, 30_000, 100_000)],
+    },
+    "roi_align": {
+        "cpu": [
+            _row("roi_align fwd 8 rois 16ch 7x7, list boxes",
+                 _per_image(_feature_rois(2, 16, 20, 8)),
+                 lambda lib, x, boxes: lib.roi_align(x, boxes, 7, 0.5, 2, True)),
+            *(_row(f"roi_align fwd 512 rois 256ch 7x7 sr2 aligned={aligned}", _BOX_HEAD,
+                   lambda lib, x, r, a=aligned: lib.roi_align(x, r, (7, 7), 0.5, 2, a))
+              for aligned in (False, True)),
+            _row("roi_align fwd 512 rois 256ch 7x7 adaptive", _BOX_HEAD,
+                 lambda lib, x, r: lib.roi_align(x, r, (7, 7), 0.5, -1, True)),
+            _row("roi_align fwd+bwd 512 rois 256ch 7x7 sr2", _BOX_HEAD,
+                 lambda lib, x, r: lib.roi_align(x, r, (7, 7), 0.5, 2, True), grad=[0, 1]),
+            _row("roi_align fwd+bwd 128 rois 256ch 14x14 sr2", _first_rois(_BOX_HEAD, 128),
+                 lambda lib, x, r: lib.roi_align(x, r, (14, 14), 0.5, 2, True), grad=[0, 1]),
+            _row("roi_align quantized quint8 256 rois 256ch 7x7", _quantized_box_head,
+                 lambda lib, x, r: lib.roi_align(x, r, (7, 7), 0.5, 2, True)),
+        ],
+        "cuda": _cuda_fwd_and_bwd("roi_align", "4x256x64x64, 1000 rois",
+                                  _cuda_rois(256, seed=1, reach=200),
+                                  lambda ops, x, r: ops.roi_align(x, r, 0.25, 7, 7, 2, True)),
+    },
+    "roi_pool": {
+        "cpu": [_row(f"roi_pool {kind} 512 rois 256ch 7x7", _BOX_HEAD,
+                     lambda lib, x, r: lib.roi_pool(x, r, (7, 7), 0.5), grad)
+                for kind, grad in (("fwd", None), ("fwd+bwd", [0, 1]))],
+        "cuda": [],  # none yet
+    },
+    "ps_roi_align": {
+        "cpu": [
+            _row("ps_roi_align fwd 512 rois 490ch 7x7 sr2", _RFCN_HEAD,
+                 lambda lib, x, r: lib.ps_roi_align(x, r, (7, 7), 0.5, 2)),
+            _row("ps_roi_align fwd 512 rois 441ch 3x3 adaptive", _RFCN_HEAD,
+                 lambda lib, x, r: lib.ps_roi_align(x[:, :441], r, (3, 3), 0.5, -1)),
+            _row("ps_roi_align fwd+bwd 512 rois 490ch 7x7 sr2", _RFCN_HEAD,
+                 lambda lib, x, r: lib.ps_roi_align(x, r, (7, 7), 0.5, 2), grad=[0, 1]),
+        ],
+        "cuda": _cuda_fwd_and_bwd("ps_roi_align", "4x490x64x64, 1000 rois", _CUDA_RFCN,
+                                  lambda ops, x, r: ops.ps_roi_align(x, r, 0.25, 7, 7, 2)[0]),
+    },
+    "ps_roi_pool": {
+        "cpu": [_row(f"ps_roi_pool {kind} 512 rois 490ch 7x7", _RFCN_HEAD,
+                     lambda lib, x, r: lib.ps_roi_pool(x, r, (7, 7), 0.5), grad)
+                for kind, grad in (("fwd", None), ("fwd+bwd", [0, 1]))],
+        "cuda": _cuda_fwd_and_bwd("ps_roi_pool", "4x490x64x64, 1000 rois", _CUDA_RFCN,
+                                  lambda ops, x, r: ops.ps_roi_pool(x, r, 0.25, 7, 7)[0]),
+    },
+    "deform_conv2d": {
+        "cpu": [*_deform_rows("b8 c64 56x56 mask", 8, 64, 56, 1, True),
+                *_deform_rows("b1 c256 28x28 mask", 1, 256, 28, 1, True),
+                *_deform_rows("b4 c128 28x28 og4", 4, 128, 28, 4, False)],
+        "cuda": _cuda_fwd_and_bwd("deform_conv2d", "8x64x56x56, 64x64x3x3",
+                                  _cuda_deform_inputs,
+                                  lambda ops, *t: ops.deform_conv2d(*t, 1, 1, 1, 1, 1, 1, 1, 1, True),
+                                  grad=range(5)),
+    },
+}
