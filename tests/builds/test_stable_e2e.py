@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 from stable_ext import write_project
 
 from opforge import abi
@@ -153,3 +154,27 @@ def test_planted_violation_on_an_older_release_names_symbol_and_first_torch(tmp_
     checks = {c["id"]: c for c in rows["2.12.0"]["document"]["checks"]}
     named = checks["shim-torch_exception_get_what_without_backtrace"]["message"]
     assert "first shipped in torch 2.13.0" in named and "2.12.0" in named
+
+
+@pytest.mark.realtorch
+def test_opforge_ops_stable_wheel_on_every_torch_of_its_compat_list(tmp_path):
+    """This repository's own cpu_stable wheel (every op, built once against torch 2.13.0) beside
+    each torch of matrix.yaml's compat_torch: the floor 2.10.0, 2.13.0, 2.14.1 and the newest
+    release the registry serves; every promised kernel is registered and every op runs."""
+    matrix = ROOT / "matrix.yaml"
+    result = opforge("build", "--file", str(matrix), "--variant", "cpu_stable",
+                     "--work-dir", str(tmp_path / "work"), "--out", str(tmp_path / "dist"), cwd=ROOT)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    out = tmp_path / "compat.json"
+    result = opforge("smoke", "--compat", "--wheel", str(wheel), "--file", str(matrix),
+                     "--variant", "cpu_stable", "--json", str(out), cwd=tmp_path, env=REAL_ENV)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    rows = {row["torch"]: row for row in json.loads(out.read_text())["compat"]}
+    assert set(rows) == {"2.10.0", "2.13.0", "2.14.1", "latest"}
+    assert Version(rows["latest"]["installed"]) >= Version("2.15.0")
+    for torch_spec, row in rows.items():
+        checks = {c["id"]: c["status"] for c in row["document"]["checks"]}
+        assert row["status"] == "pass" and checks["import"] == "pass", torch_spec
+        ran = [name for name, status in checks.items() if name.startswith("run:") and name.endswith(":cpu")]
+        assert len(ran) == 6 and all(checks[name] == "pass" for name in ran), (torch_spec, ran)
