@@ -6,8 +6,8 @@ below decides what must stay on one worker:
 - a module of tests/: its module- and session-scoped fixtures (a built wheel, a fake nightly
   index, an adopted project's build environment under build/) are made once, and two
   workers never build into the same directory;
-- the tests of one emulated backend of extension/tests (cuda_emu, metal_emu, with
-  test_cuda.py and test_metal_emu.py, whose module fixtures load it): one worker builds the
+- the tests of one emulation of extension/tests (cuda_emu and cuda_stable_emu with
+  test_cuda.py, metal_emu with test_metal_emu.py, whose module fixtures load them): one worker builds the
   emulation while the others run the rest, and no two compile into its cache together;
 - every other kernel test goes to whichever worker is free.
 
@@ -22,7 +22,10 @@ import re
 
 import pytest
 
-EMULATIONS = {"cuda_emu": "test_cuda.py", "metal_emu": "test_metal_emu.py"}
+# an emulated backend -> its group and the module whose fixtures also load it (both CUDA
+# builds on one worker: test_cuda.py's module fixture loads the two)
+EMULATIONS = {"cuda_emu": ("cuda_emu", "test_cuda.py"), "cuda_stable_emu": ("cuda_emu", "test_cuda.py"),
+              "metal_emu": ("metal_emu", "test_metal_emu.py")}
 KERNEL_TESTS = "extension/tests/"
 
 
@@ -30,10 +33,10 @@ def worker_group(nodeid: str) -> str | None:
     """The group a test must share a worker with, or None (any worker)."""
     path, _, rest = nodeid.partition("::")
     if path.startswith(KERNEL_TESTS):
-        for emulation, module in EMULATIONS.items():
+        for emulation, (group, module) in EMULATIONS.items():
             # the backend is one part of the parameter id: [cuda_emu], [groups-float32-cuda_emu]
             if path.rsplit("/", 1)[-1] == module or re.search(rf"[\[-]{emulation}[\]-]", rest):
-                return emulation
+                return group
         return None
     return path
 

@@ -9,6 +9,8 @@ cpu        the built extension's CPU kernels
 cuda       the CUDA kernels on a CUDA device (skipped without one or without a CUDA build)
 mps        the MPS kernels on an Apple GPU (skipped elsewhere)
 cuda_emu   csrc/cuda/*.cu compiled as host C++ and run on the CPU (tests/cuda_emu)
+cuda_stable_emu  the same files as the stable-ABI CUDA wheel builds them (abi.h's stable names:
+           torch's C shim for allocation, device guard, stream and ATen calls), emulated alike
 metal_emu  csrc/mps/*_kernel.cpp (legacy ABI) + csrc/metal/*.metal run on the CPU (tests/metal_emu)
 metal_shim_emu  the same host code as the stable-ABI MPS wheel builds it (torch's MPS C shim
            only), on an emulated shim (tests/metal_emu/shim_emu.h)
@@ -90,7 +92,7 @@ class Backend:
             if "mps" not in backends:
                 return "opforge_ops was built without MPS kernels"
             return None if torch.backends.mps.is_available() else "no MPS device"
-        if self.name in ("cuda_emu", "metal_emu", "metal_shim_emu"):
+        if self.name in EMULATED_NAMES:
             compiler = os.environ.get("CXX", "g++")
             return None if shutil.which(compiler) else f"no C++ compiler ({compiler}) for the emulation"
         return None
@@ -102,7 +104,7 @@ class Backend:
         reason = self.unavailable()
         if reason:
             pytest.skip(reason)
-        if op is not None and self.name == "cuda_emu":
+        if op is not None and self.name in CUDA_EMULATIONS:
             import cuda_emu
 
             why = cuda_emu.NOT_EMULATED.get(f"{op.lstrip('_')}_kernel.cu")
@@ -112,10 +114,10 @@ class Backend:
             pytest.skip(f"{self.name} kernels take {', '.join(map(str, self.dtypes))}, not {dtype}")
 
     def ops(self):
-        if self.name == "cuda_emu":
+        if self.name in CUDA_EMULATIONS:
             import cuda_emu
 
-            return cuda_emu.load()
+            return cuda_emu.load(CUDA_EMULATIONS[self.name])
         if self.name == "metal_emu":
             from metal_emu import harness
 
@@ -145,6 +147,8 @@ class Backend:
 
 
 DEVICE_NAMES = ("cpu", "cuda", "mps")
+CUDA_EMULATIONS = {"cuda_emu": "legacy", "cuda_stable_emu": "stable"}  # backend -> the ABI built
+EMULATED_NAMES = (*CUDA_EMULATIONS, "metal_emu", "metal_shim_emu")
 METAL_HOSTS = ("mps", "metal_emu", "metal_shim_emu")  # csrc/mps's host code, routing off
 
 BACKENDS = [
@@ -152,6 +156,7 @@ BACKENDS = [
     Backend("cuda", ALL_FLOATS, device="cuda"),
     Backend("mps", METAL_FLOATS, device="mps"),
     Backend("cuda_emu", ALL_FLOATS),
+    Backend("cuda_stable_emu", ALL_FLOATS),
     Backend("metal_emu", METAL_FLOATS),
     Backend("metal_shim_emu", METAL_FLOATS),
 ]

@@ -590,19 +590,21 @@ def test_empty_inputs_launch_no_opforge_kernel(case):
 # No GPU is needed for this part: tests/cuda_emu compiles the kernel files in csrc/cuda
 # (kernels and their host wrappers, unchanged) as host C++, runs every launch one
 # (block, thread) at a time on an emulated one-SM device, and registers them as
-# torch.ops.opforge_cuda_emu. Every op's tests run there as the cuda_emu backend of its own
-# test file (tests/backends.py); here: what is particular to the emulated CUDA files.
+# torch.ops.opforge_cuda_emu (and, built against the stable ABI as the cu130_stable wheel is,
+# torch.ops.opforge_cuda_emu_stable). Every op's tests run there as the cuda_emu and
+# cuda_stable_emu backends of its own test file (tests/backends.py); here: what is particular to
+# the emulated CUDA files, in both builds.
 
 import cuda_emu  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def emu():
+@pytest.fixture(scope="module", params=cuda_emu.ABIS)
+def emu(request):
     import shutil
 
     if shutil.which("c++") is None and shutil.which("g++") is None:
         pytest.skip("no C++ compiler to build the CPU emulation of the CUDA kernels")
-    return cuda_emu.load()
+    return cuda_emu.load(request.param)
 
 
 EMU_DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16]

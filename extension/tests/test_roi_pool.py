@@ -209,8 +209,8 @@ def test_backward_op_rejects_an_argmax_of_the_wrong_dtype():
 
 
 # ---------------------------------------------------------------- every backend
-# The same cases on cpu, cuda, mps, cuda_emu and metal_emu (tests/backends.py): output and
-# argmax against the reference, the backward against autograd through it.
+# The same cases on every backend of tests/backends.py: output and argmax against the
+# reference, the backward against autograd through it.
 @pytest.mark.parametrize("backend", BACKENDS, ids=str)
 @pytest.mark.parametrize("dtype", ALL_FLOATS, ids=str)
 @pytest.mark.parametrize("scale,size", [(1.0, (7, 7)), (0.5, (3, 5)), (0.125, (2, 2))])

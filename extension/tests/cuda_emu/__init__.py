@@ -1,6 +1,7 @@
 """The CUDA kernel files of csrc/cuda, compiled as host C++ and run on the CPU.
 
     ops = cuda_emu.load()      # torch.ops.opforge_cuda_emu, same schemas as torch.ops.opforge
+    stable = cuda_emu.load("stable")   # torch.ops.opforge_cuda_emu_stable: the stable-ABI build
     ops.roi_align(x, rois, 1.0, 7, 7, 2, True)   # the real kernels and host wrappers
 
 Every csrc/cuda/<op>_kernel.cu (kernels and host wrappers, unchanged) is one translation
@@ -12,9 +13,11 @@ under opforge_cuda_emu on the CPU key. The build is cached per torch version, ch
 (ninja recompiles what changed).
 Files in NOT_EMULATED are left out, with the reason.
 
-OPFORGE_CUDA_EMU_ABI=stable (or load(abi="stable")) compiles the same files against the LibTorch
-stable ABI instead (abi.h's stable names, as in the cu130_stable wheel): the same tests then
-run the stable build of every kernel and host wrapper.
+load(abi="stable") compiles the same files against the LibTorch stable ABI (abi.h's stable
+names, as in the cu130_stable wheel: the C shim's allocation, device guard, stream and
+dispatcher calls) and registers them under opforge_cuda_emu_stable; both builds can be loaded
+in one process (the cuda_emu and cuda_stable_emu backends of tests/backends.py).
+OPFORGE_CUDA_EMU_ABI=stable makes the stable build what load() without an ABI returns.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 CSRC = HERE.parents[1] / "csrc"
-NAMESPACE = "opforge_cuda_emu"
+NAMESPACES = {"legacy": "opforge_cuda_emu", "stable": "opforge_cuda_emu_stable"}
 NOT_EMULATED: dict[str, str] = {}  # file name -> why it cannot be emulated
 ABIS = ("legacy", "stable")
 CACHE = Path(
@@ -94,6 +97,9 @@ def emulated_launches(source: str) -> str:
 _MAIN = """#include "prelude.h"
 // The launch counter, for tests that check an empty input launches nothing.
 int64_t opforge_cuda_emu_launches() { return opforge_emu::launches; }
+// one more level, so that OPFORGE_CUDA_EMU_NS is expanded before torch's macros paste it
+#define OPFORGE_EMU_FRAGMENT(fragment, ns, m) fragment(ns, m)
+#define OPFORGE_EMU_EXPLICIT(impl, ns, m) impl(ns, CompositeExplicitAutograd, m, C10_UID)
 #ifdef OPFORGE_STABLE_ABI
 extern "C" AOTITorchError opforge_emu_create_device_guard(int32_t, DeviceGuardHandle* guard) {
   *guard = nullptr;  // one emulated device: nothing to switch
@@ -102,12 +108,14 @@ extern "C" AOTITorchError opforge_emu_create_device_guard(int32_t, DeviceGuardHa
 extern "C" AOTITorchError opforge_emu_delete_device_guard(DeviceGuardHandle) {
   return AOTI_TORCH_SUCCESS;
 }
-STABLE_TORCH_LIBRARY_FRAGMENT(opforge_cuda_emu, m) { m.def("_launches() -> int"); }
-_STABLE_TORCH_LIBRARY_IMPL(opforge_cuda_emu, CompositeExplicitAutograd, m, C10_UID) {
+OPFORGE_EMU_FRAGMENT(STABLE_TORCH_LIBRARY_FRAGMENT, OPFORGE_CUDA_EMU_NS, m) { m.def("_launches() -> int"); }
+OPFORGE_EMU_EXPLICIT(_STABLE_TORCH_LIBRARY_IMPL, OPFORGE_CUDA_EMU_NS, m) {
   m.impl("_launches", TORCH_BOX(&opforge_cuda_emu_launches));
 }
 #else
-TORCH_LIBRARY_FRAGMENT(opforge_cuda_emu, m) { m.def("_launches() -> int", &opforge_cuda_emu_launches); }
+OPFORGE_EMU_FRAGMENT(TORCH_LIBRARY_FRAGMENT, OPFORGE_CUDA_EMU_NS, m) {
+  m.def("_launches() -> int", &opforge_cuda_emu_launches);
+}
 #endif
 """
 
@@ -119,9 +127,9 @@ def abi_from_env() -> str:
     return abi
 
 
-def _define_schemas() -> None:
-    """opforge_cuda_emu::<op> with the schema of every opforge::<op> (the built extension's)."""
-    library = torch.library.Library(NAMESPACE, "FRAGMENT")
+def _define_schemas(namespace: str) -> None:
+    """<namespace>::<op> with the schema of every opforge::<op> (the built extension's)."""
+    library = torch.library.Library(namespace, "FRAGMENT")
     for schema in torch._C._jit_get_all_schemas():
         if schema.name.startswith("opforge::"):
             library.define(str(schema).split("::", 1)[1])
@@ -129,17 +137,19 @@ def _define_schemas() -> None:
 
 
 _LIBRARIES: list = []
-_LOADED_ABI: list[str] = []
+_LOADED: set[str] = set()  # the ABIs whose build this process has loaded
+_DEFINED: set[str] = set()  # the namespaces whose schemas this process has defined
 
 
 def load(abi: str | None = None):
-    """Build (cached) and load the emulation, for `abi` (default: OPFORGE_CUDA_EMU_ABI, else
-    legacy); returns torch.ops.opforge_cuda_emu. One ABI per process."""
+    """Build (cached) and load the emulation of `abi` (default: OPFORGE_CUDA_EMU_ABI, else
+    legacy); returns torch.ops.opforge_cuda_emu (legacy) or torch.ops.opforge_cuda_emu_stable."""
     abi = abi or abi_from_env()
-    if _LIBRARIES:
-        if _LOADED_ABI[0] != abi:
-            raise RuntimeError(f"cuda_emu: the {_LOADED_ABI[0]} emulation is loaded; one ABI per process")
-        return getattr(torch.ops, NAMESPACE)
+    if abi not in ABIS:
+        raise ValueError(f"cuda_emu: the ABI is one of {', '.join(ABIS)}, not {abi!r}")
+    namespace = NAMESPACES[abi]
+    if abi in _LOADED:
+        return getattr(torch.ops, namespace)
     from torch.utils import cpp_extension
 
     sources = emulated_sources()
@@ -163,18 +173,20 @@ def load(abi: str | None = None):
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(text)
     (root / "build").mkdir(exist_ok=True)
-    _define_schemas()
-    _LOADED_ABI.append(abi)
+    if namespace not in _DEFINED:  # once, even if a failed build is retried
+        _define_schemas(namespace)
+        _DEFINED.add(namespace)
     # the stable build: abi.h's stable names and the shim, at the floor setup.py uses
     stable = ["-DOPFORGE_STABLE_ABI", "-DTORCH_STABLE_ONLY", "-DTORCH_TARGET_VERSION=0x020a000000000000"]
     cpp_extension.load(
         name="opforge_cuda_emulation" + ("" if abi == "legacy" else f"_{abi}"),
         sources=[str(src / "emu_main.cpp"), *(str(src / f"{p.stem}.emu.cpp") for p in sources)],
         extra_include_paths=[str(HERE / "stub"), str(HERE), str(src)],
-        extra_cflags=["-O1", "-g0", "-w", "-include", str(HERE / "prelude.h"),
-                      *(stable if abi == "stable" else [])],
+        extra_cflags=["-O1", "-g0", "-w", f"-DOPFORGE_CUDA_EMU_NS={namespace}",
+                      "-include", str(HERE / "prelude.h"), *(stable if abi == "stable" else [])],
         build_directory=str(root / "build"),
         is_python_module=False,
         verbose=False,
     )
-    return getattr(torch.ops, NAMESPACE)
+    _LOADED.add(abi)
+    return getattr(torch.ops, namespace)

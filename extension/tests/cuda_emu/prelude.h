@@ -2,7 +2,8 @@
 // the emulation: every header the kernel files include first, then the CUDA
 // keywords as no-ops, a launcher that runs each (block, thread) of a grid in
 // turn (blocks of real threads for kernels that __syncthreads), and registration under
-// opforge_cuda_emu on the CPU key. With OPFORGE_STABLE_ABI (cuda_emu.load(abi="stable")) the
+// OPFORGE_CUDA_EMU_NS (opforge_cuda_emu, or opforge_cuda_emu_stable for the stable build) on the
+// CPU key. With OPFORGE_STABLE_ABI (cuda_emu.load(abi="stable")) the
 // kernel files compile against the LibTorch stable ABI, as in the cu130_stable wheel: abi.h's
 // stable names, the C shim's device guard and stream answered by the emulation.
 #pragma once
@@ -142,10 +143,12 @@ inline T atomicAdd(T* p, T v) {
 }
 
 #define CUDA CPU  // the emulated inputs are CPU tensors: the kernels' CUDA checks accept them
+// One more level, so that OPFORGE_CUDA_EMU_NS is expanded before torch's macro pastes it.
+#define OPFORGE_EMU_IMPL(impl, ns, m) impl(ns, CPU, m, C10_UID)
 #ifdef OPFORGE_STABLE_ABI
 #undef STABLE_TORCH_LIBRARY_IMPL
-#define STABLE_TORCH_LIBRARY_IMPL(ns, k, m) _STABLE_TORCH_LIBRARY_IMPL(opforge_cuda_emu, CPU, m, C10_UID)
+#define STABLE_TORCH_LIBRARY_IMPL(ns, k, m) OPFORGE_EMU_IMPL(_STABLE_TORCH_LIBRARY_IMPL, OPFORGE_CUDA_EMU_NS, m)
 #else
 #undef TORCH_LIBRARY_IMPL
-#define TORCH_LIBRARY_IMPL(ns, k, m) _TORCH_LIBRARY_IMPL(opforge_cuda_emu, CPU, m, C10_UID)
+#define TORCH_LIBRARY_IMPL(ns, k, m) OPFORGE_EMU_IMPL(_TORCH_LIBRARY_IMPL, OPFORGE_CUDA_EMU_NS, m)
 #endif
