@@ -1,19 +1,23 @@
 """The CPU rows of bench_cpu.py, two builds of opforge_ops side by side (e.g. legacy vs stable ABI).
 
     python benchmarks/bench_abi.py --a /path/legacy-venv/bin/python --b /path/stable-venv/bin/python \
-        [--threads 1] [--min-run-time 1.0] [--rounds 3] [--only TEXT] [--json results.json]
+        [--threads 1] [--cpus 1] [--min-run-time 1.0] [--rounds 3] [--only TEXT] [--json results.json]
 
 Two builds register the same torch.ops.opforge namespace, so they cannot share a process: each
 runs in a worker (its own interpreter and environment) that stays up for the whole run, and
 the parent asks the two for each row in alternation, --rounds times, keeping each build's best
 median of CPU seconds per call (process CPU time, so that load from other processes on a
-shared machine does not decide a row; use --threads 1 for that to hold). "ratio" is
+shared machine does not decide a row; use --threads 1 for that to hold). Both workers are
+pinned to the same CPUs (--cpus; default: the last --threads CPUs this process may use): on a
+machine whose cores are not equally loaded one core can be twice as slow as another, and a
+build must not win a row by the core it got. "ratio" is
 b time / a time. Both workers first compute every row once and their results must agree.
 Exit status 1 if any row's ratio is above --tolerance.
 """
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -78,10 +82,12 @@ def cpu_time_per_call(fn, min_run_time, blocks=5):
 
 
 class Worker:
-    def __init__(self, python, threads, min_run_time):
+    def __init__(self, python, threads, min_run_time, cpus):
         self.proc = subprocess.Popen(
             [python, __file__, "--worker", "--threads", str(threads), "--min-run-time", str(min_run_time)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd="/")
+        if cpus:
+            os.sched_setaffinity(self.proc.pid, cpus)  # before torch starts its threads
         hello = self.proc.stdout.readline()
         if not hello:
             raise SystemExit(f"bench_abi: the worker {python} did not start")
@@ -97,6 +103,26 @@ class Worker:
         self.proc.wait()
 
 
+def pinned_cpus(spec, threads):
+    """The CPUs both workers run on: `spec` ("3", "2,3", "2-3"), else the last `threads` of
+    this process's; none where the platform cannot pin."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    if not spec:
+        return set(allowed[-max(1, threads):])
+    cpus = set()
+    for part in spec.split(","):
+        low, _, high = part.partition("-")
+        try:
+            cpus.update(range(int(low), int(high or low) + 1))
+        except ValueError:
+            raise SystemExit(f"bench_abi: --cpus takes CPU numbers such as 3, 2,3 or 2-3, not {spec!r}") from None
+    if not cpus <= set(allowed):
+        raise SystemExit(f"bench_abi: --cpus {spec}: this process may use CPUs {allowed} only")
+    return cpus
+
+
 def agree(a, b):
     if isinstance(a, dict) or isinstance(b, dict):
         return True  # a row one build cannot run is reported, not compared
@@ -110,6 +136,7 @@ def main(argv=None):
     parser.add_argument("--a", help="python of the first build's environment (the baseline)")
     parser.add_argument("--b", help="python of the second build's environment")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--cpus", default="", help="CPUs both workers are pinned to (e.g. 3 or 2-3)")
     parser.add_argument("--min-run-time", type=float, default=1.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tolerance", type=float, default=1.05)
@@ -120,8 +147,11 @@ def main(argv=None):
         return worker(args.threads, args.min_run_time)
     if not (args.a and args.b):
         parser.error("--a and --b name the two environments' python")
-    a = Worker(args.a, args.threads, args.min_run_time)
-    b = Worker(args.b, args.threads, args.min_run_time)
+    cpus = pinned_cpus(args.cpus, args.threads)
+    a = Worker(args.a, args.threads, args.min_run_time, cpus)
+    b = Worker(args.b, args.threads, args.min_run_time, cpus)
+    if cpus:
+        print(f"both builds pinned to CPU {','.join(map(str, sorted(cpus)))}")
     results, worst = [], 0.0
     print(f"{'row':58} {a.abi:>10} {b.abi:>10}  ratio")
     while True:
