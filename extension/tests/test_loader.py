@@ -24,10 +24,15 @@ def test_build_info_describes_this_build():
         pytest.skip("in-place build: the build record comes with the wheel `opforge build` makes")
     assert info["schema"] == 1 and info["distribution"] == "opforge-ops"
     assert info["version"] == importlib.metadata.version("opforge-ops")
-    assert info["version"].endswith("+" + info["variant"])
-    assert info["torch_version"] == torch.__version__
-    assert info["torch_git_version"] == torch.version.git_version
-    assert info["python"] == f"{sys.version_info.major}.{sys.version_info.minor}"
+    # the local version is the variant's name, normalized as PEP 440 does (cpu_stable: +cpu.stable)
+    assert info["version"].endswith("+" + info["variant"].replace("_", "."))
+    if info.get("abi", "legacy") == "legacy":  # built for exactly this torch and Python
+        assert info["torch_version"] == torch.__version__
+        assert info["torch_git_version"] == torch.version.git_version
+        assert info["python"] == f"{sys.version_info.major}.{sys.version_info.minor}"
+    else:  # one abi3 wheel for every torch from its floor up
+        floor = tuple(int(part) for part in info["torch_floor"].split(".")[:2])
+        assert tuple(int(part) for part in torch.__version__.split(".")[:2]) >= floor
     library = _loader.library_path()
     assert library is not None and library.parent == PACKAGE
     assert any(entry["path"].endswith(library.name) for entry in info["libraries"])
