@@ -47,6 +47,26 @@ def tests(session: nox.Session) -> None:
                 env={"OPFORGE_TEST_WHEEL": str(wheel), "OPFORGE_TEST_BUILD_DIR": str(work_dir)})
 
 
+# the emulations compile csrc themselves, legacy and stable alike (test_cuda.py's test_emulated_*
+# too): the tests session runs them
+NOT_EMULATED = "not (cuda_emu or cuda_stable_emu or metal_emu or metal_shim_emu or test_emulated)"
+
+
+@nox.session(venv_backend=opforge.nox.VENV_BACKEND)
+def tests_stable(session: nox.Session) -> None:
+    """Run the kernel tests on dist/cpu_stable's stable-ABI wheel beside the matrix's torch."""
+    wheels = sorted((ROOT / "dist" / "cpu_stable").glob("*.whl"))
+    if len(wheels) != 1:
+        session.error("tests_stable needs the one wheel `nox -s build_cpu_stable` leaves in "
+                      f"dist/cpu_stable, found {len(wheels)}")
+    # the wheel asks for torch>=floor: the torch it is tested with is the matrix's
+    torch_spec = MATRIX.torch_spec(MATRIX.variant("cpu_stable"))
+    opforge.nox.install(session, str(wheels[0]), torch_spec, "pytest", "pytest-xdist", "hypothesis",
+                        "expecttest", "numpy")
+    session.run("pytest", "-n", "auto", "--maxprocesses", "4", "-q", "-k", NOT_EMULATED,
+                "extension/tests", *session.posargs)
+
+
 @nox.session(venv_backend=opforge.nox.VENV_BACKEND)
 def compat(session: nox.Session) -> None:
     """Run the torchvision compatibility suite on dist/cu130's wheel beside torchvision."""
