@@ -284,16 +284,7 @@ inline DeformConv2dGeometry check_deform_conv2d_args(
                   " must be a ", device_type_name(device, /*upper_case=*/true),
                   " tensor on the same device as input (", device_name(input), "), got ",
                   device_name(*t));
-    OPFORGE_CHECK(t->scalar_type() == input.scalar_type(), "deform_conv2d: expected ", name,
-                  " to have the same dtype as input (", input.scalar_type(), "), got ",
-                  t->scalar_type());
   }
-  const auto dtype = input.scalar_type();
-  OPFORGE_CHECK(dtype == ScalarType::Float || dtype == ScalarType::Double ||
-                    dtype == ScalarType::Half || dtype == ScalarType::BFloat16,
-                "deform_conv2d: input must be a floating point tensor (float16, bfloat16, "
-                "float32 or float64), got ",
-                dtype);
   OPFORGE_CHECK(input.dim() == 4,
                 "deform_conv2d: input must be 4-D (batch, channels, height, width), got ",
                 input.dim(), "-D with shape ", shape(input));
@@ -357,13 +348,16 @@ inline DeformConv2dGeometry check_deform_conv2d_args(
   OPFORGE_CHECK(g.channels % offset_groups == 0, "deform_conv2d: offset_groups (", offset_groups,
                 ") must divide the input channels (", g.channels, ")");
   const int64_t kk = g.kernel_h * g.kernel_w;
-  OPFORGE_CHECK(
-      offset.size(1) % (2 * kk) == 0 && offset.size(1) / (2 * kk) == offset_groups,
-      "deform_conv2d: offset.shape[1] must be 2 * offset_groups * kernel_h * kernel_w = 2 * ",
-      offset_groups, " * ", g.kernel_h, " * ", g.kernel_w, ", got ", offset.size(1));
+  OPFORGE_CHECK(offset.size(1) % (2 * kk) == 0 && offset.size(1) / (2 * kk) == offset_groups,
+                "deform_conv2d: offset.shape[1] is not valid: got: ", offset.size(1),
+                " expected: ", 2 * offset_groups * kk,
+                " (2 * offset_groups * kernel_h * kernel_w = 2 * ", offset_groups, " * ",
+                g.kernel_h, " * ", g.kernel_w, ")");
   OPFORGE_CHECK(!use_mask || (mask.size(1) % kk == 0 && mask.size(1) / kk == offset_groups),
-                "deform_conv2d: mask.shape[1] must be offset_groups * kernel_h * kernel_w = ",
-                offset_groups, " * ", g.kernel_h, " * ", g.kernel_w, ", got ", mask.size(1));
+                "deform_conv2d: mask.shape[1] is not valid: got: ", mask.size(1),
+                " expected: ", offset_groups * kk,
+                " (offset_groups * kernel_h * kernel_w = ", offset_groups, " * ", g.kernel_h, " * ",
+                g.kernel_w, ")");
   OPFORGE_CHECK(offset.size(0) == g.batch, "deform_conv2d: offset.shape[0] (", offset.size(0),
                 ") must equal the batch size input.shape[0] (", g.batch, ")");
   OPFORGE_CHECK(!use_mask || mask.size(0) == g.batch, "deform_conv2d: mask.shape[0] (",
@@ -384,6 +378,17 @@ inline DeformConv2dGeometry check_deform_conv2d_args(
   OPFORGE_CHECK(!use_mask || (mask.size(2) == g.out_h && mask.size(3) == g.out_w),
                 "deform_conv2d: mask spatial size must equal the output size (", g.out_h, ", ",
                 g.out_w, "), got (", mask.size(2), ", ", mask.size(3), ")");
+  // dtypes last, as in torchvision, whose shape errors come first whatever the dtypes
+  const auto dtype = input.scalar_type();
+  OPFORGE_CHECK(dtype == ScalarType::Float || dtype == ScalarType::Double ||
+                    dtype == ScalarType::Half || dtype == ScalarType::BFloat16,
+                "deform_conv2d: input must be a floating point tensor (float16, bfloat16, "
+                "float32 or float64), got ",
+                dtype);
+  for (const auto& [t, name] : tensors) {
+    OPFORGE_CHECK(t->scalar_type() == dtype, "deform_conv2d: expected ", name,
+                  " to have the same dtype as input (", dtype, "), got ", t->scalar_type());
+  }
   return g;
 }
 

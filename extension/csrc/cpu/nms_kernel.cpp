@@ -39,7 +39,6 @@ Tensor nms_impl(const Tensor& dets, const Tensor& scores, double iou_threshold) 
     area[i] = (x2[i] - x1[i]) * (y2[i] - y1[i]);
   }
 
-  const acc_t threshold = static_cast<acc_t>(iou_threshold);
   std::vector<uint8_t> suppressed(n, 0);
   std::vector<int64_t> keep;
   keep.reserve(n);
@@ -54,8 +53,10 @@ Tensor nms_impl(const Tensor& dets, const Tensor& scores, double iou_threshold) 
       const acc_t h = std::max(acc_t(0), std::min(iy2, y2[j]) - std::max(iy1, y1[j]));
       const acc_t inter = w * h;
       const acc_t iou = inter / (iarea + area[j] - inter);
-      // A NaN IoU (two zero-area boxes) compares false: the box is kept.
-      suppressed[j] |= static_cast<uint8_t>(iou > threshold);
+      // Against the double threshold, as torchvision's CPU kernel compares (0.2 as a float is
+      // below 0.2: an IoU of exactly 1/5 would be suppressed). A NaN IoU (two zero-area boxes)
+      // compares false: the box is kept.
+      suppressed[j] |= static_cast<uint8_t>(static_cast<double>(iou) > iou_threshold);
     }
   }
   Tensor result = alloc_empty(dets, {static_cast<int64_t>(keep.size())}, ScalarType::Long);

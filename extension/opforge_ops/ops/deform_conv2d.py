@@ -218,16 +218,6 @@ def _check_shapes(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, 
             lambda name=name, t=t: f"deform_conv2d: {name} must be a {device_name} tensor on the "
             f"same device as input ({input.device}), got {t.device}",
         )
-        torch._check(
-            t.dtype == input.dtype,
-            lambda name=name, t=t: f"deform_conv2d: expected {name} to have the same dtype as "
-            f"input ({_scalar_type_name(input.dtype)}), got {_scalar_type_name(t.dtype)}",
-        )
-    torch._check(
-        input.dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16),
-        lambda: "deform_conv2d: input must be a floating point tensor (float16, bfloat16, "
-        f"float32 or float64), got {_scalar_type_name(input.dtype)}",
-    )
     torch._check(input.dim() == 4, lambda: "deform_conv2d: input must be 4-D (batch, channels, "
                  f"height, width), got {input.dim()}-D with shape {_sizes(input)}")
     torch._check(weight.dim() == 4, lambda: "deform_conv2d: weight must be 4-D (out_channels, "
@@ -265,11 +255,13 @@ def _check_shapes(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, 
                  f"({offset_groups}) must divide the input channels ({channels})")
     kk = kernel_h * kernel_w
     torch._check(offset.shape[1] % (2 * kk) == 0 and offset.shape[1] // (2 * kk) == offset_groups,
-                 lambda: "deform_conv2d: offset.shape[1] must be 2 * offset_groups * kernel_h * "
-                 f"kernel_w = 2 * {offset_groups} * {kernel_h} * {kernel_w}, got {offset.shape[1]}")
+                 lambda: f"deform_conv2d: offset.shape[1] is not valid: got: {offset.shape[1]} "
+                 f"expected: {2 * offset_groups * kk} (2 * offset_groups * kernel_h * kernel_w = "
+                 f"2 * {offset_groups} * {kernel_h} * {kernel_w})")
     torch._check(not use_mask or (mask.shape[1] % kk == 0 and mask.shape[1] // kk == offset_groups),
-                 lambda: "deform_conv2d: mask.shape[1] must be offset_groups * kernel_h * "
-                 f"kernel_w = {offset_groups} * {kernel_h} * {kernel_w}, got {mask.shape[1]}")
+                 lambda: f"deform_conv2d: mask.shape[1] is not valid: got: {mask.shape[1]} "
+                 f"expected: {offset_groups * kk} (offset_groups * kernel_h * kernel_w = "
+                 f"{offset_groups} * {kernel_h} * {kernel_w})")
     torch._check(offset.shape[0] == input.shape[0], lambda: "deform_conv2d: offset.shape[0] "
                  f"({offset.shape[0]}) must equal the batch size input.shape[0] ({input.shape[0]})")
     torch._check(not use_mask or mask.shape[0] == input.shape[0], lambda: "deform_conv2d: "
@@ -289,6 +281,19 @@ def _check_shapes(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, 
     torch._check(not use_mask or (mask.shape[2] == out_h and mask.shape[3] == out_w),
                  lambda: "deform_conv2d: mask spatial size must equal the output size "
                  f"({out_h}, {out_w}), got ({mask.shape[2]}, {mask.shape[3]})")
+    # dtypes last, as in torchvision, whose shape errors come first whatever the dtypes
+    torch._check(
+        input.dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16),
+        lambda: "deform_conv2d: input must be a floating point tensor (float16, bfloat16, "
+        f"float32 or float64), got {_scalar_type_name(input.dtype)}",
+    )
+    for name, t in (("input", input), ("weight", weight), ("offset", offset), ("mask", mask),
+                    ("bias", bias)):
+        torch._check(
+            t.dtype == input.dtype,
+            lambda name=name, t=t: f"deform_conv2d: expected {name} to have the same dtype as "
+            f"input ({_scalar_type_name(input.dtype)}), got {_scalar_type_name(t.dtype)}",
+        )
     return out_h, out_w
 
 

@@ -41,6 +41,9 @@ def batched_nms(boxes: Tensor, scores: Tensor, idxs: Tensor, iou_threshold: floa
         leaf = fx_leaf_call(batched_nms, (boxes, scores, idxs, iou_threshold))
         if leaf is not None:
             return leaf
+    # no boxes: nothing to keep, whatever scores and idxs are (torchvision looks at neither)
+    if boxes.numel() == 0:
+        return torch.empty((0,), dtype=torch.int64, device=boxes.device)
     # torchvision's coordinate trick broadcasts idxs against the boxes: a 0-D idxs is an
     # IndexError there, one category for every box ([1]) is accepted, any other length fails.
     if idxs.dim() == 0:

@@ -138,8 +138,8 @@ at::Tensor roi_align_kernel(const at::Tensor& input, const at::Tensor& rois, dou
               "roi_align: input and rois must have the same dtype, got ", input.scalar_type(),
               " and ", rois.scalar_type());
   TORCH_CHECK(input.size(0) == 1,
-              "roi_align: a quantized input holds one image (batch size 1, as in torchvision), got "
-              "batch size ",
+              "roi_align: Only one image per batch is allowed when the input is quantized "
+              "(as in torchvision), got batch size ",
               input.size(0));
   check_roi_output_size("roi_align", input, pooled_height, pooled_width);
   check_sampling_ratio("roi_align", sampling_ratio, pooled_height, pooled_width);
