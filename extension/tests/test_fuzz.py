@@ -330,7 +330,14 @@ DEFORM_DEFECTS = {
     "integer tensors": (lambda t, i: [a.long() if isinstance(a, torch.Tensor) else a for a in [*t, *i]],
                         "input must be a floating point tensor"),
     "offset one channel short": (lambda t, i: _with(t, i, 2, lambda o: o[:, :-1]),
-                                 r"offset\.shape\[1\] must be 2 \* offset_groups \* kernel_h \* kernel_w"),
+                                 r"offset\.shape\[1\] is not valid: got: \d+ expected: \d+ \(2 \* offset_groups"),
+    "mask one channel short": (lambda t, i: _with(t, (*i[:-1], True), 3, lambda m: m[:, :-1]),
+                               r"mask\.shape\[1\] is not valid: got: \d+ expected: \d+ \(offset_groups"),
+    # torchvision's test_wrong_sizes: a shape error is named before a dtype mismatch
+    "mask one channel short, weight in another dtype": (
+        lambda t, i: _with(_with(t, (*i[:-1], True), 3, lambda m: m[:, :-1])[:5], (*i[:-1], True), 1,
+                           _other_dtype),
+        r"mask\.shape\[1\] is not valid"),
     "offset one row short": (lambda t, i: _with(t, i, 2, lambda o: o[:, :, :-1]) if t[2].shape[2] > 1
                              else _with(t, i, 2, lambda o: torch.cat([o, o], 2)),
                              "offset spatial size must equal the output size"),

@@ -153,6 +153,14 @@ class TestNms:
         assert opforge_ops.nms(boxes, scores, 1 / 3).tolist() == [0, 1]
         assert opforge_ops.nms(boxes, scores, 0.33).tolist() == [0]
 
+    def test_float32_iou_is_compared_with_the_double_threshold(self):
+        # as torchvision's CPU kernel compares: IoU 1/5 in float32 is above 0.2 the double (and
+        # equal to 0.2 the float), so the second box is suppressed
+        boxes = torch.tensor([[0.0, 0, 10, 10], [0, 0, 10, 50]])
+        scores = torch.tensor([1.0, 0.5])
+        assert opforge_ops.nms(boxes, scores, 0.2).tolist() == [0]
+        assert opforge_ops.nms(boxes.double(), scores.double(), 0.2).tolist() == [0, 1]
+
     def test_inputs_that_require_grad(self):
         boxes = random_boxes(30).requires_grad_()
         scores = torch.rand(30, requires_grad=True)
@@ -167,6 +175,12 @@ class TestNms:
 
     def test_batched_nms_of_zero_boxes_is_empty(self):
         kept = opforge_ops.batched_nms(torch.zeros(0, 4), torch.zeros(0), torch.zeros(0, dtype=torch.int64), 0.5)
+        assert kept.shape == (0,) and kept.dtype == torch.int64
+
+    def test_batched_nms_of_zero_boxes_looks_at_nothing_else(self):
+        # torchvision returns before reading scores or idxs (its own test passes None for both)
+        empty = torch.empty((0,), dtype=torch.int64)
+        kept = opforge_ops.batched_nms(empty, None, None, None)
         assert kept.shape == (0,) and kept.dtype == torch.int64
 
     def test_batched_nms_bad_idxs_names_the_argument(self):

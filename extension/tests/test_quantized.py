@@ -51,7 +51,7 @@ def test_quantized_roi_align_rejects_float_rois_and_batches():
     with pytest.raises(ValueError, match="quantized"):
         opforge_ops.roi_align(x, torch.tensor([[0.0, 1, 1, 4, 4]]), 2)
     batch = quantize(torch.rand(2, 2, 6, 6), 0.05, 3, torch.quint8)
-    with pytest.raises(RuntimeError, match="one image"):
+    with pytest.raises(RuntimeError, match="Only one image per batch is allowed"):
         opforge_ops.roi_align(batch, quantize(torch.tensor([[0.0, 1, 1, 4, 4]]), 0.25, 0, torch.quint8), 2)
 
 
