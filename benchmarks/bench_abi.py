@@ -10,7 +10,10 @@ median of CPU seconds per call (process CPU time, so that load from other proces
 shared machine does not decide a row; use --threads 1 for that to hold). Both workers are
 pinned to the same CPUs (--cpus; default: the last --threads CPUs this process may use): on a
 machine whose cores are not equally loaded one core can be twice as slow as another, and a
-build must not win a row by the core it got. "ratio" is
+build must not win a row by the core it got. Both workers allocate alike: glibc's
+MALLOC_MMAP_THRESHOLD_ is fixed at 64 KiB (unless set), so every large tensor is fresh pages in
+both; with glibc's adaptive threshold, whether a row's outputs reused warm heap memory depended
+on each process's allocation history and moved single rows by up to 20% either way. "ratio" is
 b time / a time. Both workers first compute every row once and their results must agree.
 Exit status 1 if any row's ratio is above --tolerance.
 """
@@ -85,7 +88,8 @@ class Worker:
     def __init__(self, python, threads, min_run_time, cpus):
         self.proc = subprocess.Popen(
             [python, __file__, "--worker", "--threads", str(threads), "--min-run-time", str(min_run_time)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd="/")
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd="/",
+            env={"MALLOC_MMAP_THRESHOLD_": "65536", **os.environ})
         if cpus:
             os.sched_setaffinity(self.proc.pid, cpus)  # before torch starts its threads
         hello = self.proc.stdout.readline()
