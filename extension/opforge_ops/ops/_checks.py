@@ -18,8 +18,14 @@ _FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 _U64 = 2**64 - 1
 
 
+_QUANTIZED_NAMES = {torch.quint8: "QUInt8", torch.qint8: "QInt8", torch.qint32: "QInt32"}
+
+
 def scalar_type_name(dtype: torch.dtype) -> str:
-    """c10's name of a dtype (Float, Double, Half, BFloat16, Long...), as TORCH_CHECK prints it."""
+    """c10's name of a dtype (Float, Double, Half, BFloat16, Long, QUInt8...), as TORCH_CHECK
+    prints it."""
+    if dtype in _QUANTIZED_NAMES:
+        return _QUANTIZED_NAMES[dtype]
     return torch.empty(0, dtype=dtype).type().rsplit(".", 1)[-1].removesuffix("Tensor")
 
 
@@ -84,6 +90,12 @@ def _check_float(op: str, name: str, t: Tensor) -> None:
 
 
 def check_nms_inputs(dets: Tensor, scores: Tensor) -> None:
+    check_nms_shapes(dets, scores)
+    check_same_device_and_dtype("nms", "boxes (dets)", dets, "scores", scores)
+    _check_float("nms", "boxes (dets)", dets)
+
+
+def check_nms_shapes(dets: Tensor, scores: Tensor) -> None:
     check_storage_holds("nms", "boxes (dets)", dets)
     check_storage_holds("nms", "scores", scores)
     torch._check(
@@ -99,8 +111,6 @@ def check_nms_inputs(dets: Tensor, scores: Tensor) -> None:
         lambda: f"nms: boxes (dets) and scores must have the same length, got {dets.size(0)} "
         f"boxes and {scores.size(0)} scores",
     )
-    check_same_device_and_dtype("nms", "boxes (dets)", dets, "scores", scores)
-    _check_float("nms", "boxes (dets)", dets)
 
 
 def check_plane_fits_int32(op: str, height: int, width: int) -> None:

@@ -1,7 +1,8 @@
 """Dispatch-key kernels registered from Python where the compiled library has none.
 
-A legacy build registers Autocast (csrc/autocast) and nms's Autograd kernel (csrc/autograd) in
-C++. The LibTorch stable ABI has no C++ API for either, so a stable-ABI build leaves them to
+A legacy build registers Autocast (csrc/autocast), nms's Autograd kernel (csrc/autograd) and the
+QuantizedCPU kernels of nms and roi_align (csrc/quantized) in C++. The LibTorch stable ABI has
+no C++ API for the first two and no quantized tensors, so a stable-ABI build leaves them to
 this module, which follows the same rules: each function registers only what the library did
 not, so the two builds end up with the same dispatch table.
 """
@@ -56,6 +57,14 @@ def register_not_differentiable(name: str) -> None:
     if has_kernel(name, "Autograd") or has_kernel(name, "AutogradCPU"):
         return
     _LIB.impl(name, torch.library.fallthrough_kernel, "Autograd")
+
+
+def register_quantized_cpu(name: str, kernel) -> None:
+    """A QuantizedCPU kernel written in Python (on the integer representations or the
+    dequantized values, through the library's float kernels) where the library has none."""
+    if has_kernel(name, "QuantizedCPU") or not has_kernel(name, "CPU"):
+        return
+    _LIB.impl(name, kernel, "QuantizedCPU")
 
 
 def alert_not_deterministic(caller: str) -> None:

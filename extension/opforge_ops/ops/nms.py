@@ -9,8 +9,8 @@ import torch
 import torch.fx
 from torch import Tensor
 
-from ._checks import check_nms_inputs
-from ._dispatch import register_autocast, register_not_differentiable
+from ._checks import check_nms_inputs, check_nms_shapes, scalar_type_name
+from ._dispatch import register_autocast, register_not_differentiable, register_quantized_cpu
 from ._utils import fx_leaf_call
 
 
@@ -92,5 +92,27 @@ def _nms_fake(dets, scores, iou_threshold):
     check_nms_inputs(dets, scores)
     kept = torch.library.get_ctx().new_dynamic_size()
     return dets.new_empty(kept, dtype=torch.int64)
+def _quantized_nms(dets: Tensor, scores: Tensor, iou_threshold: float) -> Tensor:
+    """nms of quantized boxes and scores where the library has no QuantizedCPU kernel (a
+    stable-ABI build), with csrc/quantized/cpu/nms_kernel.cpp's checks and decisions: the IoU
+    does not change under the boxes' common scale and zero point, and integer scores order like
+    the values they quantize, so the float kernel runs on the integer representations (float32,
+    as the C++ kernel computes them; float64 for qint32, which float32 cannot hold exactly)."""
+    check_nms_shapes(dets, scores)
+    torch._check(
+        dets.is_quantized and scores.is_quantized and dets.dtype == scores.dtype,
+        lambda: "nms: quantized boxes (dets) need scores quantized to the same dtype, got "
+        f"{scalar_type_name(dets.dtype)} and {scalar_type_name(scores.dtype)}",
+    )
+    torch._check(
+        dets.qscheme() == torch.per_tensor_affine and scores.qscheme() == torch.per_tensor_affine,
+        lambda: "nms: quantized boxes and scores must be quantized per tensor (affine)",
+    )
+    exact = torch.float64 if dets.dtype == torch.qint32 else torch.float32
+    return torch.ops.opforge.nms(dets.int_repr().to(exact), scores.int_repr().to(exact),
+                                 iou_threshold)
+
+
 register_autocast("nms")
 register_not_differentiable("nms")
+register_quantized_cpu("nms", _quantized_nms)

@@ -10,8 +10,14 @@ from torch import Tensor, nn
 from torch.jit.annotations import BroadcastingList2
 from torch.nn.modules.utils import _pair
 
-from ._checks import check_roi_backward_inputs, check_roi_inputs, check_sampling_ratio
-from ._dispatch import alert_cuda_atomics, register_autocast
+from ._checks import (
+    check_roi_backward_inputs,
+    check_roi_inputs,
+    check_roi_shapes,
+    check_sampling_ratio,
+    scalar_type_name,
+)
+from ._dispatch import alert_cuda_atomics, register_autocast, register_quantized_cpu
 from ._first_order import forbid_double_backward
 from ._utils import check_quantized_rois, fx_leaf_call, rois_from_boxes
 
@@ -138,3 +144,34 @@ torch.library.register_autograd(
 )
 forbid_double_backward("opforge::_roi_align_backward", "roi_align")
 register_autocast("roi_align")
+
+
+def _quantized_roi_align(input: Tensor, rois: Tensor, spatial_scale: float, pooled_height: int,
+                         pooled_width: int, sampling_ratio: int, aligned: bool) -> Tensor:
+    """roi_align of a quantized input where the library has no QuantizedCPU kernel (a stable-ABI
+    build), with csrc/quantized/cpu/roi_align_kernel.cpp's checks: the float kernel on the
+    dequantized input and rois, requantized with the input's scale and zero point (what
+    torchvision's own test compares its quantized kernel with; the C++ kernel sums the integer
+    values instead and can differ from it by one quantum)."""
+    check_roi_shapes("roi_align", input, rois)
+    torch._check(
+        input.is_quantized and rois.is_quantized and input.qscheme() == torch.per_tensor_affine
+        and rois.qscheme() == torch.per_tensor_affine,
+        lambda: "roi_align: a quantized input needs rois quantized too, both per tensor (affine)",
+    )
+    torch._check(
+        input.dtype == rois.dtype,
+        lambda: "roi_align: input and rois must have the same dtype, got "
+        f"{scalar_type_name(input.dtype)} and {scalar_type_name(rois.dtype)}",
+    )
+    torch._check(
+        input.size(0) == 1,
+        lambda: "roi_align: Only one image per batch is allowed when the input is quantized (as in "
+        f"torchvision), got batch size {input.size(0)}",
+    )
+    out = torch.ops.opforge.roi_align(input.dequantize(), rois.dequantize(), spatial_scale,
+                                      pooled_height, pooled_width, sampling_ratio, aligned)
+    return torch.quantize_per_tensor(out, input.q_scale(), input.q_zero_point(), input.dtype)
+
+
+register_quantized_cpu("roi_align", _quantized_roi_align)
