@@ -19,6 +19,7 @@ What is built is chosen explicitly, never guessed from the build host:
                         (stable)
   TORCH_CUDA_ARCH_LIST  e.g. "8.0;9.0" (read by torch.utils.cpp_extension)
   OPFORGE_OMIT_KERNELS  fault injection: "roi_align:cpu,nms:cuda" leaves those kernel files out
+                        (this extension's own switch: opforge build --build-env passes it)
   MAX_JOBS              parallel compile jobs (read by torch.utils.cpp_extension)
 
 `opforge build` sets these and stamps the wheel afterwards (local version +<variant>, the torch

@@ -34,6 +34,9 @@ def _in_place_description():
 _INFO = read_build_info() or _in_place_description()
 # which LibTorch ABI the library was built for, read from its name (_C.abi3.so: stable)
 _INFO.setdefault("abi", library_abi())
+# the kernels setup.py left out: its OPFORGE_OMIT_KERNELS, as `opforge build --build-env` recorded it
+_OMIT = (_INFO.get("build_env") or {}).get("OPFORGE_OMIT_KERNELS", "")
+_INFO.setdefault("omitted_kernels", [k.strip() for k in _OMIT.split(",") if k.strip()])
 
 
 def build_info():

@@ -64,6 +64,7 @@ class BuildPlan:
     build: Step
     repair: Step | None
     env: dict[str, str]
+    extra_env: dict[str, str] = field(default_factory=dict)  # --build-env, recorded as given
 
     @property
     def raw_dir(self) -> Path:
@@ -169,9 +170,23 @@ def nvcc_version(nvcc: Path) -> str | None:
     return match.group(1) if match else None
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def parse_build_env(items: list[str] | None) -> dict[str, str]:
+    """--build-env NAME=VALUE arguments as a dict (a bad one is a UsageError)."""
+    env: dict[str, str] = {}
+    for item in items or ():
+        name, sep, value = item.partition("=")
+        if not sep or not _ENV_NAME.fullmatch(name):
+            raise UsageError(f"--build-env takes NAME=VALUE (NAME a variable name), got {item!r}")
+        env[name] = value
+    return env
+
+
 def plan_build(matrix: Matrix, variant_name: str, *, out_dir: Path | None = None,
                work_dir: Path | None = None, torch_index: str | None = None,
-               torch_spec: str | None = None, omit_kernels: str | None = None,
+               torch_spec: str | None = None, extra_env: dict[str, str] | None = None,
                host: str | None = None, max_jobs: int | None = None,
                env: dict[str, str] | None = None) -> BuildPlan:
     variant = matrix.variant(variant_name)
@@ -201,8 +216,6 @@ def plan_build(matrix: Matrix, variant_name: str, *, out_dir: Path | None = None
     }
     if variant.stable:
         build_env["OPFORGE_TORCH_FLOOR"] = variant.torch_floor or ""
-    if omit_kernels:
-        build_env["OPFORGE_OMIT_KERNELS"] = omit_kernels
     if variant.cuda:
         build_env["FORCE_CUDA"] = "1"
         build_env["TORCH_CUDA_ARCH_LIST"] = variant.arch_list or ""
@@ -215,6 +228,12 @@ def plan_build(matrix: Matrix, variant_name: str, *, out_dir: Path | None = None
         build_env["FORCE_MPS"] = "1"
         if variant.macos_deployment_target:
             build_env["MACOSX_DEPLOYMENT_TARGET"] = variant.macos_deployment_target
+    extra_env = dict(extra_env or {})
+    for name in extra_env:
+        if name in build_env or name in ("CUDA_HOME", "FORCE_MPS", "MACOSX_DEPLOYMENT_TARGET",
+                                         "OPFORGE_TORCH_FLOOR"):
+            raise UsageError(f"--build-env {name}: opforge sets {name} from the variant itself")
+    build_env.update(extra_env)
     build = Step("compile the extension into a wheel",
                  ("python", "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
                   "--disable-pip-version-check", "-v", "-w", str(work_dir / "raw"),
@@ -227,7 +246,7 @@ def plan_build(matrix: Matrix, variant_name: str, *, out_dir: Path | None = None
     return BuildPlan(variant=variant, host=target, extension_dir=extension_dir,
                      out_dir=out_dir, work_dir=work_dir, install=install,
                      tools=(*build_requires(extension_dir), *_repair_tools(target)), build=build,
-                     repair=repair, env=build_env)
+                     repair=repair, env=build_env, extra_env=extra_env)
 
 
 def build_requires(extension_dir: Path) -> tuple[str, ...]:
@@ -315,11 +334,13 @@ def finish(plan: BuildPlan) -> Path:
     return final
 
 
-def verify(wheel: Path, variant: Variant, pythons: tuple[str, ...] = ()) -> list[str]:
-    """The ways a freshly built wheel contradicts its matrix entry (see ``opforge inspect``)."""
+def verify(wheel: Path, variant: Variant, pythons: tuple[str, ...] = (), *,
+           extra_env_ok: bool = False) -> list[str]:
+    """The ways a freshly built wheel contradicts its matrix entry (see ``opforge inspect``);
+    extra_env_ok: a build environment given with --build-env is not one of them."""
     from opforge.wheels import check_against_variant, inspect_wheel
 
-    return check_against_variant(inspect_wheel(wheel), variant, pythons)
+    return check_against_variant(inspect_wheel(wheel), variant, pythons, extra_env_ok=extra_env_ok)
 
 
 def execute(plan: BuildPlan, python: str, *, install: bool = True, log=print,
@@ -424,7 +445,6 @@ def build_facts(plan: BuildPlan, python: str) -> BuildFacts:
     commit = subprocess.run(["git", "-C", str(plan.extension_dir), "rev-parse", "HEAD"],
                             capture_output=True, text=True)
     variant = plan.variant
-    omitted = plan.env.get("OPFORGE_OMIT_KERNELS", "")
     return BuildFacts(
         variant=variant.name, torch_version=torch["torch_version"],
         torch_git_version=torch["torch_git_version"],
@@ -434,8 +454,7 @@ def build_facts(plan: BuildPlan, python: str) -> BuildFacts:
         source_commit=commit.stdout.strip() if commit.returncode == 0 else None,
         torch_requirement=variant.torch_requirement_floor,
         local_version=variant.local_version,
-        extra={"omitted_kernels": [k.strip() for k in omitted.split(",") if k.strip()],
-               "abi": variant.abi, "torch_floor": variant.torch_floor,
+        extra={"build_env": dict(plan.extra_env), "abi": variant.abi, "torch_floor": variant.torch_floor,
                "cuda_major": variant.cuda_major})
 
 
@@ -479,12 +498,12 @@ def _run(argv: list[str], env: dict[str, str], log, what: str, logfile: Path | N
 def build_wheel(variant: str, *, matrix: Matrix | None = None, python: str | None = None,
                 out_dir: Path | None = None, work_dir: Path | None = None,
                 torch_spec: str | None = None, torch_index: str | None = None,
-                omit_kernels: str | None = None, install: bool = True, log=print,
+                extra_env: dict[str, str] | None = None, install: bool = True, log=print,
                 compiler_cache: bool = True) -> Path:
     """Build ``variant``'s wheel with ``python`` (default: a fresh venv under work_dir)."""
     matrix = matrix or load_matrix()
     plan = plan_build(matrix, variant, out_dir=out_dir, work_dir=work_dir,
-                      torch_spec=torch_spec, torch_index=torch_index, omit_kernels=omit_kernels)
+                      torch_spec=torch_spec, torch_index=torch_index, extra_env=extra_env)
     check_host(matrix, plan.variant)
     if python is None:
         from opforge.venv import create_venv, venv_python

@@ -253,7 +253,8 @@ def _metadata_name(archive: zipfile.ZipFile, wheel: str) -> str:
 _OPT_STR = (str, type(None))
 _RECORD_TYPES = {"version": _OPT_STR, "variant": _OPT_STR, "torch_version": _OPT_STR,
                  "torch_git_version": _OPT_STR, "backends": (list,), "cuda_version": _OPT_STR,
-                 "cuda_arch_list": _OPT_STR, "omitted_kernels": (list, str, type(None))}
+                 "cuda_arch_list": _OPT_STR, "omitted_kernels": (list, str, type(None)),
+                 "build_env": (dict, type(None))}
 
 
 def _build_record(data: bytes, name: str) -> dict:
@@ -391,7 +392,7 @@ def check_stable_tags(report: WheelReport, variant: Variant,
 
 
 def check_against_variant(report: WheelReport, variant: Variant,
-                          pythons: tuple[str, ...] = ()) -> list[str]:
+                          pythons: tuple[str, ...] = (), *, extra_env_ok: bool = False) -> list[str]:
     """Every way the wheel contradicts its matrix entry (empty list: consistent).
 
     ``pythons``: the matrix's, which a stable variant's abi3 wheel must all install on."""
@@ -427,8 +428,11 @@ def check_against_variant(report: WheelReport, variant: Variant,
         if info.get("version") and info["version"] != report.version:
             problems.append(f"build record says version {info['version']}, the wheel is "
                             f"{report.version}")
-        if info.get("omitted_kernels"):
+        if info.get("omitted_kernels"):  # records of opforge before --build-env
             problems.append(f"kernels left out at build time: {info['omitted_kernels']}")
+        if info.get("build_env") and not extra_env_ok:
+            given = ", ".join(f"{k}={v}" for k, v in info["build_env"].items())
+            problems.append(f"built with extra build environment ({given}): not a release build")
     compiled = report.libraries
     problems += [f"{lib.path}: {lib.note}" for lib in compiled if lib.note]
     problems += report.abi_problems(stable=variant.stable, torch_floor=variant.torch_floor,

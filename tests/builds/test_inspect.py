@@ -90,6 +90,8 @@ def test_cuda_wheel_with_exactly_the_requested_archs(tmp_path):
     (dict(info={"version": "0.1.0+cu130"}), "build record says version 0.1.0+cu130"),
     (dict(tag="linux_x86_64"), "not repaired with auditwheel"),
     (dict(info={"omitted_kernels": ["roi_align:cpu"]}), "kernels left out"),
+    (dict(info={"build_env": {"MY_EXT_SKIP": "roi_align"}}),
+     "built with extra build environment (MY_EXT_SKIP=roi_align): not a release build"),
     (dict(library=b"\x7fELF" + fatbin([(2, 90)])), "is not CUDA but the wheel embeds sm_90"),
 ])
 def test_contradictions_with_the_cpu_variant(tmp_path, kwargs, expected):

@@ -181,7 +181,8 @@ def test_matrix_arguments(work, argv):
 @given(data=mutated_matrix(), variant=st.one_of(st.sampled_from(["cpu", "cu130", "mps"]), NASTY),
        extra=st.lists(st.sampled_from([["--torch", "torch==2.13.0"], ["--torch", "torch>=="],
                                        ["--torch-index", "pypi"], ["--torch-index", "::"],
-                                       ["--omit-kernels", "nms:cpu"], ["--omit-kernels", ";;"],
+                                       ["--build-env", "OPFORGE_OMIT_KERNELS=nms:cpu"], ["--build-env", ";;"],
+                                       ["--build-env", "OPFORGE_VARIANT=cu130"],
                                        ["--out", "/proc/x/y"]]), max_size=2))
 def test_build_dry_run_on_mutated_files(work, data, variant, extra):
     path = _matrix_file(work, data)

@@ -28,8 +28,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     b.add_argument("--torch-index", metavar="URL",
                    help="where torch comes from: 'pypi', a URL or a directory "
                         "(default: $OPFORGE_TORCH_INDEX, else the matrix's index)")
-    b.add_argument("--omit-kernels", metavar="OP:BACKEND,...",
-                   help="fault injection: leave these kernels out (e.g. roi_align:cpu)")
+    b.add_argument("--build-env", metavar="NAME=VALUE", action="append",
+                   help="one more variable in the extension's build environment, e.g. a switch "
+                        "of its own build for fault injection; recorded in the build record "
+                        "(build_env), and `opforge inspect` flags such a wheel (repeatable)")
     b.add_argument("--no-compiler-cache", action="store_true",
                    help="compile every file, without sccache (also: OPFORGE_COMPILER_CACHE=off)")
     b.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
@@ -38,20 +40,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_build(args: argparse.Namespace) -> int:
     matrix = load_matrix(args.file)
+    extra_env = build.parse_build_env(args.build_env)
     plan = build.plan_build(matrix, args.variant, out_dir=args.out, work_dir=args.work_dir,
                             torch_spec=args.torch, torch_index=args.torch_index,
-                            omit_kernels=args.omit_kernels)
+                            extra_env=extra_env)
     if args.dry_run:
         print(plan.describe())
         return 0
     wheel = build.build_wheel(args.variant, matrix=matrix, python=args.python,
                               out_dir=args.out, work_dir=args.work_dir, torch_spec=args.torch,
-                              torch_index=args.torch_index, omit_kernels=args.omit_kernels,
+                              torch_index=args.torch_index, extra_env=extra_env,
                               install=not args.no_install,
                               compiler_cache=not args.no_compiler_cache)
     write_summary(plan.variant.name, compiler_cache.read_stats(plan.work_dir))
-    problems = build.verify(wheel, plan.variant, matrix.pythons)
-    if problems and not args.omit_kernels:
+    # a wheel built with --build-env is flagged by inspect; here it is what was asked for
+    problems = build.verify(wheel, plan.variant, matrix.pythons, extra_env_ok=bool(extra_env))
+    if problems:
         for problem in problems:
             print(f"opforge build: {wheel.name}: {problem}", file=sys.stderr)
         return 1
