@@ -92,6 +92,8 @@ def _nms_fake(dets, scores, iou_threshold):
     check_nms_inputs(dets, scores)
     kept = torch.library.get_ctx().new_dynamic_size()
     return dets.new_empty(kept, dtype=torch.int64)
+
+
 def _quantized_nms(dets: Tensor, scores: Tensor, iou_threshold: float) -> Tensor:
     """nms of quantized boxes and scores where the library has no QuantizedCPU kernel (a
     stable-ABI build), with csrc/quantized/cpu/nms_kernel.cpp's checks and decisions: the IoU

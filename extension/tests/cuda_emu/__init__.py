@@ -97,9 +97,6 @@ def emulated_launches(source: str) -> str:
 _MAIN = """#include "prelude.h"
 // The launch counter, for tests that check an empty input launches nothing.
 int64_t opforge_cuda_emu_launches() { return opforge_emu::launches; }
-// one more level, so that OPFORGE_CUDA_EMU_NS is expanded before torch's macros paste it
-#define OPFORGE_EMU_FRAGMENT(fragment, ns, m) fragment(ns, m)
-#define OPFORGE_EMU_EXPLICIT(impl, ns, m) impl(ns, CompositeExplicitAutograd, m, C10_UID)
 #ifdef OPFORGE_STABLE_ABI
 extern "C" AOTITorchError opforge_emu_create_device_guard(int32_t, DeviceGuardHandle* guard) {
   *guard = nullptr;  // one emulated device: nothing to switch
@@ -108,14 +105,12 @@ extern "C" AOTITorchError opforge_emu_create_device_guard(int32_t, DeviceGuardHa
 extern "C" AOTITorchError opforge_emu_delete_device_guard(DeviceGuardHandle) {
   return AOTI_TORCH_SUCCESS;
 }
-OPFORGE_EMU_FRAGMENT(STABLE_TORCH_LIBRARY_FRAGMENT, OPFORGE_CUDA_EMU_NS, m) { m.def("_launches() -> int"); }
-OPFORGE_EMU_EXPLICIT(_STABLE_TORCH_LIBRARY_IMPL, OPFORGE_CUDA_EMU_NS, m) {
+STABLE_TORCH_LIBRARY_FRAGMENT(NAMESPACE, m) { m.def("_launches() -> int"); }
+_STABLE_TORCH_LIBRARY_IMPL(NAMESPACE, CompositeExplicitAutograd, m, C10_UID) {
   m.impl("_launches", TORCH_BOX(&opforge_cuda_emu_launches));
 }
 #else
-OPFORGE_EMU_FRAGMENT(TORCH_LIBRARY_FRAGMENT, OPFORGE_CUDA_EMU_NS, m) {
-  m.def("_launches() -> int", &opforge_cuda_emu_launches);
-}
+TORCH_LIBRARY_FRAGMENT(NAMESPACE, m) { m.def("_launches() -> int", &opforge_cuda_emu_launches); }
 #endif
 """
 
@@ -166,7 +161,7 @@ def load(abi: str | None = None):
     }
     for path in sources:
         wanted[Path("csrc") / "cuda" / f"{path.stem}.emu.cpp"] = emulated_launches(path.read_text())
-    wanted[Path("csrc") / "cuda" / "emu_main.cpp"] = _MAIN
+    wanted[Path("csrc") / "cuda" / "emu_main.cpp"] = _MAIN.replace("NAMESPACE", namespace)
     for relative, text in wanted.items():
         target = root / relative
         if not target.exists() or target.read_text() != text:
