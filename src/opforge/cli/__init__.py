@@ -24,13 +24,24 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from opforge import __version__
-from opforge.cli import bench, bisect, build, cache, init, inspect, matrix, smoke, workflows
+from opforge.cli import (
+    bench,
+    bisect,
+    build,
+    cache,
+    index,
+    init,
+    inspect,
+    matrix,
+    smoke,
+    workflows,
+)
 from opforge.errors import EXIT_BUG, EXIT_SIGNAL, Interrupted, OpforgeError, UsageError
 
 # in `opforge --help` order; each registers one subcommand of the same name
 COMMANDS = {"init": init, "matrix": matrix, "build": build, "inspect": inspect,
             "smoke": smoke, "bench": bench, "bisect": bisect, "cache": cache,
-            "workflows": workflows}
+            "index": index, "workflows": workflows}
 _STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")
                       if hasattr(signal, name))
 

@@ -1,0 +1,41 @@
+"""``opforge index``: a static package index per variant from ``dist/<variant>/`` wheels."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from opforge.files import lookup
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "index", help="write (or add to) a static package index per variant",
+        description="Add the wheels of DIST/<variant>/ to a static package index tree at --out: "
+                    "a PEP 503 simple index per variant (<variant>/<project>/ with sha256 "
+                    "fragments, data-requires-python and PEP 658 .metadata files) and a "
+                    "find-links page per torch version and variant (torch-2.14.1+cu130.html). "
+                    "Wheels already in the tree are kept. Exit 1, writing nothing, when a "
+                    "published file name would get different bytes; exit 2 on bad input.")
+    p.add_argument("dist", nargs="?", type=Path, default=Path("dist"),
+                   help="folder of <variant>/*.whl (default: dist)")
+    p.add_argument("--out", type=Path, required=True, metavar="SITE",
+                   help="the index tree: created, or merged into when it exists (e.g. a "
+                        "checkout of the published site)")
+    p.add_argument("--dry-run", action="store_true", help="say what would change; write nothing")
+    p.set_defaults(func=run_index)
+
+
+def run_index(args: argparse.Namespace) -> int:
+    from opforge.index import build_index
+
+    lookup(args.out, what="--out")  # an unusable path is a usage error, before any work
+    result = build_index(args.dist, args.out, dry_run=args.dry_run)
+    verb = "would add" if args.dry_run else "added"
+    for entry in result.added:
+        print(f"{verb} {entry.path}")
+    variants = sorted({e.variant for e in result.added + result.unchanged + result.kept})
+    print(f"opforge index: {len(result.added)} wheel(s) {verb}, {len(result.unchanged)} "
+          f"already published, {len(result.kept)} kept; variants: {', '.join(variants)}; "
+          f"{len(result.pages)} pages" + ("" if args.dry_run else f" in {args.out}"))
+    return 0
