@@ -2,7 +2,7 @@
 
 Every file opforge reads on a user's behalf (matrix.yaml, a bisect state, a smoke report, an
 index page on disk) goes through ``read_bytes`` / ``read_text`` / ``read_json`` /
-``compose_yaml``: regular files only (a FIFO, a directory or a device is refused without
+``opforge.yamlsafe``: regular files only (a FIFO, a directory or a device is refused without
 blocking: the open is non-blocking and the type is checked on the open descriptor), a size
 limit, strict UTF-8 with the line and column of the first bad byte, JSON and YAML nesting
 limits, and no YAML tags. Each failure is a ``UsageError`` (exit 2) whose message starts with
@@ -18,18 +18,23 @@ import contextlib
 import errno
 import json
 import os
+import secrets
+import socket
 import stat
+import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import yaml
-
 from opforge.errors import UsageError
 
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks
+    fcntl = None  # type: ignore[assignment]
+
 MAX_TEXT_BYTES = 16 << 20   # a matrix, a state file or an index page is far smaller
-MAX_DEPTH = 64              # YAML nesting (JSON's decoder stops at the recursion limit)
-MAX_YAML_NODES = 200_000    # after expanding aliases ("billion laughs")
 
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
           (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
@@ -149,58 +154,6 @@ def _no_constant(name: str):
     raise ValueError(f"{name} is not JSON")
 
 
-def compose_yaml(text: str, label: str, *, max_depth: int = MAX_DEPTH,
-                 max_nodes: int = MAX_YAML_NODES) -> yaml.Node | None:
-    """The document's node tree, after refusing tags, deep nesting and alias bombs.
-
-    ``label`` is the file name used in ``label:line: (yaml): problem`` messages.
-    """
-    def fail(mark, problem: str) -> UsageError:
-        line = mark.line + 1 if mark is not None else 0
-        return UsageError(f"{label}:{line}: (yaml): {problem}")
-
-    try:
-        depth, nodes = 0, 0
-        sizes: dict[str, int] = {}           # anchor -> nodes it expands to
-        open_anchors: list[tuple[str | None, int]] = []
-        for event in yaml.parse(text, Loader=yaml.SafeLoader):
-            tag = getattr(event, "tag", None)
-            if tag is not None and tag != "!" and not isinstance(event, yaml.DocumentStartEvent):
-                raise fail(event.start_mark, f"tags are not allowed (found {tag!r})")
-            if isinstance(event, yaml.AliasEvent):
-                if event.anchor not in sizes:
-                    raise fail(event.start_mark, f"alias *{event.anchor} refers to an "
-                                                 "unfinished or unknown anchor")
-                nodes += sizes[event.anchor]
-            elif isinstance(event, (yaml.ScalarEvent, yaml.CollectionStartEvent)):
-                nodes += 1
-                if isinstance(event, yaml.ScalarEvent):
-                    if event.anchor:
-                        sizes[event.anchor] = 1
-                else:
-                    depth += 1
-                    if depth > max_depth:
-                        raise fail(event.start_mark, f"nests deeper than {max_depth} levels")
-                    open_anchors.append((event.anchor, nodes))
-            elif isinstance(event, yaml.CollectionEndEvent):
-                depth -= 1
-                anchor, start = open_anchors.pop()
-                if anchor:
-                    sizes[anchor] = nodes - start + 1
-            if nodes > max_nodes:
-                raise fail(getattr(event, "start_mark", None),
-                           f"expands to more than {max_nodes} nodes (aliases?)")
-        return yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        problem = exc.problem or exc.context or "invalid YAML"
-        raise fail(mark, problem) from None
-    except yaml.YAMLError as exc:
-        raise UsageError(f"{label}:0: (yaml): {' '.join(str(exc).split())}") from None
-    except RecursionError:
-        raise UsageError(f"{label}:0: (yaml): nests too deeply") from None
-
-
 def check_writable(path: str | os.PathLike, *, what: str, append: bool = False,
                    make_folders: bool = True) -> Path:
     """Fail now, not after the work, if a report could not be written to ``path``.
@@ -257,23 +210,291 @@ def check_writable(path: str | os.PathLike, *, what: str, append: bool = False,
     return path
 
 
-def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
-    """Write a report whole or not at all: a scratch file beside it, then a rename."""
+def write_atomic(path: str | os.PathLike, data: str | bytes, *, what: str | None = None,
+                 fsync: bool = False) -> None:
+    """Write a report whole or not at all: a scratch file beside it, then a rename.
+
+    An existing FIFO or character device (``--json /dev/stdout``) is written through, without
+    blocking when nothing reads it; anything else goes through ``write_file``.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists() and not path.is_file():  # a FIFO or a device: write through it
-        with open(path, "wb") as fh:
-            fh.write(data.encode("utf-8") if isinstance(data, str) else data)
-        return
-    fd, scratch = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    info = lookup(path, what=what or "output")
+    if info is not None and (stat.S_ISFIFO(info.st_mode) or stat.S_ISCHR(info.st_mode)):
+        flags = os.O_WRONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+        try:
+            fd = os.open(path, flags)
+        except OSError as exc:
+            raise UsageError(f"{_label(path, what)}: {open_problem(exc)}") from None
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data.encode("utf-8") if isinstance(data, str) else data)
-        os.replace(scratch, path)
+            fh.write(payload)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_file(path, payload, what=what, fsync=fsync)
+
+
+# -- writes that cannot escape their folder ---------------------------------------------------
+
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+def _open_folder(parts: tuple[str, ...], root: Path, *, make: bool, label: str) -> int:
+    """A descriptor of ``root/parts...``, each part opened without following a symbolic link
+    (made when ``make``); a link, a file or a FIFO on the way is refused with one line."""
+    try:
+        fd = os.open(root, _DIR_FLAGS)
+    except OSError as exc:
+        raise UsageError(f"{label}: {root}: {open_problem(exc)}") from None
+    walked = root
+    try:
+        for part in parts:
+            walked = walked / part
+            try:
+                info = os.stat(part, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                if not make:
+                    raise UsageError(f"{label}: no folder {walked}") from None
+                try:
+                    os.mkdir(part, 0o777, dir_fd=fd)
+                except FileExistsError:
+                    pass
+                except OSError as exc:
+                    raise UsageError(f"{label}: cannot make {walked} "
+                                     f"({open_problem(exc)})") from None
+                info = os.stat(part, dir_fd=fd, follow_symlinks=False)
+            if stat.S_ISLNK(info.st_mode):
+                raise UsageError(f"{label}: {walked} is a symbolic link; opforge writes only "
+                                 f"into real folders under {root}")
+            if not stat.S_ISDIR(info.st_mode):
+                raise UsageError(f"{label}: {walked} is {_kind(info.st_mode)}, not a folder")
+            try:
+                child = os.open(part, _DIR_FLAGS | _NOFOLLOW, dir_fd=fd)
+            except OSError as exc:
+                raise UsageError(f"{label}: {walked}: {open_problem(exc)}") from None
+            os.close(fd)
+            fd = child
+        return fd
     except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(scratch)
+        os.close(fd)
         raise
+
+
+def _split(path: Path, root: Path | None) -> tuple[Path, tuple[str, ...], str]:
+    """(the folder walk starts at, the parts under it, the file name)."""
+    if root is None:
+        return path.parent, (), path.name
+    try:
+        rel = path.relative_to(root)
+    except ValueError:
+        raise UsageError(f"{path}: not under {root}; opforge writes only there") from None
+    parts = rel.parts
+    if not parts or any(p in ("..", ".", "") for p in parts):
+        raise UsageError(f"{path}: not a file name under {root}")
+    return root, parts[:-1], parts[-1]
+
+
+def check_target(path: str | os.PathLike, *, root: str | os.PathLike | None = None,
+                 what: str | None = None) -> bool:
+    """Whether ``path`` exists; refused up front (one line) if it, or a folder between
+    ``root`` and it, is a symbolic link, a FIFO, a directory or anything but what is expected.
+    Nothing is created."""
+    path = Path(path)
+    base, parts, name = _split(path, Path(root) if root is not None else None)
+    label = _label(path, what)
+    walked = base
+    for part in (*parts, name):
+        walked = walked / part
+        try:
+            info = os.lstat(walked)
+        except FileNotFoundError:
+            return False
+        except (OSError, ValueError) as exc:
+            problem = open_problem(exc) if isinstance(exc, OSError) else "not a valid path"
+            raise UsageError(f"{label}: {problem}") from None
+        if stat.S_ISLNK(info.st_mode):
+            raise UsageError(f"{label}: {walked} is a symbolic link; opforge does not write "
+                             "through links (remove it, or write the file by hand)")
+        if part is not name or walked != path:
+            if not stat.S_ISDIR(info.st_mode):
+                raise UsageError(f"{label}: {walked} is {_kind(info.st_mode)}, not a folder")
+        elif not stat.S_ISREG(info.st_mode):
+            raise UsageError(f"{label}: {_kind(info.st_mode)}, not a regular file; opforge "
+                             "replaces only regular files")
+    return True
+
+
+def write_file(path: str | os.PathLike, data: str | bytes, *,
+               root: str | os.PathLike | None = None, what: str | None = None,
+               mode: int | None = None, fsync: bool = False) -> None:
+    """Write ``path`` whole or not at all, so that it cannot land anywhere else.
+
+    The file is made under an unpredictable name (O_EXCL, no-follow) in its own folder, then
+    renamed over ``path``: a symbolic link, FIFO or directory at ``path`` is refused up front,
+    never written through. With ``root``, every folder from ``root`` down is opened without
+    following links (and made if missing), so a planted link cannot send the file elsewhere.
+    An existing file keeps its permission bits unless ``mode`` says otherwise.
+    """
+    path = Path(path)
+    label = _label(path, what)
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    base, parts, name = _split(path, Path(root) if root is not None else None)
+    folder = _open_folder(parts, base, make=root is not None, label=label)
+    scratch = None
+    try:
+        try:
+            info = os.stat(name, dir_fd=folder, follow_symlinks=False)
+        except FileNotFoundError:
+            info = None
+        except OSError as exc:
+            raise UsageError(f"{label}: {open_problem(exc)}") from None
+        if info is not None and stat.S_ISLNK(info.st_mode):
+            raise UsageError(f"{label}: a symbolic link; opforge does not write through links")
+        if info is not None and not stat.S_ISREG(info.st_mode):
+            raise UsageError(f"{label}: {_kind(info.st_mode)}, not a regular file")
+        if mode is None and info is not None:
+            mode = stat.S_IMODE(info.st_mode)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+        for _ in range(16):
+            candidate = f".{name[:64]}.{secrets.token_hex(8)}.tmp"
+            try:
+                fd = os.open(candidate, flags, 0o666 if mode is None else 0o600,
+                             dir_fd=folder)
+            except FileExistsError:
+                continue
+            except OSError as exc:
+                raise UsageError(f"{label}: cannot write in its folder "
+                                 f"({open_problem(exc)})") from None
+            scratch = candidate
+            break
+        else:
+            raise UsageError(f"{label}: no free scratch name in its folder")
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(payload)
+            fh.flush()
+            if mode is not None:
+                os.fchmod(fh.fileno(), mode)
+            if fsync:
+                os.fsync(fh.fileno())
+        os.replace(scratch, name, src_dir_fd=folder, dst_dir_fd=folder)
+        scratch = None
+    finally:
+        if scratch is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(scratch, dir_fd=folder)
+        os.close(folder)
+
+
+# -- bounded reads ------------------------------------------------------------------------------
+
+CHUNK = 1 << 16
+
+
+def read_head(path: str | os.PathLike, limit: int, *, what: str | None = None) -> bytes:
+    """At most ``limit`` bytes from the start of a regular file, read in chunks (a 3 GB file,
+    a sparse one or one still growing costs ``limit`` bytes of memory, never more)."""
+    out = bytearray()
+    with open_regular(path, what=what) as fh:
+        while len(out) < limit:
+            try:
+                chunk = fh.read(min(CHUNK, limit - len(out)))
+            except OSError as exc:
+                raise UsageError(f"{_label(Path(path), what)}: cannot read: "
+                                 f"{exc.strerror or exc}") from None
+            if not chunk:
+                break
+            out += chunk
+    return bytes(out)
+
+
+# -- locks ----------------------------------------------------------------------------------------
+
+class LockHeld(UsageError):
+    """Another process holds the lock: one line naming it (exit 2: nothing was changed)."""
+
+
+class FileLock:
+    """An advisory lock (``flock``) on a small file beside what it guards.
+
+    The kernel drops it when its holder exits, however it exits, so a killed run never leaves
+    a stale lock. The exclusive holder writes who it is into the file (pid, host, command,
+    since when) so that a refused or waiting process can name it.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, what: str):
+        self.path = Path(path)
+        self.what = what
+        self.fd: int | None = None
+
+    def _open(self) -> int:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        flags = os.O_RDWR | os.O_CREAT | _NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+        try:
+            fd = os.open(self.path, flags | getattr(os, "O_NONBLOCK", 0), 0o644)
+        except OSError as exc:
+            raise UsageError(f"{self.what}: lock file {self.path}: {open_problem(exc)}") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise UsageError(f"{self.what}: lock file {self.path}: not a regular file")
+        return fd
+
+    def holder(self) -> str:
+        try:
+            text = read_head(self.path, 4096).decode("utf-8", "replace").strip()
+        except UsageError:
+            text = ""
+        return text.splitlines()[0] if text else "another process"
+
+    def acquire(self, *, shared: bool = False, wait: float | None = None,
+                waiting=None) -> FileLock:
+        """Take the lock; ``wait`` None waits as long as it takes, 0 refuses at once
+        (``LockHeld``), else seconds. ``waiting(holder)`` is called once before a wait."""
+        if fcntl is None:  # no flock (Windows): nothing to take
+            return self
+        fd = self._open()
+        kind = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+        deadline = None if wait is None else time.monotonic() + wait
+        told = False
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, kind | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    pass
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise LockHeld(f"{self.what}: in use by {self.holder()}")
+                if not told and waiting is not None:
+                    waiting(self.holder())
+                    told = True
+                time.sleep(0.02)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd = fd
+        if not shared:
+            record = (f"pid {os.getpid()} on {socket.gethostname()} "
+                      f"({' '.join(sys.argv[:4])[:200]}), since "
+                      f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n").encode()
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, record, 0)
+        return self
+
+    def release(self) -> None:
+        if self.fd is not None:
+            fd, self.fd = self.fd, None
+            os.close(fd)  # closing drops the flock
+
+    def __enter__(self) -> FileLock:
+        if self.fd is None:
+            self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
 
 
 def lookup(path: str | os.PathLike, *, what: str) -> os.stat_result | None:
@@ -286,3 +507,10 @@ def lookup(path: str | os.PathLike, *, what: str) -> os.stat_result | None:
     except (OSError, ValueError) as exc:
         problem = open_problem(exc) if isinstance(exc, OSError) else "not a valid path"
         raise UsageError(f"{what} {path}: {problem}") from None
+
+
+def compose_yaml(text: str, label: str, **limits: int):
+    """``opforge.yamlsafe.compose`` (kept here for its older callers)."""
+    from opforge.yamlsafe import compose
+
+    return compose(text, label, **limits)

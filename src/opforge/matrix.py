@@ -20,7 +20,8 @@ from packaging.version import InvalidVersion, Version
 from opforge import fields as field_checks
 from opforge.dispatch_keys import DISPATCH_KEYS, device_of
 from opforge.errors import UsageError
-from opforge.files import compose_yaml, read_text
+from opforge.files import read_text
+from opforge.yamlsafe import compose as compose_yaml
 
 DEFAULT_MATRIX = "matrix.yaml"
 

@@ -48,13 +48,12 @@ are checked, unless ``every`` is set.
 
 from __future__ import annotations
 
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from opforge import __version__
+from opforge.errors import UsageError
+from opforge.files import read_bytes
 from opforge.workflows.calls import REUSABLE, called_file, check_calls, uses_opforge
 from opforge.workflows.commands import ScriptError, classify, commands
 from opforge.workflows.drift import (
@@ -68,6 +67,7 @@ from opforge.workflows.drift import (
 from opforge.workflows.hygiene import check_hygiene
 from opforge.workflows.project import load_project
 from opforge.workflows.workflow import Report, Workflow, line_of, load_yaml, steps_of
+from opforge.yamlsafe import MAX_YAML_BYTES
 
 WORKFLOW_DIR = Path(".github") / "workflows"
 # opforge's own repository: each caller and the reusable workflow it calls
@@ -90,20 +90,15 @@ def load_workflows(root: Path, report: Report) -> list[Workflow]:
     for path in sorted([*(root / WORKFLOW_DIR).glob("*.yml"),
                         *(root / WORKFLOW_DIR).glob("*.yaml")]):
         rel = path.relative_to(root).as_posix()
-        try:
-            if not stat.S_ISREG(path.stat().st_mode):  # a FIFO would block the read
-                report.problems.append(f"{rel}:0: (file): not a regular file")
-                continue
-            text = path.read_text(encoding="utf-8", errors="replace")
-        except OSError as exc:
-            report.problems.append(f"{rel}:0: (file): cannot read: {exc.strerror or exc}")
+        try:  # a FIFO, a directory or a huge file is one problem, never a hang
+            text = read_bytes(path, limit=MAX_YAML_BYTES).decode("utf-8", errors="replace")
+        except UsageError as exc:
+            report.problems.append(f"{rel}:0: (file): {str(exc).split(': ', 1)[-1]}")
             continue
         try:
-            data = load_yaml(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            report.problems.append(f"{rel}:{mark.line + 1 if mark else 0}: (yaml): "
-                                   f"{getattr(exc, 'problem', None) or exc}")
+            data = load_yaml(text, rel)
+        except UsageError as exc:
+            report.problems.append(str(exc))
             continue
         wf = Workflow(path, rel, text, data)
         if not isinstance(data, dict) or not wf.jobs:

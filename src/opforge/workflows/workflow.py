@@ -45,8 +45,12 @@ def _construct_map(loader: _Loader, node: yaml.MappingNode) -> YamlMap:
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_map)
 
 
-def load_yaml(text: str) -> Any:
-    return yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
+def load_yaml(text: str, label: str = "<workflow>") -> Any:
+    """The workflow as data, through opforge's guarded loader (size, depth, alias expansion):
+    a bad file is one UsageError line ``label:line: (yaml): problem``."""
+    from opforge import yamlsafe
+
+    return yamlsafe.load(text, label, loader=_Loader)
 
 
 def line_of(obj: Any, key: str | None = None) -> int:
