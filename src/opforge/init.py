@@ -19,7 +19,7 @@ from pathlib import Path
 
 from opforge import __version__, _release
 from opforge.errors import UsageError
-from opforge.files import lookup
+from opforge.files import check_target, lookup, read_head, write_file
 from opforge.matrix import parse_matrix
 from opforge.scan import Scan, ScannedOp, scan_extension
 
@@ -236,12 +236,74 @@ def _file_url_path(url: object) -> Path | None:
 
 
 def repository_root(root: Path) -> Path:
-    """The git repository ``root`` is in (workflows live at its top), else ``root``."""
+    """The git repository ``root`` is in (workflows live at its top), else ``root``.
+
+    A repository is a folder holding a real ``.git``: a directory (not a link to one), or a
+    ``gitdir: PATH`` file (a worktree, a submodule) whose PATH is a directory. An empty or
+    any other file named ``.git`` in some ancestor decides nothing.
+    """
     here = root.resolve()
     for folder in (here, *here.parents):
-        if (folder / ".git").exists():
+        if _is_git_dir(folder / ".git") or _git_file_points(folder / ".git"):
             return folder
     return here
+
+
+def _is_git_dir(path: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def _git_file_points(path: Path) -> bool:
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return False
+        first = read_head(path, 4096).decode("utf-8", "replace").splitlines()
+    except (OSError, UsageError):
+        return False
+    if not first or not first[0].startswith("gitdir:"):
+        return False
+    target = Path(first[0][len("gitdir:"):].strip())
+    return _is_git_dir(target if target.is_absolute() else path.parent / target)
+
+
+# characters that end a line (or a string) in YAML or Python, or that no name may hold
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029\ufeff]")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)?")
+_PACKAGE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
+_DISTRIBUTION = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
+
+
+def check_copied(scan: Scan) -> None:
+    """Refuse, naming the file and line, a value init would copy into matrix.yaml or the
+    recipes file that would not come back the same (a schema with a line break and code after
+    it, an op name with a newline that would add an op): copied, it would change meaning."""
+    def refuse(where: str, what: str, value: str, why: str) -> UsageError:
+        shown = _UNSAFE.sub(lambda m: repr(m.group())[1:-1], value)[:120]
+        return UsageError(f"{where or scan.root}: {what} {shown!r} {why}; init copies it into "
+                          f"matrix.yaml and {RECIPES_FILE} and it would not read back the same "
+                          "(fix the source, or write the files by hand: docs/adopt.md)")
+
+    for what, value, pattern in (("the package name", scan.package, _PACKAGE),
+                                 ("the distribution name", scan.distribution, _DISTRIBUTION)):
+        if value is not None and not pattern.fullmatch(value):
+            raise refuse("pyproject.toml / setup.py", what, value, "is not a valid name")
+    for namespace, ops in scan.namespaces.items():
+        first = next(iter(ops.values()), None)
+        where = first.where if first is not None else ""
+        if not _NAME.fullmatch(namespace) or "." in namespace:
+            raise refuse(where, "the namespace", namespace, "is not a valid name")
+        for op in ops.values():
+            if not _NAME.fullmatch(op.name):
+                raise refuse(op.where, "the op name", op.name, "is not a valid name")
+            if op.schema is not None and _UNSAFE.search(op.schema):
+                raise refuse(op.where, f"{op.name}'s schema", op.schema,
+                             "holds a line break or a control character")
+            if _UNSAFE.search(op.where):
+                raise refuse("", f"{op.name}'s source path", op.where,
+                             "holds a line break or a control character")
 
 
 def render_workflows(matrix_text: str, matrix_file: str, pin: WorkflowsPin) -> dict[str, str]:
@@ -329,6 +391,7 @@ def plan_files(root: Path, *, torch_version: str = DEFAULT_TORCH, python: str = 
     if info is None or not stat.S_ISDIR(info.st_mode):
         raise UsageError(f"{root}: no such directory")
     scan = scan_extension(root)
+    check_copied(scan)
     if not (root / "pyproject.toml").is_file() and not (root / "setup.py").is_file():
         raise UsageError(f"no op extension in {root}: no pyproject.toml or setup.py to build it")
     if scan.package is None:
@@ -352,24 +415,24 @@ def plan_files(root: Path, *, torch_version: str = DEFAULT_TORCH, python: str = 
     return scan, files
 
 
+def _write_root(path: Path) -> Path:
+    """The folder a written file must stay under: the repository for a workflow (so a
+    symlinked ``.github`` is refused), else the file's own folder."""
+    if path.parent.name == "workflows" and path.parent.parent.name == ".github":
+        return path.parents[2]
+    return path.parent
+
+
 def write_files(files: dict[Path, str], force: bool) -> list[Path]:
-    """All of them or none: existing files are refused (unless ``force``) before any write."""
-    existing = [p for p in files if p.exists()]
+    """All of them or none: every target is checked before any write (an existing file is
+    refused unless ``force``; a link, FIFO or directory where a file goes, or a link among
+    the folders, always), then each is written under its folder without following links."""
+    existing = [p for p in files if check_target(p, root=_write_root(p), what="init")]
     if existing and not force:
         raise UsageError("would overwrite " + ", ".join(str(p) for p in existing)
                          + " (--force to replace them, --dry-run to see what would be written)")
     written: list[Path] = []
-    staged: list[tuple[Path, Path]] = []
-    try:
-        for path, text in files.items():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.opforge-init")
-            tmp.write_text(text, encoding="utf-8")
-            staged.append((tmp, path))
-        for tmp, path in staged:
-            os.replace(tmp, path)
-            written.append(path)
-    finally:
-        for tmp, _ in staged:
-            tmp.unlink(missing_ok=True)
+    for path, text in files.items():
+        write_file(path, text, root=_write_root(path), what="init")
+        written.append(path)
     return written
