@@ -24,7 +24,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from opforge import abi
+from opforge import abi, floor
 from opforge.errors import UsageError
 from opforge.files import open_regular
 from opforge.matrix import Variant
@@ -50,6 +50,7 @@ class Library:
     backends: list[str] = field(default_factory=list)   # found in the code: cpu, cuda, hip, mps
     note: str = ""                 # why it was not inspected (too large), else empty
     abi: abi.Audit | None = None   # its undefined symbols by kind, its minimum torch
+    floor: floor.LibraryFloor | None = None  # the glibc / libstdc++ / macOS versions it needs
 
 
 @dataclass
@@ -217,9 +218,10 @@ class _Members:
                     view.close()
         needed = _needed(scratch)
         audit = abi.audit_library(scratch, needed)
+        system_floor = floor.read_floor(scratch)
         scratch.unlink()
         return Library(path=info.filename, size=size, needed=needed, cuda_archs=archs,
-                       embedded_metal=metal, backends=backends, abi=audit)
+                       embedded_metal=metal, backends=backends, abi=audit, floor=system_floor)
 
 
 class _Searchable:

@@ -27,7 +27,8 @@ def _record_line(name: str, data: bytes) -> str:
 
 def make_wheel(folder: Path, dist: str, version: str, *, tag: str = "py3-none-any",
                requires: tuple[str, ...] = (), requires_python: str | None = None,
-               record: dict | None = None, payload: str = "") -> Path:
+               record: dict | None = None, payload: str = "",
+               extra: dict[str, bytes] | None = None) -> Path:
     """A valid wheel of a one-module package ``dist`` (its module says its version)."""
     folder.mkdir(parents=True, exist_ok=True)
     escaped = dist.replace("-", "_")
@@ -42,6 +43,7 @@ def make_wheel(folder: Path, dist: str, version: str, *, tag: str = "py3-none-an
         f"{info}/WHEEL": (f"Wheel-Version: 1.0\nGenerator: opforge-tests\n"
                           f"Root-Is-Purelib: true\nTag: {tag}\n").encode(),
     }
+    files.update(extra or {})
     if record is not None:
         files[f"{info}/opforge-build.json"] = json.dumps(record).encode()
     lines = [_record_line(n, d) for n, d in files.items()] + [f"{info}/RECORD,,"]

@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from opforge import wheels
+from opforge import floor, wheels
 from opforge.errors import UsageError
 from opforge.matrix import load_matrix
 
@@ -30,6 +30,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="exit 1 if the wheel contradicts this matrix variant")
     i.add_argument("--file", metavar="PATH", help="matrix file for --expect-variant (default: "
                                                   "$OPFORGE_MATRIX, else found upwards)")
+    i.add_argument("--torch-wheel", metavar="PATH_OR_NAME",
+                   help="take torch's floor from this torch wheel's platform tag (a file name "
+                        "is enough) instead of opforge's table of PyTorch's wheels")
+    i.add_argument("--allow-host-floor", action="store_true",
+                   help="accept a wheel that needs a newer glibc / macOS than its torch (built "
+                        "on this host, for local use only: it is not a wheel to publish)")
     i.set_defaults(func=run_inspect)
 
 
@@ -41,18 +47,32 @@ def run_inspect(args: argparse.Namespace) -> int:
     report = wheels.inspect_wheel(args.wheel)
     problems = wheels.check_against_variant(report, variant, matrix.pythons) if variant \
         else report.abi_problems()
+    system = floor_check(report, args.torch_wheel, args.allow_host_floor)
+    problems += system.problems
     if args.json:
         data = report.to_json()
         if args.expect_variant:
             data["expect_variant"] = args.expect_variant
+        data["floor"] = {"needed": system.needed, "torch": system.torch, "notes": system.notes}
         data["problems"] = problems
         print(json.dumps(data, indent=2))
     else:
-        print_report(report, problems, args.expect_variant)
+        print_report(report, problems, args.expect_variant, system)
     return 1 if problems else 0
 
 
-def print_report(report: wheels.WheelReport, problems: list[str], variant: str | None) -> None:
+def floor_check(report: wheels.WheelReport, torch_wheel: str | None = None,
+                allow_host: bool = False) -> floor.FloorCheck:
+    """The wheel's floor (glibc / libstdc++ / macOS) against its tags and its torch's."""
+    info = report.build_info if report.build_info and "error" not in report.build_info else {}
+    target = info.get("macos_deployment_target")
+    return floor.check(report.libraries, report.tags, floor.version_of(report.torch_requirement),
+                       torch_wheel=torch_wheel, allow_host=allow_host,
+                       deployment_target=target if isinstance(target, str) else None)
+
+
+def print_report(report: wheels.WheelReport, problems: list[str], variant: str | None,
+                 system: floor.FloorCheck | None = None) -> None:
     console = Console(width=None if sys.stdout.isatty() else 120)
     table = Table(title=escape(report.wheel), show_header=False)
     table.add_column("field", style="bold")
@@ -79,12 +99,16 @@ def print_report(report: wheels.WheelReport, problems: list[str], variant: str |
                            f"{any(lib.embedded_metal for lib in report.libraries)}")
     row("torch needed", f"{report.min_torch or '-'} (from the stable shim functions; "
                         f"declared: {report.torch_requirement or 'none'})")
+    if system is not None and system.needed:
+        row("floor", f"{system.needed}; torch: {system.torch or '-'}")
     for lib in report.libraries:
         row(f"library {lib.path}", f"{lib.size / 1e6:.1f} MB; " + (
             lib.note or f"links {', '.join(lib.needed) or '?'}"))
         if lib.abi is not None:
             row("  ABI", lib.abi.summary())
     console.print(table)
+    for note in system.notes if system is not None else ():
+        console.print(f"[yellow]![/yellow] {escape(note)}")
     against = f"variant {variant}" if variant else "what the wheel declares"
     for problem in problems:
         console.print(f"[red]✗[/red] contradicts {against}: {escape(problem)}")
