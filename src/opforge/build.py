@@ -20,11 +20,13 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from opforge import toolchain
 from opforge.compiler_cache import OFF_ENV, STATS_FILE, CacheStats, CompilerCache, disabled_by
 from opforge.errors import OpforgeError, UsageError
 from opforge.files import read_text
 from opforge.matrix import Matrix, Variant, load_matrix
 from opforge.stamp import BuildFacts, stamp_wheel
+from opforge.toolchain import Toolkit, nvcc_version  # noqa: F401  (nvcc_version: re-exported)
 from opforge.torchsource import pip_index_args, resolve_index
 
 # Libraries torch's wheel provides: never vendored into our wheel (auditwheel / delocate).
@@ -41,15 +43,19 @@ LEGACY_BUILD_REQUIRES = ("setuptools>=40.8.0", "wheel")
 
 @dataclass(frozen=True)
 class Step:
-    """One command; ``argv[0] == "python"`` means the build environment's interpreter."""
+    """One command; ``argv[0] == "python"`` means the build environment's interpreter.
+    ``unset``: variables of the caller's environment the command does not get."""
 
     description: str
     argv: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
+    unset: tuple[str, ...] = ()
 
     def render(self) -> str:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
-        return (env + " " if env else "") + " ".join(shlex.quote(a) for a in self.argv)
+        prefix = "env " + " ".join(f"-u {name}" for name in self.unset) + " " if self.unset \
+            else ""
+        return prefix + (env + " " if env else "") + " ".join(shlex.quote(a) for a in self.argv)
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,7 @@ class BuildPlan:
     repair: Step | None
     env: dict[str, str]
     extra_env: dict[str, str] = field(default_factory=dict)  # --build-env, recorded as given
+    toolkit: Toolkit | None = None  # a CUDA variant's toolkit (None: none found, or no CUDA)
 
     @property
     def raw_dir(self) -> Path:
@@ -85,6 +92,12 @@ class BuildPlan:
                  f"  build cache: {self.work_dir}",
                  "  environment:"]
         lines += [f"    {k}={v}" for k, v in sorted(self.env.items())]
+        if self.build.unset:
+            lines.append("    without: " + " ".join(self.build.unset))
+        lines.append("    PATH: " + (f"{self.toolkit.home / 'bin'} first, no other nvcc"
+                                     if self.toolkit else "no nvcc"
+                                     if not self.variant.cuda else
+                                     f"no CUDA {self.variant.cuda} toolkit found on this host"))
         lines.append("  commands:")
         for args in (self.install, self.tools):
             lines.append("    python -m pip install " + " ".join(shlex.quote(a) for a in args))
@@ -136,38 +149,7 @@ def check_host(matrix: Matrix, variant: Variant, host: str | None = None,
         raise OpforgeError(f"{variant.build_session} builds for {', '.join(variant.platforms)}; "
                            f"this host is {host}; {where}")
     if variant.cuda:
-        nvcc = find_nvcc(env)
-        if nvcc is None:
-            raise OpforgeError(f"{variant.build_session} needs nvcc {variant.cuda} (set CUDA_HOME "
-                               f"or install /usr/local/cuda-{variant.cuda}); {where}")
-        found = nvcc_version(nvcc)
-        if found != variant.cuda:
-            raise OpforgeError(f"{variant.build_session} needs nvcc {variant.cuda}, but {nvcc} is "
-                               f"CUDA {found}; set CUDA_HOME to a CUDA {variant.cuda} toolkit")
-
-
-def find_nvcc(env: dict[str, str] | os._Environ = os.environ, cuda: str | None = None
-              ) -> Path | None:
-    candidates = []
-    if env.get("CUDA_HOME"):
-        candidates.append(Path(env["CUDA_HOME"]) / "bin" / "nvcc")
-    if cuda:
-        candidates.append(Path(f"/usr/local/cuda-{cuda}/bin/nvcc"))
-    candidates.append(Path("/usr/local/cuda/bin/nvcc"))
-    on_path = shutil.which("nvcc")
-    if on_path:
-        candidates.append(Path(on_path))
-    return next((c for c in candidates if c.exists()), None)
-
-
-def nvcc_version(nvcc: Path) -> str | None:
-    try:
-        out = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True,
-                             timeout=60).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    match = re.search(r"release (\d+\.\d+)", out)
-    return match.group(1) if match else None
+        toolchain.require_toolkit(variant.cuda, env, variant.build_session, where)
 
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -216,28 +198,28 @@ def plan_build(matrix: Matrix, variant_name: str, *, out_dir: Path | None = None
     }
     if variant.stable:
         build_env["OPFORGE_TORCH_FLOOR"] = variant.torch_floor or ""
+    # the variant's toolchain world (opforge.toolchain): its toolkit or none, its torch answers
+    kind = "cuda" if variant.cuda else "mps" if variant.mps else "cpu"
+    toolkit = toolchain.variant_toolkit(variant.cuda, env_in) if variant.cuda else None
+    given, unset = toolchain.environment(kind, toolkit, work_dir / toolchain.SITE_DIR)
+    build_env.update(given)
     if variant.cuda:
         build_env["FORCE_CUDA"] = "1"
-        build_env["TORCH_CUDA_ARCH_LIST"] = variant.arch_list or ""
-        nvcc = find_nvcc(env_in, variant.cuda)
-        if nvcc is not None:
-            build_env["CUDA_HOME"] = str(nvcc.parent.parent)
-    else:
-        build_env["FORCE_CUDA"] = "0"
-    if variant.mps:
-        build_env["FORCE_MPS"] = "1"
-        if variant.macos_deployment_target:
-            build_env["MACOSX_DEPLOYMENT_TARGET"] = variant.macos_deployment_target
+        if variant.arch_list:
+            build_env["TORCH_CUDA_ARCH_LIST"] = variant.arch_list
+    if variant.mps and variant.macos_deployment_target:
+        build_env["MACOSX_DEPLOYMENT_TARGET"] = variant.macos_deployment_target
     extra_env = dict(extra_env or {})
     for name in extra_env:
-        if name in build_env or name in ("CUDA_HOME", "FORCE_MPS", "MACOSX_DEPLOYMENT_TARGET",
-                                         "OPFORGE_TORCH_FLOOR"):
+        if name in build_env or name in (*toolchain.CUDA_VARIABLES, "FORCE_MPS", "PATH",
+                                         "MACOSX_DEPLOYMENT_TARGET", "OPFORGE_TORCH_FLOOR",
+                                         "TORCH_CUDA_ARCH_LIST", "CUDA_VISIBLE_DEVICES"):
             raise UsageError(f"--build-env {name}: opforge sets {name} from the variant itself")
     build_env.update(extra_env)
     build = Step("compile the extension into a wheel",
                  ("python", "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
                   "--disable-pip-version-check", "-v", "-w", str(work_dir / "raw"),
-                  str(extension_dir)), build_env)
+                  str(extension_dir)), build_env, unset)
     # the platform the wheel is for: this host when the variant targets it, else the
     # variant's own (a dry run of build_mps on Linux shows the macOS plan)
     host = host or host_platform()
@@ -246,7 +228,7 @@ def plan_build(matrix: Matrix, variant_name: str, *, out_dir: Path | None = None
     return BuildPlan(variant=variant, host=target, extension_dir=extension_dir,
                      out_dir=out_dir, work_dir=work_dir, install=install,
                      tools=(*build_requires(extension_dir), *_repair_tools(target)), build=build,
-                     repair=repair, env=build_env, extra_env=extra_env)
+                     repair=repair, env=build_env, extra_env=extra_env, toolkit=toolkit)
 
 
 def build_requires(extension_dir: Path) -> tuple[str, ...]:
@@ -300,6 +282,7 @@ def prepare(plan: BuildPlan) -> None:
         d.mkdir(parents=True)
     (plan.work_dir / "setup.cfg").write_text(
         f"[build]\nbuild_base = {plan.work_dir / 'setuptools'}\n", encoding="utf-8")
+    toolchain.write_site(plan.work_dir / toolchain.SITE_DIR)
 
 
 def expand(step: Step, python: str) -> list[str]:
@@ -344,8 +327,9 @@ def verify(wheel: Path, variant: Variant, pythons: tuple[str, ...] = (), *,
 
 
 def execute(plan: BuildPlan, python: str, *, install: bool = True, log=print,
-            compiler_cache: bool = True) -> Path:
-    """Run the plan with ``python`` (an environment that has, or will get, torch)."""
+            compiler_cache: bool = True, verbose: bool = False) -> Path:
+    """Run the plan with ``python`` (an environment that has, or will get, torch);
+    ``verbose``: the repair tool's INFO lines too."""
     prepare(plan)
     if install:
         from opforge.venv import installer
@@ -353,8 +337,9 @@ def execute(plan: BuildPlan, python: str, *, install: bool = True, log=print,
         tool = installer()
         # the build step is `pip wheel`: an environment uv made has no pip of its own
         tools = (*plan.tools, "pip") if tool.uv else plan.tools
-        for args, what in ((plan.install, "install torch"), (tools, "install the build tools")):
-            _run(*tool.command(python, *args), log, what)
+        _run(*tool.command(python, *plan.install), log, "install torch",
+             explain=lambda errors: torch_install_hint(plan, errors))
+        _run(*tool.command(python, *tools), log, "install the build tools")
         dynamic = backend_requires(plan, python)
         if dynamic:
             _run(*tool.command(python, *dynamic), log, "install what the build backend asks for")
@@ -363,9 +348,28 @@ def execute(plan: BuildPlan, python: str, *, install: bool = True, log=print,
     compile_(plan, python, path_env["PATH"], log=log, compiler_cache=compiler_cache)
     stamped = stamp(plan, python, log=log)
     if needs_repair(plan, stamped):
+        # auditwheel says INFO about every library it looks at: shown with -v only
         _run(expand(plan.repair, python), {**plan.repair.env, **path_env}, log,
-             plan.repair.description)
+             plan.repair.description, show=None if verbose else _not_info)
     return finish(plan)
+
+
+def _not_info(line: str) -> bool:
+    return not line.lstrip().startswith("INFO:")
+
+
+def torch_install_hint(plan: BuildPlan, errors: str) -> str:
+    """What a failed torch install most likely means, and the two ways to choose the index."""
+    args = list(plan.install)
+    index = args[args.index("--index-url") + 1] if "--index-url" in args else None
+    where = f"the torch index {index}" if index else "pip's configured index"
+    spec = next((a for a in args if a.startswith("torch")), "torch")
+    unreachable = re.search(r"dns|resolv|connect|timed? ?out|unreachable|network|proxy|ssl|"
+                            r"certificate|failed to fetch", errors, re.I)
+    cause = (f"{where} cannot be reached from here" if unreachable or not errors
+             else f"{where} has no {spec} for this platform and Python")
+    return (f"likely cause: {cause}; take torch from elsewhere with --torch-index or "
+            "OPFORGE_TORCH_INDEX (pypi: pip's configured index, a URL, or a folder of wheels)")
 
 
 def compile_(plan: BuildPlan, python: str, path: str, *, log=print,
@@ -376,8 +380,9 @@ def compile_(plan: BuildPlan, python: str, path: str, *, log=print,
     logfile = plan.work_dir / "build.log"
     stats_file = plan.work_dir / STATS_FILE
     stats_file.unlink(missing_ok=True)
-    cuda_home = plan.env.get("CUDA_HOME")
-    nvcc = Path(cuda_home) / "bin" / "nvcc" if cuda_home else None
+    # the variant's toolkit first, every other nvcc off PATH (opforge.toolchain)
+    path = toolchain.build_path(path, plan.toolkit, plan.work_dir / "toolchain-path")
+    nvcc = plan.toolkit.nvcc if plan.toolkit else None
     cache = CompilerCache.start(
         python=python, work_dir=plan.work_dir, path=path, log=log, enabled=compiler_cache,
         nvcc=nvcc if nvcc is not None and nvcc.exists() else None,
@@ -385,7 +390,8 @@ def compile_(plan: BuildPlan, python: str, path: str, *, log=print,
     off = OFF_ENV if not compiler_cache or disabled_by() else {}
     env = {**plan.build.env, "PATH": path, **(cache.env if cache else off)}
     try:
-        _run(expand(plan.build, python), env, log, plan.build.description, logfile=logfile)
+        _run(expand(plan.build, python), env, log, plan.build.description, logfile=logfile,
+             unset=plan.build.unset)
     finally:
         stats = cache.stop() if cache else None
         if stats is not None:
@@ -419,8 +425,9 @@ def backend_requires(plan: BuildPlan, python: str) -> list[str]:
             "for part in filter(None, sys.argv[2].split('.')): b = getattr(b, part)\n"
             "hook = getattr(b, 'get_requires_for_build_wheel', None)\n"
             "print(json.dumps(list(hook()) if hook else []))")
+    env = {k: v for k, v in os.environ.items() if k not in plan.build.unset}
     result = subprocess.run([python, "-c", code, module, attr], capture_output=True, text=True,
-                            cwd=plan.extension_dir, env={**os.environ, **plan.env})
+                            cwd=plan.extension_dir, env={**env, **plan.env})
     if result.returncode != 0:
         return []  # the build itself reports a broken backend, with its own words
     requires = json.loads(result.stdout.strip().splitlines()[-1] or "[]")
@@ -453,7 +460,7 @@ def build_facts(plan: BuildPlan, python: str) -> BuildFacts:
         mps=variant.mps, macos_deployment_target=variant.macos_deployment_target,
         source_commit=commit.stdout.strip() if commit.returncode == 0 else None,
         torch_requirement=variant.torch_requirement_floor,
-        local_version=variant.local_version,
+        local_version=variant.wheel_local_version or "",  # "": the PyPI variant, no label
         extra={"build_env": dict(plan.extra_env), "abi": variant.abi, "torch_floor": variant.torch_floor,
                "cuda_major": variant.cuda_major})
 
@@ -476,30 +483,57 @@ def needs_repair(plan: BuildPlan, wheel: Path) -> bool:
     return plan.repair is not None and not wheel.name.endswith("-any.whl")
 
 
-def _run(argv: list[str], env: dict[str, str], log, what: str, logfile: Path | None = None):
+def _run(argv: list[str], env: dict[str, str], log, what: str, logfile: Path | None = None,
+         *, unset: tuple[str, ...] = (), show=None, explain=None):
+    """Run one step. Its output goes to ``logfile`` (the compile), else to the terminal as it
+    comes (lines ``show`` refuses are held back); a failure names the step, its exit, its
+    error lines and, from ``explain(errors)``, the likely cause."""
     log(f"opforge build: {what}: {' '.join(shlex.quote(a) for a in argv)}")
     # the caller's PYTHONPATH (a checkout's src/, say) must not leak into the target env
-    full_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    full_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and k not in unset}
     full_env.update(env)
     if logfile is None:
-        result = subprocess.run(argv, env=full_env)
-        tail = ""
+        returncode, lines = _stream(argv, full_env, show)
     else:
         with open(logfile, "w", encoding="utf-8") as fh:
-            result = subprocess.run(argv, env=full_env, stdout=fh, stderr=subprocess.STDOUT)
+            returncode = subprocess.run(argv, env=full_env, stdout=fh,
+                                        stderr=subprocess.STDOUT).returncode
         lines = logfile.read_text(encoding="utf-8", errors="replace").splitlines()
-        errors = [ln for ln in lines if "error" in ln.lower()][-5:] or lines[-5:]
-        tail = " | ".join(errors)
-    if result.returncode != 0:
+    if returncode != 0:
+        tail = _error_lines(lines) or "(it printed nothing)"
         where = f" (full log: {logfile})" if logfile else ""
-        raise OpforgeError(f"{what} failed with exit {result.returncode}{where}: {tail}")
+        hint = f"; {explain(tail)}" if explain else ""
+        raise OpforgeError(f"{what} failed with exit {returncode}{where}: {tail}{hint}")
+
+
+def _stream(argv: list[str], env: dict[str, str], show) -> tuple[int, list[str]]:
+    """Run ``argv``, its output to stdout line by line (``show`` filters), and keep it."""
+    lines: list[str] = []
+    with subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, errors="replace") as proc:
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            if show is None or show(line):
+                sys.stdout.write(line)
+                sys.stdout.flush()
+    return proc.returncode, lines
+
+
+def _error_lines(lines: list[str]) -> str:
+    """The lines that say what went wrong: pip's ERROR, uv's error and its last cause,
+    a compiler's error; else the last lines."""
+    said = [ln.strip() for ln in lines if ln.strip()]
+    errors = [ln for ln in said if "error" in ln.lower()]
+    causes = [ln for ln in said if ln.lower().startswith(("cause:", "caused by:", "hint:"))]
+    picked = errors[-5:] if not causes else [*errors[:1], *causes[-2:]]
+    return " | ".join(dict.fromkeys(picked or said[-5:]))
 
 
 def build_wheel(variant: str, *, matrix: Matrix | None = None, python: str | None = None,
                 out_dir: Path | None = None, work_dir: Path | None = None,
                 torch_spec: str | None = None, torch_index: str | None = None,
                 extra_env: dict[str, str] | None = None, install: bool = True, log=print,
-                compiler_cache: bool = True) -> Path:
+                compiler_cache: bool = True, verbose: bool = False) -> Path:
     """Build ``variant``'s wheel with ``python`` (default: a fresh venv under work_dir)."""
     matrix = matrix or load_matrix()
     plan = plan_build(matrix, variant, out_dir=out_dir, work_dir=work_dir,
@@ -511,4 +545,5 @@ def build_wheel(variant: str, *, matrix: Matrix | None = None, python: str | Non
         env_dir = plan.work_dir / "env"
         python = str(venv_python(env_dir) if venv_python(env_dir).exists()
                      else create_venv(env_dir, with_pip=True))
-    return execute(plan, python, install=install, log=log, compiler_cache=compiler_cache)
+    return execute(plan, python, install=install, log=log, compiler_cache=compiler_cache,
+                   verbose=verbose)

@@ -47,7 +47,10 @@ def test_cpu_plan_is_explicit_and_never_forces_accelerators(tmp_path):
     env = plan.build.env
     # the variant is passed; the local version is opforge's to stamp, not the project's to write
     assert env["OPFORGE_VARIANT"] == "cpu" and "OPFORGE_LOCAL_VERSION" not in env
-    assert env["FORCE_CUDA"] == "0" and "FORCE_MPS" not in env
+    # no accelerator switch at all (a setup.py reading "FORCE_CUDA" as truthy text would
+    # take "0" for yes), and the caller's CUDA variables are taken away
+    assert "FORCE_CUDA" not in env and "FORCE_MPS" not in env
+    assert {"FORCE_CUDA", "CUDA_HOME", "CUDA_PATH", "CUDACXX"} <= set(plan.build.unset)
     assert "torch==2.13.0" in plan.install
     assert plan.install[plan.install.index("--index-url") + 1] == \
         "https://download.pytorch.org/whl/cpu"
@@ -91,7 +94,7 @@ def test_mps_refused_on_linux_with_where_it_runs():
 
 
 def test_cuda_refused_without_nvcc(tmp_path, monkeypatch):
-    monkeypatch.setattr(build, "find_nvcc", lambda env, cuda=None: None)
+    monkeypatch.setattr(build.toolchain, "find_toolkits", lambda env, cuda=None: [])
     with pytest.raises(OpforgeError) as info:
         build.check_host(MATRIX, MATRIX.variant("cu128"), host="linux-x86_64", env={})
     assert "build_cu128 needs nvcc 12.8" in str(info.value)
@@ -103,10 +106,13 @@ def test_cuda_refused_with_the_wrong_nvcc(tmp_path, monkeypatch):
     fake.parent.mkdir()
     fake.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 12.6, V12.6.77'\n")
     fake.chmod(0o755)
+    # cu128: no CUDA 12.8 toolkit anywhere on this host (a 13.0 one may be)
     with pytest.raises(OpforgeError) as info:
-        build.check_host(MATRIX, MATRIX.variant("cu130"), host="linux-x86_64",
-                         env={"CUDA_HOME": str(tmp_path)})
-    assert "needs nvcc 13.0" in str(info.value) and "CUDA 12.6" in str(info.value)
+        build.check_host(MATRIX, MATRIX.variant("cu128"), host="linux-x86_64",
+                         env={"CUDA_HOME": str(tmp_path), "PATH": ""})
+    message = str(info.value)
+    assert "needs nvcc 12.8" in message and f"{fake} is CUDA 12.6 (CUDA_HOME)" in message
+    assert "set CUDA_HOME to a CUDA 12.8 toolkit" in message
 
 
 def test_cpu_refused_on_an_unlisted_platform():

@@ -35,6 +35,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     b.add_argument("--no-compiler-cache", action="store_true",
                    help="compile every file, without sccache (also: OPFORGE_COMPILER_CACHE=off)")
     b.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
+    b.add_argument("-v", "--verbose", action="store_true",
+                   help="show every line of the wheel repair (auditwheel's INFO lines too)")
     b.set_defaults(func=run_build)
 
 
@@ -51,7 +53,8 @@ def run_build(args: argparse.Namespace) -> int:
                               out_dir=args.out, work_dir=args.work_dir, torch_spec=args.torch,
                               torch_index=args.torch_index, extra_env=extra_env,
                               install=not args.no_install,
-                              compiler_cache=not args.no_compiler_cache)
+                              compiler_cache=not args.no_compiler_cache,
+                              verbose=args.verbose)
     write_summary(plan.variant.name, compiler_cache.read_stats(plan.work_dir))
     # a wheel built with --build-env is flagged by inspect; here it is what was asked for
     problems = build.verify(wheel, plan.variant, matrix.pythons, extra_env_ok=bool(extra_env))
