@@ -190,3 +190,24 @@ def test_build_dry_run_on_mutated_files(work, data, variant, extra):
     for pair in extra:
         argv += pair
     check(argv, {0, 2}, watch=(path.parent,))
+
+
+@pytest.mark.parametrize("width", [40, 80, 120])
+def test_matrix_table_never_cuts_a_job_name(width):
+    """A job name is what a user types (and the job's name on GitHub): whole on one line at
+    any terminal width, the other columns wrapping instead; nothing ends in an ellipsis."""
+    import io
+
+    from rich.console import Console
+
+    from opforge.cli.matrix import print_table
+    from opforge.matrix import load_matrix
+
+    matrix = load_matrix(ROOT / "matrix.yaml")
+    jobs = matrix.jobs()
+    out = io.StringIO()
+    print_table(matrix, jobs, Console(file=out, width=width, color_system=None))
+    lines = out.getvalue().splitlines()
+    for job in jobs:
+        assert any(f" {job.name} " in line for line in lines), (job.name, width)
+    assert "…" not in out.getvalue()

@@ -105,12 +105,17 @@ def select_jobs(matrix: Matrix, variant: list[str], platform: list[str], python:
 
 
 def print_table(matrix: Matrix, jobs: list, console: Console | None = None) -> None:
-    console = console or Console(width=None if sys.stdout.isatty() else 200)
+    """The jobs as a table: a job name is never cut (it is what a user types, and the job's
+    name on GitHub); the other columns wrap to fit a terminal. Piped, a row is one line."""
+    console = console or Console(width=None if sys.stdout.isatty() else 100_000)
     table = Table(title=f"{matrix.path.name}: {len(jobs)} jobs "
                         f"(torch {matrix.torch.channel} {matrix.torch.version})")
-    for column in ("job", "runner", "container", "cuda / archs", "torch", "index", "abi",
+    longest = max((len(job.name) for job in jobs), default=3)
+    table.add_column("job", no_wrap=True, min_width=longest, overflow="fold")
+    for column in ("runner", "container", "cuda / archs", "torch", "index", "abi",
                    "expected keys"):
-        table.add_column(column)
+        # fold: a long word goes on the next line rather than ending in an ellipsis
+        table.add_column(column, overflow="fold")
     builders = {job.name for job in build_jobs(jobs, matrix.pr_python)}
     for job in jobs:
         v = job.variant
@@ -119,5 +124,5 @@ def print_table(matrix: Matrix, jobs: list, console: Console | None = None) -> N
         abi = "legacy" if not v.stable else \
             f"abi3 torch>={v.torch_floor}" + (" (builds)" if job.name in builders else "")
         table.add_row(job.name, job.runner, v.container or "-", archs, job.torch_spec,
-                      index, abi, ",".join(v.expected_keys))
+                      index, abi, ", ".join(v.expected_keys))
     console.print(table)
