@@ -447,6 +447,26 @@ class FileLock:
             text = ""
         return text.splitlines()[0] if text else "another process"
 
+    def busy(self, *, shared: bool = False) -> bool:
+        """Whether another process holds the lock against this kind of use; the lock file is
+        not created when missing (nobody holds it then)."""
+        if fcntl is None:
+            return False
+        flags = os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+        try:
+            fd = os.open(self.path, flags)
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise UsageError(f"{self.what}: lock file {self.path}: {open_problem(exc)}") from None
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+            return False
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)  # drops what was just taken
+
     def acquire(self, *, shared: bool = False, wait: float | None = None,
                 waiting=None) -> FileLock:
         """Take the lock; ``wait`` None waits as long as it takes, 0 refuses at once
@@ -474,13 +494,13 @@ class FileLock:
             os.close(fd)
             raise
         self.fd = fd
-        if not shared:
-            record = (f"pid {os.getpid()} on {socket.gethostname()} "
+        # each holder names itself (a shared one too: a refused writer then names one of them)
+        record = (f"pid {os.getpid()} on {socket.gethostname()} "
                       f"({' '.join(sys.argv[:4])[:200]}), since "
-                      f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n").encode()
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, record, 0)
+                  f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n").encode()
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, record, 0)
         return self
 
     def release(self) -> None:

@@ -16,11 +16,14 @@ import re
 import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 
 from opforge.errors import UsageError
+from opforge.files import FileLock, LockHeld
 
 MAX_SIZE_ENV = "OPFORGE_CACHE_MAX_SIZE"
+MAX_SIZE = 1 << 60  # 1 EiB: any larger number is a typo, not a disk
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
@@ -29,7 +32,11 @@ def parse_size(text: str, what: str) -> int:
     found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
     if found is None:
         raise UsageError(f"{what} {text!r}: expected a size like 40G, 500M or 1048576 (bytes)")
-    return int(float(found.group(1)) * _UNITS[found.group(2).upper()])
+    size = Decimal(found.group(1)) * _UNITS[found.group(2).upper()]
+    if size > MAX_SIZE:
+        raise UsageError(f"{what} {text[:40]!r}{'...' if len(text) > 40 else ''}: more than "
+                         f"{human(MAX_SIZE)}; give a size like 40G")
+    return int(size)
 
 
 def human(size: int) -> str:
@@ -116,8 +123,37 @@ def choose_evictions(envs: Iterable[CachedEnv], max_size: int,
     return out
 
 
-def remove(env: CachedEnv) -> None:
-    shutil.rmtree(env.path, ignore_errors=True)
+def use_lock(env_dir: Path) -> FileLock:
+    """Held shared by every bisect that made or uses the environment (until it exits), taken
+    exclusively to remove it: an environment in use is never evicted from under a probe."""
+    return FileLock(_locks(env_dir) / f"{env_dir.name}.use", what=f"environment {env_dir.name}")
+
+
+def build_lock(env_dir: Path) -> FileLock:
+    """Held while the environment is made or repaired: a second bisect that needs the same
+    torch waits, then reuses what the first made."""
+    return FileLock(_locks(env_dir) / f"{env_dir.name}.build",
+                    what=f"environment {env_dir.name}")
+
+
+def _locks(env_dir: Path) -> Path:
+    """``<cache>/locks``, beside ``<cache>/envs``: lock files outlive what they guard (removing
+    one another process has open would split the lock), so they stay out of ``envs``."""
+    return env_dir.parent.parent / "locks"
+
+
+def remove(env: CachedEnv) -> bool:
+    """Remove an environment no running bisect uses; False (kept) when one does."""
+    lock = use_lock(env.path)
+    try:
+        lock.acquire(wait=0)
+    except LockHeld:
+        return False
+    try:
+        shutil.rmtree(env.path, ignore_errors=True)
+    finally:
+        lock.release()
+    return True
 
 
 def max_size_from_env() -> int | None:

@@ -28,8 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from opforge.errors import OpforgeError
+from opforge.files import FileLock, write_file
 from opforge.venv import installer
 
+from .cache import build_lock, use_lock
 from .index import download, sha256_of
 from .releases import Candidate, Release
 
@@ -114,6 +116,8 @@ class EnvCache:
 
         self.max_size = max_size_from_env()  # OPFORGE_CACHE_MAX_SIZE: evict LRU beyond it
         self.in_use: set[Path] = set()
+        self._held: dict[Path, FileLock] = {}   # use locks, held until the process exits
+        self.notes: list[str] = []
 
     def env_dir(self, nightly: Candidate) -> Path:
         stem = nightly.filename[:-4] if nightly.filename.endswith(".whl") else nightly.filename
@@ -137,9 +141,7 @@ class EnvCache:
                 "torch": {"url": url, "version": env.torch_version, "sha256": env.sha256,
                           "git_version": env.git_version},
                 "extras": env.extras, "build": env.build, "packages": env.packages}
-        tmp = env.path / (MARKER + ".tmp")
-        tmp.write_text(json.dumps(data, indent=1))
-        os.replace(tmp, env.path / MARKER)
+        write_file(env.path / MARKER, json.dumps(data, indent=1), fsync=True)
 
     def pip_install(self, python: Path, *args: str, index_args: list[str] | None = None) -> None:
         index_args = self.pip_index_args if index_args is None else index_args
@@ -177,14 +179,38 @@ class EnvCache:
         if isinstance(nightly, Commit):
             return self._overlay(nightly)
         path = self.env_dir(nightly)
+        self._use(path)
         env = self._cached(nightly)
-        if env is not None:
-            touch_used(path)
-            self.in_use.add(path)
-            if self.with_pip and not _has_pip(env.python):
-                _ensurepip(env.python)
-                env.actions.append("installed pip")
-            return env
+        if env is None:
+            # one process makes it; the others wait here, then find it made
+            with build_lock(path).acquire(waiting=self._waiting(path)):
+                env = self._cached(nightly)
+                if env is None:
+                    return self._make(nightly, path)
+        touch_used(path)
+        self.in_use.add(path)
+        if self.with_pip and not _has_pip(env.python):
+            with build_lock(path).acquire(waiting=self._waiting(path)):
+                if not _has_pip(env.python):
+                    _ensurepip(env.python)
+                    env.actions.append("installed pip")
+        return env
+
+    def _use(self, path: Path) -> None:
+        """Mark the environment in use by this process (shared, until it exits): no other
+        bisect's eviction or ``cache prune`` removes it meanwhile."""
+        if path not in self._held:
+            self._held[path] = use_lock(path).acquire(shared=True)
+
+    def _waiting(self, path: Path):
+        def say(holder: str) -> None:
+            self.notes.append(f"waited for {holder} to make {path.name}")
+            print(f"opforge bisect: waiting for {holder}, which is making {path.name}",
+                  file=sys.stderr, flush=True)
+        return say
+
+    def _make(self, nightly: Candidate, path: Path) -> NightlyEnv:
+        """Make the environment (under its build lock); its marker is written last."""
         actions = []
         t0 = time.monotonic()
         if path.exists():
@@ -237,9 +263,7 @@ class EnvCache:
         from .cache import choose_evictions, list_envs, remove
 
         gone = choose_evictions(list_envs(self.root), self.max_size, keep=self.in_use)
-        for env in gone:
-            remove(env)
-        return [env.path.name for env in gone]
+        return [env.path.name for env in gone if remove(env)]  # one in use elsewhere stays
 
     def _overlay(self, commit) -> NightlyEnv:
         """A commit's Python over its base nightly's environment (overlay.py)."""
@@ -248,12 +272,14 @@ class EnvCache:
         base = self.ensure(commit.base)
         path = base.path.parent / f"{base.path.name}+{commit.key}"
         actions = []
-        if not overlay_ready(path):
-            t0 = time.monotonic()
-            files = changed_python(Path(commit.repo), commit.sha, commit.base_main)
-            make_overlay(base.path, path, files)
-            actions.append(f"overlaid {len(files)} Python files of {commit.key} on "
-                           f"{base.path.name} ({time.monotonic() - t0:.1f} s)")
+        self._use(path)
+        with build_lock(path).acquire(waiting=self._waiting(path)):
+            if not overlay_ready(path):
+                t0 = time.monotonic()
+                files = changed_python(Path(commit.repo), commit.sha, commit.base_main)
+                make_overlay(base.path, path, files)
+                actions.append(f"overlaid {len(files)} Python files of {commit.key} on "
+                               f"{base.path.name} ({time.monotonic() - t0:.1f} s)")
         touch_used(path)
         self.in_use.add(path)
         return NightlyEnv(path, env_python(path), base.torch_version, commit.sha, base.sha256,

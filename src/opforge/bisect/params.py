@@ -77,7 +77,54 @@ class Params:
                 raise TypeError(f"params.{name} is {type(value).__name__}")
             if isinstance(value, list) and not all(isinstance(x, str) for x in value):
                 raise TypeError(f"params.{name} must list strings")
-        return cls(**data)
+        params = cls(**data)
+        params.check_ranges()
+        return params
+
+    def check_ranges(self) -> None:
+        """What the command line would have refused, refused in a saved state too (a state is
+        a file anyone can edit): a ValueError naming the field."""
+        import math
+
+        def bad(name: str, value, want: str) -> ValueError:
+            return ValueError(f"params.{name} {value!r}: {want}")
+
+        if not _VARIANT.fullmatch(self.variant):
+            raise bad("variant", self.variant, "expected a name like cpu, cu126, mps")
+        if self.retries < 0 or self.retries > MAX_RETRIES:
+            raise bad("retries", self.retries, f"expected 0 to {MAX_RETRIES}")
+        if self.timeout is not None and not 0 < self.timeout < math.inf:
+            raise bad("timeout", self.timeout, "expected a positive number of seconds")
+        if self.timeout_skip and self.timeout is None:
+            raise bad("timeout_skip", True, "needs a timeout")
+        if self.slower_than is not None and not 1 < self.slower_than < math.inf:
+            raise bad("slower_than", self.slower_than, "expected a factor greater than 1")
+        if self.regress not in ("failure", "success"):
+            raise bad("regress", self.regress, "expected failure or success")
+        for name in ("good", "bad"):
+            value = getattr(self, name)
+            if value is not None and release_version(value) is None \
+                    and not re.fullmatch(r"\d{4}-\d{2}-\d{2}", value):
+                raise bad(name, value, "expected a date (YYYY-MM-DD) or a release")
+            if value is not None and release_version(value) is None:
+                try:
+                    parse_day(value, name)
+                except UsageError as exc:
+                    raise ValueError(f"params.{exc}") from None
+        for name in self.companions:
+            if not re.fullmatch(r"[a-z0-9][a-z0-9.-]*", name) or name == "torch":
+                raise bad("companions", name, "expected a package name like torchvision")
+        if self.match is not None:
+            try:
+                re.compile(self.match)
+            except (re.error, RecursionError, OverflowError) as exc:
+                raise bad("match", self.match, f"not a regular expression ({exc})") from None
+        for name in ("python", "index", "cwd", "wheel", "release_index", "match"):
+            value = getattr(self, name)
+            if value is not None and ("\x00" in value or (name != "match" and not value)):
+                raise bad(name, value, "expected a non-empty text without NUL bytes")
+        if any("\x00" in word for word in self.command):
+            raise bad("command", self.command, "holds a NUL byte")
 
 
 _FIELD_TYPES = {"good": (str,), "bad": (str,), "variant": (str,), "python": (str,),
@@ -88,6 +135,8 @@ _FIELD_TYPES = {"good": (str,), "bad": (str,), "variant": (str,), "python": (str
                 "slower_than": (int, float)}
 
 _DATE = re.compile(r"(\d{4})-?(\d{2})-?(\d{2})")
+_VARIANT = re.compile(r"[a-z][a-z0-9_]*")   # as --variant takes it: no path, no dots
+MAX_RETRIES = 100
 
 
 def release_version(text: str) -> Version | None:

@@ -49,13 +49,23 @@ class Session(Levels):
         self.on_start = on_start
         self.on_ready = on_ready  # runs once the endpoints checked out, before any probe
         self.speed = None  # a speed.SpeedJudge: --slower-than's verdicts instead of the test's
+        self.shared_state = False  # --probe: other probes may add steps to the same state
+        self.lock = None  # the state's lock (state.claim), taken at the first write
+
+    def claim(self) -> None:
+        """Hold the state file from here on; refused (one line naming the holder) when another
+        bisect holds it. Taken at the first write, so a refused command creates nothing."""
+        if self.lock is None:
+            self.lock = state_mod.claim(self.state_path, shared=self.shared_state)
 
     def save(self) -> None:
         if self.started:
-            state_mod.save(self.state, self.state_path)
+            self.claim()
+            state_mod.save(self.state, self.state_path, merge=self.shared_state)
 
     def begin(self) -> None:
         if not self.started:
+            self.claim()
             self.started = True
             if self.on_start is not None:
                 self.on_start()

@@ -8,14 +8,12 @@ step. ``--resume`` reloads it and repeats no finished step.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from opforge.errors import UsageError
-from opforge.files import read_json
+from opforge.files import FileLock, LockHeld, read_json, write_file
 
 from .index import Nightly
 from .params import Params
@@ -110,19 +108,64 @@ class BisectState:
         return state
 
 
-def save(state: BisectState, path: Path) -> None:
-    """Write the state so that a kill at any instant leaves the old or the new file whole."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+def lock_path(path: Path) -> Path:
+    """The run's lock beside the state: held while a bisect, a --plan or a --probe writes it."""
+    return path.with_name(f".{path.name}.lock")
+
+
+def _write_lock_path(path: Path) -> Path:
+    return path.with_name(f".{path.name}.write-lock")
+
+
+def _held_message(path: Path, holder: str, shared: bool) -> str:
+    what = "a full bisect or a --plan" if shared else "another bisect"
+    return (f"--state {path}: in use by {what} ({holder}); wait for it to finish, or pass "
+            "another --state")
+
+
+def check_free(path: Path, *, shared: bool = False) -> None:
+    """Refuse now, before anything runs, when another run holds the state; creates nothing.
+
+    A full bisect, ``--plan`` and ``--resume`` need the state alone; ``--probe`` runs (shared)
+    may run side by side, each adding its step.
+    """
+    lock = FileLock(lock_path(path), what=f"--state {path}")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(state.to_json(), f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        if not lock.busy(shared=shared):
+            return
+    except UsageError:
+        return  # an unusable lock file: claim() says so when it matters
+    raise LockHeld(_held_message(path, lock.holder(), shared))
+
+
+def claim(path: Path, *, shared: bool = False) -> FileLock:
+    """Hold the state for this run (until the process ends); refused in one line, naming the
+    holder, when another run holds it."""
+    lock = FileLock(lock_path(path), what=f"--state {path}")
+    try:
+        return lock.acquire(shared=shared, wait=0)
+    except LockHeld:
+        raise LockHeld(_held_message(path, lock.holder(), shared)) from None
+
+
+def save(state: BisectState, path: Path, *, merge: bool = False) -> None:
+    """Write the state so that a kill at any instant leaves the old or the new file whole.
+
+    ``merge`` (--probe runs sharing one state): the steps another run saved meanwhile are
+    kept, read and rewritten under a lock, so two probes started together both land.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(_write_lock_path(path), what=f"--state {path}").acquire(wait=120):
+        if merge:
+            try:
+                saved = load(path) if path.exists() else None
+            except UsageError:
+                saved = None
+            if saved is not None and saved.params == state.params:
+                for key, step in saved.steps.items():
+                    state.steps.setdefault(key, step)
+                state.looked_up.extend(d for d in saved.looked_up if d not in state.looked_up)
+        write_file(path, json.dumps(state.to_json(), indent=1), what="--state", fsync=True)
 
 
 def load(path: Path) -> BisectState:

@@ -187,8 +187,10 @@ def _params(args: argparse.Namespace):
     for option, day in (("--good", good), ("--bad", bad)):
         if day is not None and "-" in day and day > tomorrow:
             raise UsageError(f"{option} {day}: that date is in the future; no nightly exists yet")
-    if args.retries is not None and args.retries < 0:
-        raise UsageError("--retries must be 0 or more")
+    from opforge.bisect.params import MAX_RETRIES
+
+    if args.retries is not None and not 0 <= args.retries <= MAX_RETRIES:
+        raise UsageError(f"--retries {args.retries}: expected 0 to {MAX_RETRIES}")
     if args.timeout is not None and not (0 < args.timeout < math.inf):
         raise UsageError(f"--timeout {args.timeout:g}: must be a positive number of seconds")
     if args.timeout_skip and args.timeout is None:
@@ -371,7 +373,12 @@ def _round(args, session, state, verdicts, display) -> int:
             if other.params.get(name) != state.params.get(name):
                 raise UsageError(f"--verdicts {path}: another bisect's ({name} "
                                  f"{other.params.get(name)!r}, here {state.params.get(name)!r})")
+        known = {c.key for c in (*state.listed, *state.releases)}
         for key, step in other.steps.items():
+            if key not in known:
+                raise UsageError(f"--verdicts {path}: a step for {key}, which is not a "
+                                 "candidate of this bisect (its index listed no such nightly "
+                                 "or release)")
             state.steps.setdefault(key, step)
     with display:
         if args.probe:
@@ -428,8 +435,17 @@ def run(args: argparse.Namespace) -> int:
     fan_out = args.plan is not None or bool(args.probe)
     root = cache_dir()
     state_path = Path(args.state).expanduser() if args.state else root / "bisect" / "state.json"
+    if not state_path.name or state_path.name == ".." or state_path.name.endswith("/"):
+        raise UsageError(f"--state {args.state}: a directory; give a file path")
     log_path = Path(args.log).expanduser() if args.log else state_path.with_suffix(".log.jsonl")
     _destinations(args, state_path, log_path)
+    if args.plan is not None and os.environ.get("GITHUB_OUTPUT"):
+        from opforge.files import check_writable
+
+        # checked before the state is written: a round that cannot be handed on is not taken
+        check_writable(os.environ["GITHUB_OUTPUT"], what="$GITHUB_OUTPUT", append=True,
+                       make_folders=False)
+    state_mod.check_free(state_path, shared=bool(args.probe))  # another run holds it: exit 2
     repo = check_repo(Path(args.pytorch_repo)) if args.pytorch_repo else None
     display = Display()
     log = state_mod.StepLog(log_path)
@@ -476,6 +492,7 @@ def run(args: argparse.Namespace) -> int:
     # bisect by speed times while nothing else of its own runs: no environments made ahead
     session = Session(params, state, state_path, log, envs, display, on_start=on_start,
                       on_ready=on_ready, prefetch=not args.no_prefetch and not params.slower_than)
+    session.shared_state = bool(args.probe)
     if params.slower_than:
         from opforge.bisect.speed import SpeedJudge, workloads_of
 
@@ -523,6 +540,7 @@ def run(args: argparse.Namespace) -> int:
     if session.speed is not None:
         data["speed"] = session.speed.report()
     state.result = data
+    session.claim()
     state_mod.save(state, state_path)
     log.write("done", result=data)
     emit(data, json_to=args.json, markdown_to=args.markdown)

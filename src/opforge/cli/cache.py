@@ -70,10 +70,14 @@ def run(args: argparse.Namespace) -> int:
         cutoff = time.time() - args.older_than * 86400
         doomed = [e for e in envs if e.last_used < cutoff]
     verb = "would remove" if args.dry_run else "removed"
+    kept = []
     for env in doomed:
-        if not args.dry_run:
-            remove(env)
+        if not args.dry_run and not remove(env):  # a running bisect uses it
+            kept.append(env)
+            print(f"kept {env.path.name}: a running bisect uses it")
+            continue
         print(f"{verb} {env.path.name} ({env.torch or 'incomplete'}, {human(env.size)})")
+    doomed = [e for e in doomed if e not in kept]
     left = sum(e.size for e in envs) - sum(e.size for e in doomed)
     print(f"{verb} {len(doomed)} of {len(envs)} environments; {human(left)} left")
     return 0
