@@ -22,8 +22,10 @@ from opforge.errors import UsageError
 from opforge.files import check_target, lookup, read_head, write_file
 from opforge.matrix import parse_matrix
 from opforge.scan import Scan, ScannedOp, scan_extension
+from opforge.stubs import recipe_entry
 
 DEFAULT_TORCH = "2.13.0"
+DEFAULT_FLOOR = "2.10"   # a stable-ABI extension's torch_floor when its sources do not say
 RECIPES_FILE = "opforge_recipes.py"
 CUDA_VARIANT = ("cu130", "13.0", "7.5;8.0;8.6;9.0;10.0;12.0+PTX",
                 "pytorch/manylinux2_28-builder:cuda13.0")
@@ -44,19 +46,27 @@ def _device_of(key: str) -> str | None:
 
 def choose_namespace(scan: Scan) -> str:
     if not any(scan.namespaces.values()):
+        if scan.modules and scan.package:  # pybind11 modules only: no dispatcher ops
+            return scan.package
+        by_hand = "".join(f"\n  {line}" for line in scan.by_hand)
         raise UsageError(f"no op extension in {scan.root}: no TORCH_LIBRARY / "
-                         "TORCH_LIBRARY_FRAGMENT / STABLE_TORCH_LIBRARY block and no "
-                         "torch.library registration (custom_op, define, Library) found")
+                         "STABLE_TORCH_LIBRARY block, no torch::RegisterOperators chain, no "
+                         "PYBIND11_MODULE a build configuration compiles and no torch.library "
+                         "registration (custom_op, define, Library) found" + by_hand)
     return max(scan.namespaces, key=lambda ns: len(scan.namespaces[ns]))
+
+
+def _ops_of(scan: Scan, namespace: str) -> dict[str, ScannedOp]:
+    return scan.namespaces.get(namespace, {})
 
 
 def render_matrix(scan: Scan, torch_version: str, python: str) -> str:
     namespace = choose_namespace(scan)
-    ops = scan.namespaces[namespace]
+    ops = _ops_of(scan, namespace)
     forward = [op for op in ops.values() if not op.backward_only]
     union = _order({k for op in forward for k in op.keys}) or ["CPU", "Meta"]
     variants = [("cpu", None)]
-    if scan.has_cuda:
+    if scan.has_cuda or any(m.backend == "cuda" for m in scan.modules.values()):
         variants.append(("cuda", CUDA_VARIANT))
     if scan.has_mps:
         variants.append(("mps", None))
@@ -73,12 +83,36 @@ def render_matrix(scan: Scan, torch_version: str, python: str) -> str:
         f"  distribution: {scan.distribution}   # wheel / pip name",
         f"  namespace: {namespace}          # torch.ops.<namespace>",
         f"  recipes: {RECIPES_FILE}   # how `opforge smoke` calls each op",
-        "  # each op is checked against its variant's expected_keys; `remove` / `add` / `keys`",
-        "  # change them for one op, `backward: true` marks an op reached only through a backward",
-        "  ops:",
     ]
-    for op in ops.values():
-        lines.append("    " + _op_line(op, union))
+    if scan.stable_only:
+        lines += ["  abi: stable               # STABLE_TORCH_LIBRARY only: one abi3 wheel per "
+                  "platform",
+                  f'  torch_floor: "{scan.torch_floor or DEFAULT_FLOOR}"       # the oldest torch '
+                  "it loads on" + ("" if scan.torch_floor else " (no TORCH_TARGET_VERSION found: "
+                                   "check it)")]
+    if ops:
+        lines += [
+            "  # each op is checked against its variant's expected_keys; `remove` / `add` / "
+            "`keys`",
+            "  # change them for one op, `backward: true` marks an op reached only through a "
+            "backward",
+            "  ops:",
+        ]
+        for op in ops.values():
+            lines.append("    " + _op_line(op, union))
+    if scan.modules:
+        lines += ["  # compiled modules, each checked on its own by `opforge smoke` in every "
+                  "variant that",
+                  "  # builds its backend: `import` ones must import and export their functions,",
+                  "  # `library` ones must load with torch.ops.load_library and register their ops",
+                  "  modules:"]
+        for module in scan.modules.values():
+            fields = [f"backend: {module.backend}"]
+            if module.load != "import":
+                fields.append(f"load: {module.load}")
+            if module.functions:
+                fields.append(f"functions: [{', '.join(module.functions)}]")
+            lines.append(f"    {module.name}: {{{', '.join(fields)}}}  # {module.where}")
     others = [ns for ns in scan.namespaces if ns != namespace and scan.namespaces[ns]]
     if others:
         lines.append(f"  # also found: namespace(s) {', '.join(others)}; one matrix checks one "
@@ -142,21 +176,39 @@ def render_recipes(scan: Scan) -> str:
         "  inputs(dtype) -> list of arguments, built on the CPU (required)",
         "  expected (the CPU result) or check(call, args, out) -> None or what is wrong",
         "  grad / autocast / mutates: argument indices; skip: {check: reason}; atol, rtol",
+        "",
+        "`opforge init` wrote each recipe from the op's schema or signature (\"stub\": True): it",
+        "calls every op once on every present device, and the smoke report names it a stub",
+        "until you edit it (real inputs, a known answer, grad) and drop \"stub\".",
         '"""',
         "",
         "import torch  # noqa: F401",
         "",
         "RECIPES = {",
     ]
-    for op in scan.namespaces[namespace].values():
+    for op in _ops_of(scan, namespace).values():
         if op.backward_only:
             lines.append(f"    # {op.name}: backward-only, reached through its forward op's "
                          "\"grad\"")
             continue
-        lines.append(f"    # {op.schema or op.name + '(...)'}")
-        lines.append(f'    # "{op.name}": {{"inputs": lambda dtype: [torch.rand(4, 4, '
-                     f'dtype=dtype)]}},')
+        lines += recipe_entry(op.name, op.schema, op.hints, fake="Meta" in op.keys)
     lines.append("}")
+    functions = [(m, fn, sig) for m in scan.modules.values() if m.load == "import"
+                 for fn, sig in m.functions.items()]
+    if functions:
+        lines += [
+            "",
+            "# Calls of the compiled modules' functions, by import name, on the devices listed:",
+            "# smoke runs each on every present one. A device registry that fails only when",
+            "# called (\"implementation for device cuda:0 not found\") is caught by calling the",
+            "# package's own wrapper (e.g. \"mypkg.ops.nms\") with \"devices\": [\"cpu\", \"cuda\"].",
+            "FUNCTIONS = {",
+        ]
+        for module, fn, sig in functions:
+            lines += recipe_entry(f"{module.name}.{fn}", f"{fn}({sig})" if sig is not None
+                                  else None, module.hints.get(fn), fake=True,
+                                  devices=[module.backend])
+        lines.append("}")
     return "\n".join(lines) + "\n"
 
 

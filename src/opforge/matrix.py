@@ -87,6 +87,26 @@ class Op:
 
 
 @dataclass(frozen=True)
+class Module:
+    """A compiled module the package ships for one backend (``extension.modules``).
+
+    ``load: import``: a Python extension module (pybind11) that must import and export
+    ``functions``; ``load: library``: a library the package loads with
+    ``torch.ops.load_library`` that must register ``functions`` (its ops). A variant promises
+    the cpu modules and those of the backends it builds.
+    """
+
+    name: str                        # the dotted import name, e.g. mypkg._ext_cuda
+    backend: str = "cpu"
+    load: str = "import"
+    functions: tuple[str, ...] = ()
+
+
+MODULE_BACKENDS = ("cpu", "cuda", "mps")
+MODULE_LOADS = ("import", "library")
+
+
+@dataclass(frozen=True)
 class Extension:
     path: str
     package: str
@@ -100,6 +120,11 @@ class Extension:
     abi: str = "legacy"
     torch_floor: str | None = None
     compat_torch: tuple[str, ...] = ()
+    modules: tuple[Module, ...] = ()
+
+    def modules_for(self, variant: Variant) -> tuple[Module, ...]:
+        """The compiled modules ``variant``'s wheel must hold: cpu ones and its backends'."""
+        return tuple(m for m in self.modules if m.backend in variant.backends)
 
     def slowdown_factors(self) -> dict[str, float]:
         """op -> its own max_slowdown, for the ops that override the extension's."""
@@ -136,6 +161,9 @@ class TorchChannel:
 class Platform:
     name: str
     runner: str
+    # Linux: the image every cell of this platform builds in unless its variant names one
+    # (a manylinux_2_28 image: the wheel's glibc floor is the image's, not the runner's)
+    container: str | None = None
 
     @property
     def os(self) -> str:
@@ -163,6 +191,7 @@ class Variant:
     abi: str = "legacy"                   # "stable": one abi3 wheel per platform, torch>=floor
     torch_floor: str | None = None        # stable only: the oldest torch the wheel loads on
     compat_torch: tuple[str, ...] = ()    # stable only: the torches its compat smoke runs on
+    pypi: bool = False                    # its wheels go to PyPI: no local label (+cpu)
 
     @property
     def stable(self) -> bool:
@@ -192,6 +221,12 @@ class Variant:
         """The wheel's PEP 440 local label: the name, normalized (``cpu_stable`` ->
         ``cpu.stable``, as pip and packaging spell it)."""
         return self.name.replace("_", ".")
+
+    @property
+    def wheel_local_version(self) -> str | None:
+        """The label its wheels carry: none for the PyPI variant (PyPI refuses local
+        versions; its build record keeps the variant)."""
+        return None if self.pypi else self.local_version
 
     @property
     def build_session(self) -> str:
@@ -225,6 +260,11 @@ class Job:
         return f"wheel-{self.name}"
 
     @property
+    def container(self) -> str | None:
+        """The image the cell builds in: its variant's, else its Linux platform's."""
+        return self.variant.container or self.platform.container
+
+    @property
     def torch_install(self) -> str:
         pre = "--pre " if ".dev" in self.torch_spec or self.torch_spec == "torch" else ""
         return f"pip install {pre}{self.torch_spec} --index-url {self.torch_index}"
@@ -240,11 +280,12 @@ class Job:
             "arch": self.platform.arch,
             "python": self.python,
             "runner": self.runner,
-            "container": v.container or "",
+            "container": self.container or "",
             # the CPython inside a manylinux builder image (its PATH python is conda's)
             "container_python": (f"/opt/python/cp{self.python.replace('.', '')}-"
                                  f"cp{self.python.replace('.', '')}/bin/python"
-                                 if v.container else ""),
+                                 if self.container else ""),
+            "pypi": v.pypi,
             "cuda": v.cuda or "",
             "arch_list": v.arch_list or "",
             "mps": v.mps,
@@ -558,16 +599,20 @@ def parse_matrix(text: str, path: Path) -> Matrix:
 
 def _extension(r: _Reader, node: yaml.Node) -> Extension:
     m = r.mapping(node, "extension", {"path": True, "package": True, "distribution": False,
-                                      "namespace": True, "ops": True, "internal_ops": False,
+                                      "namespace": True, "ops": False, "internal_ops": False,
                                       "recipes": False, "max_slowdown": False,
                                       "abi": False, "torch_floor": False,
-                                      "compat_torch": False})
+                                      "compat_torch": False, "modules": False})
     package = r.scalar(m["package"], "extension.package")
     r.check(m["package"], "extension.package", field_checks.identifier(package, "an import name"))
     namespace = r.scalar(m["namespace"], "extension.namespace")
     r.check(m["namespace"], "extension.namespace",
             field_checks.identifier(namespace, "a torch.ops namespace"))
-    specs = _ops(r, m["ops"], "extension.ops")
+    if "ops" not in m and "modules" not in m:
+        raise r.fail(node, "extension.ops", "required key missing from extension (a package "
+                     "with no dispatcher ops lists its compiled modules under extension.modules)")
+    specs = _ops(r, m["ops"], "extension.ops") if "ops" in m else []
+    modules = _modules(r, m["modules"]) if "modules" in m else ()
     if "internal_ops" in m:  # the older spelling of `backward: true`
         for i, (op, item) in enumerate(r.str_list(m["internal_ops"], "extension.internal_ops")):
             r.check(item, f"extension.internal_ops[{i}]",
@@ -593,7 +638,42 @@ def _extension(r: _Reader, node: yaml.Node) -> Extension:
     return Extension(path=path, package=package,
                      distribution=distribution, namespace=namespace, op_specs=tuple(specs),
                      recipes=recipes, max_slowdown=max_slowdown, abi=abi, torch_floor=floor,
-                     compat_torch=compat)
+                     compat_torch=compat, modules=modules)
+
+
+_MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\Z")
+
+
+def _modules(r: _Reader, node: yaml.Node) -> tuple[Module, ...]:
+    """``{mypkg._ext_cuda: {backend: cuda, functions: [nms]}}``."""
+    if not isinstance(node, yaml.MappingNode) or not node.value:
+        raise r.fail(node, "extension.modules", "expected a mapping of module import names to "
+                     "{backend, load, functions}, e.g. `mypkg._ext_cuda: {backend: cuda, "
+                     "functions: [nms]}`")
+    fields = r.mapping(node, "extension.modules", {
+        (k.value if isinstance(k, yaml.ScalarNode) else ""): False for k, _ in node.value})
+    out = []
+    for name, value in fields.items():
+        key = f"extension.modules.{name}"
+        if not _MODULE_NAME.match(name):
+            raise r.fail(value, key, f"{name!r} is not a dotted import name (mypkg._ext)")
+        m = r.mapping(value, key, {"backend": False, "load": False, "functions": False})
+        backend = r.scalar(m["backend"], f"{key}.backend") if "backend" in m else "cpu"
+        if backend not in MODULE_BACKENDS:
+            raise r.fail(m["backend"], f"{key}.backend",
+                         f"{backend!r} is not one of {', '.join(MODULE_BACKENDS)}")
+        load = r.scalar(m["load"], f"{key}.load") if "load" in m else "import"
+        if load not in MODULE_LOADS:
+            raise r.fail(m["load"], f"{key}.load", f"{load!r} is not one of "
+                         f"{', '.join(MODULE_LOADS)} (import: a Python module; library: loaded "
+                         "with torch.ops.load_library)")
+        functions = []
+        if "functions" in m:
+            for i, (fn, item) in enumerate(r.str_list(m["functions"], f"{key}.functions")):
+                r.check(item, f"{key}.functions[{i}]", field_checks.identifier(fn, "a name"))
+                functions.append(fn)
+        out.append(Module(name=name, backend=backend, load=load, functions=tuple(functions)))
+    return tuple(out)
 
 
 ABIS = ("legacy", "stable")
@@ -766,10 +846,17 @@ def _platforms(r: _Reader, node: yaml.Node) -> dict[str, Platform]:
         if not re.match(r"(linux|macos|windows)-[a-z0-9_]+\Z", name):
             raise r.fail(names[name], key, "platform names are <os>-<arch>, os one of "
                                            "linux, macos, windows (e.g. linux-x86_64)")
-        pm = r.mapping(value, key, {"runner": True})
+        pm = r.mapping(value, key, {"runner": True, "container": False})
         runner = r.scalar(pm["runner"], f"{key}.runner")
         r.check(pm["runner"], f"{key}.runner", field_checks.runner_label(runner))
-        platforms[name] = Platform(name=name, runner=runner)
+        container = None
+        if "container" in pm:
+            container = r.scalar(pm["container"], f"{key}.container")
+            r.check(pm["container"], f"{key}.container", field_checks.image_reference(container))
+            if not name.startswith("linux-"):
+                raise r.fail(pm["container"], f"{key}.container",
+                             "only Linux platforms build in a container image")
+        platforms[name] = Platform(name=name, runner=runner, container=container)
     return platforms
 
 
@@ -777,7 +864,7 @@ _VARIANT_KEYS = {"name": True, "platforms": True, "expected_keys": True, "cuda":
                  "arch_list": False, "container": False, "torch_version": False,
                  "index_variant": False, "macos_deployment_target": False, "mps": False,
                  "device_checks": False, "runner": False, "abi": False, "torch_floor": False,
-                 "compat_torch": False}
+                 "compat_torch": False, "pypi": False}
 
 
 def _variants(r: _Reader, node: yaml.Node, platforms: dict[str, Platform],
@@ -786,6 +873,7 @@ def _variants(r: _Reader, node: yaml.Node, platforms: dict[str, Platform],
         raise r.fail(node, "variants", "expected a non-empty list of variants")
     variants: list[Variant] = []
     seen: dict[str, int] = {}
+    pypi_by_platform: dict[str, str] = {}
     for i, vnode in enumerate(node.value):
         key = f"variants[{i}]"
         m = r.mapping(vnode, key, _VARIANT_KEYS)
@@ -815,6 +903,15 @@ def _variants(r: _Reader, node: yaml.Node, platforms: dict[str, Platform],
         mps = r.scalar(m["mps"], f"{key}.mps", bool) if "mps" in m else False
         device_checks = (r.scalar(m["device_checks"], f"{key}.device_checks", bool)
                          if "device_checks" in m else True)
+        pypi = r.scalar(m["pypi"], f"{key}.pypi", bool) if "pypi" in m else False
+        if pypi:
+            for plat, _ in plats:
+                if plat in pypi_by_platform:
+                    raise r.fail(m["pypi"], f"{key}.pypi",
+                                 f"variants {pypi_by_platform[plat]!r} and {name!r} both go to "
+                                 f"PyPI for {plat}: PyPI holds one wheel per platform and "
+                                 "Python, so at most one variant per platform sets pypi: true")
+                pypi_by_platform[plat] = name
         cuda = opt.get("cuda")
         if cuda is not None:
             if cuda not in NVCC_ARCHS:
@@ -871,7 +968,7 @@ def _variants(r: _Reader, node: yaml.Node, platforms: dict[str, Platform],
         variants.append(Variant(name=name, platforms=tuple(p for p, _ in plats),
                                 expected_keys=tuple(keys), mps=mps,
                                 device_checks=device_checks, abi=abi, torch_floor=floor,
-                                compat_torch=compat, **opt))
+                                compat_torch=compat, pypi=pypi, **opt))
     return variants
 
 

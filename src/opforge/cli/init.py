@@ -11,9 +11,10 @@ from pathlib import Path
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "init", help="write an extension's opforge configuration from its sources",
-        description="Read an op extension's sources (TORCH_LIBRARY blocks, torch.library "
-                    "registrations, its build configuration) and write matrix.yaml, a recipes "
-                    "stub, noxfile.py and .github/workflows/opforge-{ci,nightly,bisect}.yml "
+        description="Read an op extension's sources (TORCH_LIBRARY / STABLE_TORCH_LIBRARY "
+                    "blocks, torch::RegisterOperators chains, PYBIND11_MODULE modules, "
+                    "torch.library registrations, its build configuration) and write "
+                    "matrix.yaml, recipes that call every op once (stubs), noxfile.py and .github/workflows/opforge-{ci,nightly,bisect}.yml "
                     "(callers of opforge's reusable workflows, pinned by commit). Writes all "
                     "files or none; never overwrites without --force; edits none of the "
                     "extension's own files. Exit 2 on bad input.")
@@ -38,10 +39,16 @@ def run(args: argparse.Namespace) -> int:
                                   python=args.python, workflows_ref=args.workflows_ref)
     written = [] if args.dry_run else init.write_files(files, force=args.force)
     namespace = init.choose_namespace(scan)
-    ops = scan.namespaces[namespace]
+    ops = scan.namespaces.get(namespace, {})
     print(f"opforge init: {scan.distribution} (package {scan.package}, build backend "
           f"{scan.build_backend or 'setuptools (setup.py)'}), torch.ops.{namespace}: "
-          f"{len(ops)} op(s): {', '.join(ops)}", file=sys.stderr)
+          f"{len(ops)} op(s): {', '.join(ops) or '-'}; {len(scan.modules)} compiled "
+          f"module(s) checked on their own: {', '.join(scan.modules) or '-'}", file=sys.stderr)
+    for rel, found in sorted(scan.found.items()):
+        for what in found:
+            print(f"opforge init: {rel}: {what}", file=sys.stderr)
+    for line in scan.by_hand:
+        print(f"opforge init: by hand: {line}", file=sys.stderr)
     for note in scan.notes:
         print(f"opforge init: note: {note}", file=sys.stderr)
     if args.dry_run:

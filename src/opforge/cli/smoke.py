@@ -208,7 +208,11 @@ def resolve(args: argparse.Namespace):
                 op_keys[op] = tuple(k for k in default if k in BACKEND_KEYS or k == "Meta")
             else:
                 op_keys[op] = default
-        return {"op_keys": op_keys, "backward_ops": tuple(backward), "default_keys": default}
+        modules = [{"name": m.name, "backend": m.backend, "load": m.load,
+                    "functions": list(m.functions)} for m in ext.modules_for(v)] \
+            if own and v is not None else []
+        return {"op_keys": op_keys, "backward_ops": tuple(backward), "default_keys": default,
+                "modules": modules}
 
     chosen = promises(variant)
     device_checks = args.device_checks
@@ -223,8 +227,9 @@ def resolve(args: argparse.Namespace):
             p = promises(v)
             variants[v.name] = {"op_keys": {k: list(x) for k, x in p["op_keys"].items()},
                                 "backward_ops": list(p["backward_ops"]),
-                                "default_keys": list(p["default_keys"])}
-        chosen = {"op_keys": {}, "backward_ops": (), "default_keys": ()}
+                                "default_keys": list(p["default_keys"]),
+                                "modules": p["modules"]}
+        chosen = {"op_keys": {}, "backward_ops": (), "default_keys": (), "modules": []}
     recipes = args.recipes
     if recipes is None and own and ext.recipes:
         recipes = matrix.path.parent / ext.recipes
@@ -240,7 +245,8 @@ def resolve(args: argparse.Namespace):
                            backward_ops=tuple(chosen["backward_ops"]),
                            default_keys=tuple(chosen["default_keys"]),
                            device_checks=device_checks, variants=variants, recipes=recipes,
-                           speed=speed_spec(ext if own else None, args.speed_check))
+                           speed=speed_spec(ext if own else None, args.speed_check),
+                           modules=tuple(chosen["modules"]))
     return target, request, variant_name
 
 

@@ -53,6 +53,8 @@ class ProbeRequest:
     recipes: Path | None = None
     # the speed check: {"enabled": bool, "factor": x, "op_factors": {op: x}, "devices": [...]}
     speed: dict = field(default_factory=dict)
+    # the compiled modules the variant promises: [{name, backend, load, functions}]
+    modules: tuple[dict, ...] = ()
 
     @property
     def promises(self) -> bool:
@@ -63,7 +65,7 @@ class ProbeRequest:
                       "backward_ops": list(self.backward_ops),
                       "default_keys": list(self.default_keys),
                       "recipes": str(self.recipes.resolve()) if self.recipes else None,
-                      "speed": self.speed}
+                      "speed": self.speed, "modules": list(self.modules)}
         if self.variants and not self.promises:
             spec["variants"] = self.variants
         return spec

@@ -17,6 +17,7 @@ from .census import run_census
 from .common import SCHEMA, Report, first_line
 from .devices import probe_devices
 from .load import probe_import
+from .modules import run_functions, run_modules
 from .runs import OpRunner
 
 
@@ -44,7 +45,8 @@ def parse_args(argv):
     p.add_argument("--package", required=True)
     p.add_argument("--namespace", required=True)
     # JSON: op_keys {op: [keys]}, backward_ops, default_keys, recipes (a path), and
-    # variants {variant: {op_keys, backward_ops, default_keys}} when the build record chooses,
+    # variants {variant: {op_keys, backward_ops, default_keys, modules}} when the build record
+    # chooses, modules [{name, backend, load, functions}]: the compiled modules to check,
     # speed {enabled, factor, op_factors, devices}: the speed check
     p.add_argument("--spec", type=_read_spec, default={})
     p.add_argument("--device-checks", choices=("auto", "skip"), default="auto")
@@ -99,11 +101,15 @@ def probe(args) -> dict:
     import_ok = probe_import(report, args, torch)
     choose_variant(report, args)
     rows = run_census(report, args.spec, args.namespace, torch)
+    if import_ok:  # the modules a variant promises, each on its own (pybind11, per-backend libs)
+        run_modules(report, args.spec, args.namespace)
     devices = probe_devices(report, args, torch)
     path = args.spec.get("recipes")
     recipes = load_recipes(report, path) if import_ok else None
     OpRunner(report, torch, args.namespace, rows, devices, recipes, path,
              args.spec.get("speed")).run_all(import_ok)
+    if recipes is not None:
+        run_functions(report, torch, devices, path, import_ok)
     return report.finish()
 
 

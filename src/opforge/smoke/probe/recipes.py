@@ -17,6 +17,7 @@ name to a dict with these fields (docs/adopt.md has the full reference):
   overload   the overload to call (default "default")
   workloads  {name: {inputs, grad?, devices?, reference?}}: benchmark shapes (small, medium,
              large) for `opforge bench`; the smoke speed check times the first one
+  stub       True in a recipe `opforge init` wrote from the op's schema (reported until edited)
   reference  what bench compares against: a callable taking the op's arguments, a dotted name
              of one ("torchvision.ops.nms"), or "cpu" (the op's own CPU kernel, the default)
 
@@ -36,7 +37,7 @@ from .common import first_line
 CHECKS = ("run", "backward", "fake", "compile", "autocast")
 FIELDS = {"inputs", "dtypes", "expected", "check", "grad", "autocast", "mutates", "outputs",
           "atol", "rtol", "grad_atol", "grad_rtol", "autocast_atol", "skip", "overload",
-          "workloads", "reference"}
+          "workloads", "reference", "stub"}
 WORKLOAD_FIELDS = {"inputs", "grad", "devices", "reference"}
 
 

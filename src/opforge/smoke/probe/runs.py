@@ -146,6 +146,11 @@ class OpRunner:
             if problem:
                 self.report.check(f"run:{op}", "run", "fail", problem, op=op, recipe_error=True)
                 continue
+            if recipe.get("stub"):
+                self.report.check(f"stub:{op}", "run", "warn", f"the recipe for {op} is the "
+                                  "stub opforge init wrote from its schema: it calls the op once "
+                                  "per device; edit it (known answers, grad, workloads) and drop "
+                                  "\"stub\"", op=op, reason="stub")
             try:
                 packet = getattr(getattr(t.ops, self.ns), op)
                 fn = getattr(packet, recipe.get("overload") or "default")
