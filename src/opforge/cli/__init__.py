@@ -36,6 +36,7 @@ from opforge.cli import (
     smoke,
     workflows,
 )
+from opforge.envvars import check_environment
 from opforge.errors import EXIT_BUG, EXIT_SIGNAL, Interrupted, OpforgeError, UsageError
 
 # in `opforge --help` order; each registers one subcommand of the same name
@@ -82,6 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             parser = build_parser()
             args = parser.parse_args(argv)
+            check_environment()  # a bad OPFORGE_* value: one line, before anything is made
             code = int(args.func(args) or 0)
             sys.stdout.flush()  # a closed pipe shows here, inside the boundary
             return code
@@ -112,10 +114,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 @contextlib.contextmanager
 def _stop_signals_raise() -> Iterator[None]:
-    """SIGINT, SIGTERM and SIGHUP raise Interrupted in the main thread while a command runs."""
+    """SIGINT, SIGTERM and SIGHUP raise Interrupted in the main thread while a command runs.
+
+    Only the first one raises: a second Ctrl-C while the first one's cleanup runs (children
+    stopped, the state saved) is noted and ignored, so the cleanup finishes and the command
+    still ends with one line and 128+N; a third stops the process at once (exit 128+N).
+    """
+    received: list[int] = []
 
     def handler(signum, _frame):
-        raise Interrupted(signum)
+        received.append(signum)
+        if len(received) == 1:
+            raise Interrupted(signum)
+        if len(received) == 2:
+            with contextlib.suppress(OSError):
+                os.write(2, b"opforge: cleaning up after the interrupt; press Ctrl-C again to "
+                            b"stop at once\n")
+            return
+        os._exit(EXIT_SIGNAL + signum)
 
     previous = {}
     try:
