@@ -69,12 +69,19 @@ def test_bench_path_of_every_kind(tmp_path, python, option, kind):
     (["--regression", "1"], "a factor greater than 1"),
     (["--against", "never-saved"], "no such baseline"),
     (["--against", "missing.json"], "--against missing.json"),
+    (["--baseline", ""], "--baseline '': name a baseline"),
+    (["--baseline", "a b"], "a baseline name is letters"),
+    (["--baseline", "b", "--against", "c"], "both name a baseline: give one"),
+    (["--baseline", "NOT_A_BENCH"], "not an `opforge bench` JSON document"),
 ])
 def test_bench_bad_numbers_and_requirements_say_so(python, capsys, monkeypatch, tmp_path,
                                                    argv, message):
     from opforge.cli import main
 
     monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path))
+    if "NOT_A_BENCH" in argv:  # a file that exists and is not a bench run
+        (tmp_path / "smoke.json").write_text('{"kind": "smoke"}')
+        argv = [str(tmp_path / "smoke.json") if a == "NOT_A_BENCH" else a for a in argv]
     assert main(["bench", "--python", str(python), "--package", "demo", "--namespace", "demo",
                  "--recipes", str(ROOT / "extension" / "recipes.py"), *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()

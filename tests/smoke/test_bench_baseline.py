@@ -56,7 +56,7 @@ def test_save_then_against_by_name(tmp_path, monkeypatch):
     monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path))
     baseline_dir().mkdir(parents=True)
     (baseline_dir() / "nightly.json").write_text(json.dumps(_doc(("a", 3.0, 0.1))))
-    name, rows = load_baseline("nightly")
+    name, rows, _machine = load_baseline("nightly")
     assert name == "nightly" and [k[0] for k in rows] == ["a"]
     with pytest.raises(UsageError, match=r"no such baseline \(saved: nightly"):
         load_baseline("weekly")
@@ -72,3 +72,75 @@ def test_the_summary_says_what_the_run_was_compared_with():
     first["baseline"] = {"name": None, "note": "no last good run yet"}
     assert "No baseline to compare with: no last good run yet." in markdown(first)
     assert "Compared with" not in markdown(_doc(("a", 2.0, 0.05)))
+
+
+def _alone(op, best_s, noise=0.05, cpu="CPU A") -> dict:
+    return {"op": op, "workload": "small", "direction": "forward", "device": "cpu",
+            "reference": "cpu", "status": "pass", "alone": True, "ours_s": best_s * 1.1,
+            "best_s": best_s, "noise": noise, "rounds": 5}
+
+
+def _run(*rows, cpu="CPU A") -> dict:
+    return {"kind": "bench", "package": "p", "rows": list(rows),
+            "environment": {"cpu": cpu, "threads": 2}}
+
+
+def test_rows_timed_alone_compare_their_times_with_the_saved_run():
+    from opforge.smoke.benchreport import machine
+
+    saved = _run(_alone("a", 1e-3), _alone("b", 1e-3))
+    now = _run(_alone("a", 10e-3), _alone("b", 1.1e-3))
+    compare_to_baseline(now, baseline_rows(saved, "base"), "base", 1.5, machine(saved))
+    a, b = now["rows"]
+    assert a["status"] == "fail" and a["baseline"]["by"] == "time"
+    assert a["message"].startswith("10.00x slower than baseline base (timed alone: 10 ms, "
+                                   "was 1 ms; allowed 1.5x beyond noise ±10%)")
+    assert b["status"] == "pass" and "0.91x the speed of base" in markdown(now)
+    assert "Note:" not in markdown(now)  # same machine
+
+
+def test_times_alone_from_another_machine_are_compared_and_the_summary_says_so():
+    from opforge.smoke.benchreport import machine
+
+    saved = _run(_alone("a", 1e-3), cpu="CPU A")
+    now = _run(_alone("a", 1e-3), _alone("new", 1e-3), cpu="CPU B")
+    compare_to_baseline(now, baseline_rows(saved, "base"), "base", 1.5, machine(saved))
+    text = markdown(now)
+    assert "1 timed rows are not in the baseline (not compared)" in text
+    assert "the baseline ran on CPU A, 2 threads, this run on CPU B, 2 threads" in text
+
+
+def test_a_run_that_timed_nothing_is_not_a_pass_and_says_why():
+    from opforge.smoke.benchreport import exit_code, headline, nothing_timed
+
+    skipped = {"kind": "bench", "package": "p", "devices": ["cpu"], "rows": [
+        {"op": op, "workload": "small", "device": "cpu", "status": "skip",
+         "reason": "no-reference", "message": "reference torchvision.ops.nms: No module named "
+                                              "'torchvision'"} for op in ("a", "b")]}
+    assert exit_code(skipped) == 1
+    assert headline(skipped) == ("FAIL opforge bench p: 0 timed, 0 failed, 2 skipped on cpu: "
+                                 "nothing was timed: 2 rows skipped: reference "
+                                 "torchvision.ops.nms: No module named 'torchvision'")
+    empty = {"kind": "bench", "package": "p", "rows": []}
+    assert exit_code(empty) == 1 and "no workload was selected" in nothing_timed(empty)
+    failed = {"kind": "bench", "package": "p", "rows": [{"op": "a", "status": "fail"}]}
+    assert exit_code(failed) == 1 and nothing_timed(failed) is None  # its failure says why
+
+
+def test_save_says_what_it_did_in_one_line(tmp_path):
+    from opforge.cli.bench import store
+
+    target = tmp_path / "b.json"
+    passing = _run(_alone("a", 1e-3))
+    assert store(passing, "baseline b", target) == \
+        f"saved this run as baseline b ({target}): 1 rows timed."
+    before = target.read_bytes()
+    failing = _run(_alone("a", 1e-3), dict(_alone("b", 1e-3), status="fail"))
+    line = store(failing, "baseline b", target)
+    assert line == (f"not saved as baseline b: 1 row failed (b/small/forward/cpu); {target} "
+                    "keeps the run saved before.")
+    assert target.read_bytes() == before
+    line = store(failing, "baseline c", tmp_path / "c.json")
+    assert line.endswith("c.json was not written.") and not (tmp_path / "c.json").exists()
+    nothing = {"kind": "bench", "package": "p", "rows": []}
+    assert "nothing was timed" in store(nothing, "baseline c", tmp_path / "c.json")

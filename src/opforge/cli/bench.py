@@ -7,6 +7,7 @@ import json
 import os
 import re
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 from opforge.cli.smoke import _csv, add_target_arguments
@@ -63,21 +64,55 @@ def baseline_dir() -> Path:
     return cache_dir() / "bench"
 
 
-def load_baseline(text: str) -> tuple[str, dict]:
-    """(the name shown, the saved rows by key) of ``--against NAME|FILE`` (UsageError if none)."""
-    from opforge.files import read_json
-    from opforge.smoke.benchreport import baseline_rows
+# ----------------------------------------------------------------- baseline files: all I/O here
 
+
+def read_baseline(path: Path, label: str) -> tuple[dict, str | None]:
+    """(the saved run's rows by key, the machine it ran on) of the baseline at ``path``."""
+    from opforge import baselines
+    from opforge.files import read_json
+    from opforge.smoke.benchreport import baseline_rows, machine
+
+    doc = read_json(path, what=label)
+    rows = baseline_rows(doc, label)
+    baselines.check_rows(doc["rows"], label)  # 1e999, a string, a list as a key: one line
+    return rows, machine(doc)
+
+
+def write_baseline(path: Path, doc: dict) -> None:
+    """Store a run as a baseline: whole or not at all, one writer at a time."""
+    from opforge import baselines
+
+    baselines.save(path, doc)
+
+
+# -----------------------------------------------------------------
+
+
+def load_baseline(text: str) -> tuple[str, dict, str | None]:
+    """(the name shown, the saved rows by key, the machine it ran on) of ``--against
+    NAME|FILE`` (UsageError if there is none)."""
     saved = baseline_dir() / f"{text}.json"
     if _NAME.match(text) and saved.is_file():
-        return text, baseline_rows(read_json(saved, what=f"baseline {text}"), f"baseline {text}")
+        return (text, *read_baseline(saved, f"baseline {text}"))
     if text.endswith(".json"):
-        return text, baseline_rows(read_json(text, what="--against"), f"--against {text}")
+        return (text, *read_baseline(Path(text), f"--against {text}"))
     known = sorted(p.stem for p in baseline_dir().glob("*.json")) if baseline_dir().is_dir() \
         else []
     raise UsageError(f"--against {text!r}: no such baseline (saved: "
                      f"{', '.join(known) or 'none'}; a baseline is saved with --save NAME, "
                      "or give an earlier run's --json FILE)")
+
+
+def baseline_target(text: str) -> tuple[str, Path]:
+    """(the name shown, the file) of ``--baseline NAME|FILE``: a path (it ends in .json or
+    names a folder) as given, else a name under the baseline folder."""
+    if text.endswith(".json") or "/" in text or os.sep in text:
+        return text, Path(text)
+    if not _NAME.match(text):
+        raise UsageError(f"--baseline {text!r}: a baseline name is letters, digits, '.', '_' "
+                         "and '-' (at most 64), or a path ending in .json")
+    return text, baseline_dir() / f"{text}.json"
 
 
 def register(subparsers) -> None:
@@ -100,9 +135,10 @@ def register(subparsers) -> None:
     p.add_argument("--reference", choices=("recipe", "cpu"), default="recipe",
                    help="recipe: each workload's reference (default); cpu: the op's own CPU "
                         "kernel")
-    p.add_argument("--min-speedup", type=_positive_ratio, default=0.1, metavar="X",
+    p.add_argument("--min-speedup", type=_positive_ratio, default=None, metavar="X",
                    help="fail a row slower than the reference by more than 1/X beyond its "
-                        "noise (default 0.1: ten times slower)")
+                        "noise (default 0.1: ten times slower; an op matrix.yaml gives its own "
+                        "max_slowdown, slower by design, takes 1/max_slowdown instead)")
     p.add_argument("--forward-only", action="store_true", help="skip the backward rows")
     p.add_argument("--budget", type=_positive_seconds, default=DEFAULT_BUDGET_S, metavar="S",
                    help=f"seconds of timing per row (default {DEFAULT_BUDGET_S}; at least 5 "
@@ -118,9 +154,13 @@ def register(subparsers) -> None:
     p.add_argument("--against", metavar="NAME|FILE",
                    help="compare with baseline NAME (or a --json FILE of an earlier run): "
                         "fail a row whose speed-up fell by more than --regression beyond noise")
+    p.add_argument("--baseline", metavar="NAME|FILE",
+                   help="compare with this baseline as --against does when it exists; when it "
+                        "does not, record this run as it if the run passes (a canary's first "
+                        "green run); a failing run never replaces it")
     p.add_argument("--against-label", metavar="TEXT",
-                   help="how the report names the --against baseline (e.g. the run it came "
-                        "from); an empty --against means there is none yet (a first run)")
+                   help="how the report names the --against / --baseline baseline (e.g. the "
+                        "run it came from); an empty --against means there is none yet")
     p.add_argument("--regression", type=_factor, default=1.5, metavar="X",
                    help="with --against: the slowdown a row may show (default 1.5)")
     # smoke's options that bench does not take
@@ -140,10 +180,24 @@ def run(args: argparse.Namespace) -> int:
         _requirement(extra)
     if args.python is not None and args.extras:
         raise UsageError("--with installs into a fresh environment, not --python")
+    if args.baseline is not None and args.against is not None:
+        raise UsageError("--baseline and --against both name a baseline: give one")
+    if args.baseline is not None and not args.baseline.strip():
+        raise UsageError("--baseline '': name a baseline (NAME, or a FILE ending in .json)")
     # an empty --against (a workflow's first run: no last good one yet) compares nothing
     baseline = load_baseline(args.against) if args.against else None
+    record = None  # (name, file) of the --baseline this run becomes if it passes
+    kept = None    # the --baseline file compared with, which no run replaces
+    if args.baseline:
+        name, path = baseline_target(args.baseline)
+        if path.is_file():
+            baseline = (name, *read_baseline(path, f"--baseline {args.baseline}"))
+            kept = path
+        else:
+            check_writable(path, what="--baseline")
+            record = (name, path)
     if baseline and args.against_label:
-        baseline = (args.against_label, baseline[1])
+        baseline = (args.against_label, *baseline[1:])
     if args.save:
         check_writable(baseline_dir() / f"{args.save}.json", what="--save")
     target, request, _variant = resolve(args)
@@ -152,7 +206,10 @@ def run(args: argparse.Namespace) -> int:
                          "pass --recipes FILE (its workloads are what bench times)")
     options = {"ops": list(args.ops or ()), "workloads": list(args.workloads or ()),
                "reference": args.reference, "budget_s": args.budget,
-               "min_speedup": args.min_speedup,
+               "min_speedup": args.min_speedup if args.min_speedup is not None else 0.1,
+               # the ops matrix.yaml declares slower than their reference by design
+               "op_min_speedup": {op: 1 / factor for op, factor
+                                  in (request.speed.get("op_factors") or {}).items()},
                "directions": ["forward"] if args.forward_only else ["forward", "backward"]}
     print(f"opforge bench: {target.describe()}"
           + (f" with {', '.join(args.extras)}" if args.extras else ""), file=sys.stderr,
@@ -182,14 +239,28 @@ def run(args: argparse.Namespace) -> int:
     finally:
         cleanup(env, keep=args.keep_env)
     if baseline:
-        benchreport.compare_to_baseline(doc, baseline[1], baseline[0], args.regression)
+        benchreport.compare_to_baseline(doc, baseline[1], baseline[0], args.regression,
+                                        base_machine=baseline[2])
+    elif record is not None:
+        doc["baseline"] = {"name": None, "note": f"{record[1]} does not exist yet: this run "
+                                                 "becomes the baseline if it passes"}
     elif args.against is not None:
         doc["baseline"] = {"name": None, "note": args.against_label or "none saved yet"}
+    doc["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    stores = [(f"baseline {args.save}", baseline_dir() / f"{args.save}.json")] \
+        if args.save else []
+    if record is not None:
+        stores.append((f"baseline {record[0]}" if record[1].parent == baseline_dir() else
+                       "the baseline", record[1]))
+    lines = [store(doc, what, path) for what, path in stores]
+    if kept is not None:
+        lines.append(f"kept the baseline {kept} as it was (recorded once, by the first run "
+                     "that passed; a new one is recorded only where none exists).")
+    if lines:
+        doc["saved"] = {"line": " ".join(lines)}
     benchreport.render_terminal(doc)
-    if args.save and benchreport.exit_code(doc) == 0:
-        write_atomic(baseline_dir() / f"{args.save}.json", json.dumps(doc, indent=1) + "\n")
-        print(f"saved as baseline {args.save} ({baseline_dir() / (args.save + '.json')})",
-              file=sys.stderr)
+    for line in lines:
+        print(f"opforge bench: {line}", file=sys.stderr)
     if args.json:
         write_atomic(args.json, json.dumps(doc, indent=1) + "\n")
     summary = benchreport.markdown(doc)
@@ -199,6 +270,27 @@ def run(args: argparse.Namespace) -> int:
         with open(os.environ["GITHUB_STEP_SUMMARY"], "a", encoding="utf-8") as fh:
             fh.write(summary)
     return benchreport.exit_code(doc)
+
+
+def store(doc: dict, what: str, path: Path) -> str:
+    """Save a passing run at ``path``; one line either way: saved or not, where, and why."""
+    from opforge.smoke import benchreport
+
+    if benchreport.exit_code(doc) == 0:
+        write_baseline(path, doc)
+        timed = sum(1 for r in doc.get("rows", []) if "ours_s" in r)
+        return f"saved this run as {what} ({path}): {timed} rows timed."
+    failed = [f"{r.get('op')}/{r.get('workload')}/{r.get('direction')}/{r.get('device')}"
+              for r in doc.get("rows", []) if r.get("status") == "fail"]
+    if failed:
+        why = f"{len(failed)} row{'s' if len(failed) > 1 else ''} failed " \
+              f"({', '.join(failed[:3])}{', ...' if len(failed) > 3 else ''})"
+    else:
+        checks = [c for c in doc.get("checks", []) if c.get("status") == "fail"]
+        why = benchreport.nothing_timed(doc) or (checks[0].get("message") if checks else
+                                                 "the benchmark itself failed")
+    kept = "keeps the run saved before" if path.is_file() else "was not written"
+    return f"not saved as {what}: {why}; {path} {kept}."
 
 
 def _requirement(text: str) -> None:

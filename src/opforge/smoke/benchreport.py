@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import math
 import sys
+from collections import Counter
 from html import escape
 
 from rich import box
@@ -21,7 +22,23 @@ STATUS_STYLE = {"pass": "", "fail": "bold red", "skip": "dim"}
 
 def exit_code(doc: dict) -> int:
     bad = doc.get("probe_error") or any(c.get("status") == "fail" for c in doc.get("checks", []))
-    return 1 if bad or any(r.get("status") == "fail" for r in doc.get("rows", [])) else 0
+    bad = bad or any(r.get("status") == "fail" for r in doc.get("rows", []))
+    return 1 if bad or nothing_timed(doc) else 0
+
+
+def nothing_timed(doc: dict) -> str | None:
+    """Why a run that failed nothing timed nothing (None when it timed a row, or failed one:
+    that failure says why). A bench that timed nothing protected nothing: never a pass."""
+    rows = doc.get("rows", [])
+    if doc.get("probe_error") or any(c.get("status") == "fail" for c in doc.get("checks", [])) \
+            or any("ours_s" in r or r.get("status") == "fail" for r in rows):
+        return None
+    if not rows:
+        return ("nothing was timed: no workload was selected (the recipes file gives these "
+                "ops no `workloads`, or --ops / --workloads matched none)")
+    reasons = Counter(r.get("message") or r.get("reason") or "skipped" for r in rows)
+    return "nothing was timed: " + "; ".join(
+        f"{n} row{'s' if n > 1 else ''} skipped: {why}" for why, n in reasons.most_common(3))
 
 
 def _label(row: dict) -> str:
@@ -32,8 +49,15 @@ def headline(doc: dict) -> str:
     rows = doc.get("rows", [])
     n = {s: sum(1 for r in rows if r.get("status") == s) for s in ("pass", "fail", "skip")}
     verdict = "FAIL" if exit_code(doc) else "PASS"
-    return (f"{verdict} opforge bench {doc.get('package')}: {n['pass']} timed, {n['fail']} "
+    line = (f"{verdict} opforge bench {doc.get('package')}: {n['pass']} timed, {n['fail']} "
             f"failed, {n['skip']} skipped on {', '.join(doc.get('devices') or ['?'])}")
+    return line + (f": {nothing_timed(doc)}" if nothing_timed(doc) else "")
+
+
+def _speed(row: dict) -> Text | str:
+    if "speedup" in row:
+        return Text(f"{row['speedup']:.2f}x", style="green" if row["speedup"] >= 1 else "yellow")
+    return "alone" if row.get("alone") else ""
 
 
 def render_terminal(doc: dict, console: Console | None = None) -> None:
@@ -50,12 +74,11 @@ def render_terminal(doc: dict, console: Console | None = None) -> None:
                           ("status", "left")):
         table.add_column(name, justify=justify, no_wrap=name != "status")
     for row in doc.get("rows", []):
-        timed = "speedup" in row
+        timed = "ours_s" in row
         table.add_row(
             row.get("op", ""), _label(row), row.get("device", ""), str(row.get("reference", "")),
-            seconds(row["ours_s"]) if timed else "", seconds(row["reference_s"]) if timed else "",
-            Text(f"{row['speedup']:.2f}x", style="green" if row["speedup"] >= 1 else "yellow")
-            if timed else "",
+            seconds(row["ours_s"]) if timed else "",
+            seconds(row["reference_s"]) if "reference_s" in row else "", _speed(row),
             f"±{row['noise'] * 100:.0f}%" if timed else "",
             _change(row),
             Text("ok" if row.get("status") == "pass" else f"{row.get('status')}: "
@@ -64,6 +87,10 @@ def render_terminal(doc: dict, console: Console | None = None) -> None:
     console.print(table)
     if baseline_line(doc):
         console.print(baseline_line(doc))
+    for row in doc.get("rows", []):
+        if row.get("status") == "fail":  # op and factor, whatever the table's width
+            console.print(Text(f"FAIL {row.get('op')} {_label(row)} on {row.get('device', '?')}"
+                               f": {row.get('message', '')}", style="bold red"))
     for c in doc.get("checks", []):
         if c.get("status") == "fail":
             console.print(Text(f"FAIL {c['id']}: {c['message']}", style="bold red"))
@@ -75,7 +102,10 @@ def render_terminal(doc: dict, console: Console | None = None) -> None:
 
 def _change(row: dict) -> str:
     base = row.get("baseline")
-    return f"{base['change']:.2f}x of {base['name']}" if base else ""
+    if not base:
+        return ""
+    what = " the speed" if base.get("by") == "time" else ""
+    return f"{base['change']:.2f}x{what} of {base['name']}"
 
 
 def svg_chart(op: str, rows: list[dict]) -> str:
@@ -118,17 +148,27 @@ def markdown(doc: dict) -> str:
     lines = [f"### opforge bench: {doc.get('package')}", "", f"**{headline(doc)}**", ""]
     if baseline_line(doc):
         lines += [baseline_line(doc), ""]
+    if (doc.get("saved") or {}).get("line"):
+        lines += [doc["saved"]["line"], ""]
+    for row in doc.get("rows", []):
+        if row.get("status") == "fail" and "baseline" in row:
+            lines += [f"- ❌ `{row.get('op')}` {_label(row)} on {row.get('device')}: "
+                      f"{escape(row.get('message', ''))}"]
+    if lines[-1].startswith("- "):
+        lines.append("")
     lines += [
              f"torch `{env.get('torch_version', '?')}`; speed-up = reference time / ours, the "
              "median of paired alternating rounds; noise = ours against itself.", "",
              "| op | workload | device | reference | ours | reference | speed-up | noise | "
              "vs baseline | |", "|---|---|---|---|---:|---:|---:|---:|---:|---|"]
     for row in doc.get("rows", []):
-        if "speedup" in row:
+        if "ours_s" in row:
             mark = "✅" if row.get("status") == "pass" else f"❌ {escape(row.get('message', ''))}"
+            ref_s = seconds(row["reference_s"]) if "reference_s" in row else ""
+            speed = f"**{row['speedup']:.2f}x**" if "speedup" in row else "alone"
             lines.append(f"| `{row['op']}` | {_label(row)} | {row['device']} | "
                          f"{row.get('reference', '')} | {seconds(row['ours_s'])} | "
-                         f"{seconds(row['reference_s'])} | **{row['speedup']:.2f}x** | "
+                         f"{ref_s} | {speed} | "
                          f"±{row['noise'] * 100:.0f}% | {_change(row)} | {mark} |")
         else:
             mark = "❌" if row.get("status") == "fail" else "·"
@@ -151,8 +191,18 @@ def row_key(row: dict) -> tuple:
     return tuple(row.get(k) for k in ("op", "workload", "direction", "device", "reference"))
 
 
+def _positive(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
+
+
+def _time(row: dict) -> float:
+    """A row timed alone: its fastest round (the least disturbed by either run's load)."""
+    return row["best_s"] if _positive(row.get("best_s")) else row["ours_s"]
+
+
 def baseline_rows(doc: object, label: str) -> dict[tuple, dict]:
-    """A saved run's timed rows by key (raises UsageError naming ``label`` when it is not one)."""
+    """A saved run's timed rows by key (raises UsageError naming ``label`` when it is not one):
+    rows with a speed-up, and rows timed alone (their time)."""
     from opforge.errors import UsageError
 
     if not isinstance(doc, dict) or doc.get("kind") != "bench":
@@ -162,33 +212,58 @@ def baseline_rows(doc: object, label: str) -> dict[tuple, dict]:
         raise UsageError(f"{label}: its 'rows' is not a list of rows")
     out = {}
     for r in rows:
-        speedup = r.get("speedup")
-        if isinstance(speedup, (int, float)) and not isinstance(speedup, bool) and speedup > 0:
+        if _positive(r.get("speedup")) or (r.get("alone") is True and _positive(r.get("ours_s"))):
             out[row_key(r)] = r
     return out
 
 
-def compare_to_baseline(doc: dict, base: dict[tuple, dict], name: str, threshold: float) -> None:
+def machine(doc: object) -> str | None:
+    """Where a run ran, as far as absolute times care: processor and threads."""
+    env = doc.get("environment") if isinstance(doc, dict) else None
+    if not isinstance(env, dict) or not env.get("cpu"):
+        return None
+    return f"{env.get('cpu')}, {env.get('threads', '?')} threads"
+
+
+def compare_to_baseline(doc: dict, base: dict[tuple, dict], name: str, threshold: float,
+                        base_machine: str | None = None) -> None:
     """Mark each timed row with its change against the baseline; fail a slowdown beyond
-    ``threshold`` and beyond both runs' noise. The change compares speed-ups (each a ratio
-    measured within its own run), never absolute times across runs."""
-    compared = 0
+    ``threshold`` and beyond both runs' noise. A row with a speed-up compares speed-ups (each
+    a ratio measured within its own run); a row timed alone (no reference but itself, on a
+    machine with only a CPU) compares its time with the saved run's, the one comparison that
+    row allows: absolute, so meaningful on a like machine (the summary says when the
+    machines differ)."""
+    compared = by_time = 0
     for row in doc.get("rows", []):
         old = base.get(row_key(row))
-        if "speedup" not in row or old is None:
+        if old is None or "ours_s" not in row:
+            continue
+        noise = float(row.get("noise") or 0) + float(old.get("noise") or 0)
+        if "speedup" in row and "speedup" in old:
+            change = row["speedup"] / old["speedup"]
+            row["baseline"] = {"name": name, "speedup": old["speedup"], "change": change}
+            why = f"speed-up {row['speedup']:.3g}x, was {old['speedup']:.3g}x"
+        elif row.get("alone") and old.get("alone"):
+            change = _time(old) / _time(row)
+            row["baseline"] = {"name": name, "time_s": _time(old), "change": change, "by": "time"}
+            why = f"timed alone: {seconds(_time(row))}, was {seconds(_time(old))}"
+            by_time += 1
+        else:
             continue
         compared += 1
-        change = row["speedup"] / old["speedup"]
-        row["baseline"] = {"name": name, "speedup": old["speedup"], "change": change}
-        noise = row.get("noise", 0) + float(old.get("noise") or 0)
         if change * threshold * (1 + noise) < 1:
             row["status"] = "fail"
-            row["message"] = (f"{1 / change:.2f}x slower than baseline {name} (speed-up "
-                              f"{row['speedup']:.3g}x, was {old['speedup']:.3g}x; allowed "
+            row["message"] = (f"{1 / change:.2f}x slower than baseline {name} ({why}; allowed "
                               f"{threshold:g}x beyond noise ±{noise * 100:.0f}%)")
+    timed = sum(1 for r in doc.get("rows", []) if "ours_s" in r)
     doc["baseline"] = {"name": name, "rows_compared": compared, "threshold": threshold,
                        "slower": sum(1 for r in doc.get("rows", []) if "baseline" in r
-                                     and r.get("status") == "fail")}
+                                     and r.get("status") == "fail"),
+                       "not_in_baseline": timed - compared}
+    here = machine(doc)
+    if by_time and base_machine and here and base_machine != here:
+        doc["baseline"]["machine"] = (f"{by_time} rows compared by time alone, and the baseline "
+                                      f"ran on {base_machine}, this run on {here}")
 
 
 def baseline_line(doc: dict) -> str | None:
@@ -198,6 +273,10 @@ def baseline_line(doc: dict) -> str | None:
         return None
     if base.get("name") is None:
         return f"No baseline to compare with: {base.get('note', 'none given')}."
-    return (f"Compared with {base['name']}: {base['rows_compared']} rows, {base['slower']} "
+    line = (f"Compared with {base['name']}: {base['rows_compared']} rows, {base['slower']} "
             f"slower by more than {base['threshold']:g}x beyond noise.")
-
+    if base.get("not_in_baseline"):
+        line += f" {base['not_in_baseline']} timed rows are not in the baseline (not compared)."
+    if base.get("machine"):
+        line += f" Note: {base['machine']}."
+    return line

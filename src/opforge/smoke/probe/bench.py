@@ -26,7 +26,7 @@ import warnings
 from . import recipes as recipes_file
 from .common import DEVICES, first_line
 from .runs import _outputs, _to, compare
-from .speed import paired, synchronizer
+from .speed import alone, paired, synchronizer
 
 SCHEMA = 1
 
@@ -39,7 +39,8 @@ def parse_args(argv):
                    default={})
     p.add_argument("--device-checks", choices=("auto", "skip"), default="auto")
     p.add_argument("--out", required=True)
-    # bench's own: {ops, workloads, reference ("recipe" | "cpu"), budget_s, directions}
+    # bench's own: {ops, workloads, reference ("recipe" | "cpu"), budget_s, directions,
+    # min_speedup, op_min_speedup: {op: floor} (the ops matrix.yaml declares slower by design)}
     p.add_argument("--bench", type=json.loads, default={})
     return p.parse_args(argv)
 
@@ -56,6 +57,8 @@ class Bench:
         self.force_cpu_reference = options.get("reference") == "cpu"
         self.budget_s = float(options.get("budget_s", 0.3))
         self.min_speedup = float(options.get("min_speedup", 0.1))
+        self.op_min_speedup = {op: float(floor) for op, floor
+                               in (options.get("op_min_speedup") or {}).items()}
         self.directions = options.get("directions") or ["forward", "backward"]
         self.rows: list[Row] = []
         self.planned: list[tuple[str, str, str]] = []  # (op, workload, row id)
@@ -193,13 +196,14 @@ class Bench:
             for direction in directions:
                 row = Row(base, device=device, direction=direction, reference=ref_name)
                 self.rows.append(row)
-                if reference == "cpu" and device == "cpu":
-                    row.update(status="skip", reason="same-kernel",
-                               message="the reference is this op's own CPU kernel")
-                    continue
                 try:
-                    self.measure(row, fn, reference, cpu_args, device,
-                                 grad if direction == "backward" else [], recipe)
+                    if reference == "cpu" and device == "cpu":
+                        # nothing to pair it with: its own time, which --against compares
+                        self.measure_alone(row, fn, cpu_args,
+                                           grad if direction == "backward" else [])
+                    else:
+                        self.measure(row, fn, reference, cpu_args, device,
+                                     grad if direction == "backward" else [], recipe)
                 except Exception as exc:  # noqa: BLE001 - one row's failure, reported there
                     row.update(status="fail", message=f"{op}/{name} {direction} on {device}: "
                                                       f"{first_line(exc)}")
@@ -235,13 +239,36 @@ class Bench:
             noise = paired(ours_block, ours_block, budget_s=self.budget_s / 2)
         # an A/A run: how far ours against itself strays from 1 (its spread is reported apart)
         noise_level = abs(noise["ratio"] - 1)
+        floor = self.op_min_speedup.get(row["op"], self.min_speedup)
+        declared = row["op"] in self.op_min_speedup
         # slower than the floor even after granting ours its own measured noise
-        slow = speed["ratio"] * (1 + noise_level) < self.min_speedup
+        slow = speed["ratio"] * (1 + noise_level) < floor
+        why = f"matrix.yaml declares {row['op']} up to {1 / floor:g}x slower" if declared \
+            else ""
+        message = f"{speed['ratio']:.3g}x the reference's speed"
+        if slow:
+            message += f": slower than the {floor:g}x allowed" + (f" ({why})" if why else "")
+        elif declared and speed["ratio"] < self.min_speedup:
+            message += f": slower than {self.min_speedup:g}x, as declared ({why})"
         row.update(status="fail" if slow else "pass", ours_s=speed["a_s"],
                    reference_s=speed["b_s"], speedup=speed["ratio"], spread=speed["spread"],
-                   rounds=speed["rounds"], noise=noise_level,
-                   message=f"{speed['ratio']:.3g}x the reference's speed"
-                   + (f": slower than the {self.min_speedup:g}x allowed" if slow else ""))
+                   rounds=speed["rounds"], noise=noise_level, min_speedup=floor,
+                   message=message)
+        if declared:
+            row["declared_slower"] = True
+
+    def measure_alone(self, row, fn, cpu_args, grad):
+        """The op on the CPU against its own CPU kernel: no ratio to take, so its time alone
+        (on a machine with only a CPU, the only speed a run can record)."""
+        ours, ours_run = self.call_maker(fn, cpu_args, "cpu", grad)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ours_run()  # it runs at all (agreement needs a reference: smoke checks answers)
+            timed = alone(_block(self.t, ours), budget_s=self.budget_s)
+        row.update(status="pass", alone=True, ours_s=timed["s"], best_s=timed["best_s"],
+                   noise=timed["noise"], spread=timed["noise"], rounds=timed["rounds"],
+                   message="timed alone (the reference is this op's own CPU kernel): its time "
+                           "is compared with a saved run's by --against")
 
 
 def row_id(op, workload, direction, device) -> str:
@@ -257,6 +284,18 @@ def _block(t, call, target_s: float = 0.02):
     once = min(timer.timeit(1).mean for _ in range(3))  # a stall must not set the block size
     number = max(1, min(10_000, int(target_s / max(once, 1e-7))))
     return lambda: timer.timeit(number).mean
+
+
+def cpu_model() -> str:
+    """The processor's name (what a reader compares when two runs' absolute times differ)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.lower().startswith(("model name", "hardware")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def new_document(args) -> dict:
@@ -278,7 +317,8 @@ def bench(args, doc: dict, save) -> None:
     doc["environment"] = {"python": platform.python_version(), "executable": sys.executable,
                           "platform": platform.platform(), "torch_version": torch.__version__,
                           "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available()
-                          else None, "threads": torch.get_num_threads()}
+                          else None, "threads": torch.get_num_threads(),
+                          "cpu": cpu_model(), "cpus": os.cpu_count()}
     try:
         module = importlib.import_module(args.package)
         doc["import"] = {"file": getattr(module, "__file__", None)}
