@@ -109,7 +109,11 @@ def test_an_unreachable_nightly_is_a_skip_not_a_failure(tmp_path, wheel):
     rows = compat.run_compat(Target(wheel=wheel), ProbeRequest(package="tiny", namespace="tiny"),
                              ["nightly"], log=lambda line: None, nightly_index=empty.as_uri())
     [row] = rows
-    assert row.installed is None and row.status == "pass"
+    assert row.installed is None and row.status == "skip"
     [check] = row.doc["checks"]
     assert check["status"] == "skip" and "could not be installed from" in check["message"]
     assert empty.as_uri() in check["message"]
+    # every torch skipped: nothing was tested, and that is never a pass
+    doc = compat.combined(rows, wheel.name)
+    assert report.exit_code(doc) == 1
+    assert "every torch was skipped (nightly)" in doc["checks"][-1]["message"]

@@ -270,6 +270,9 @@ def run(args: argparse.Namespace) -> int:
         torch_mismatch,
     )
 
+    if args.compat_torch is not None and not args.compat_torch:
+        raise UsageError("--compat-torch '': name at least one torch (2.13.0, floor, matrix, "
+                         "latest, nightly), or leave the option out")
     target, request, variant = resolve(args)
     if args.compat or args.compat_torch:
         return run_compat(args, target, request, variant)

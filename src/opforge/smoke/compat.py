@@ -41,7 +41,14 @@ class Row:
 
     @property
     def status(self) -> str:
-        return "fail" if report.exit_code(self.doc) else "pass"
+        if report.exit_code(self.doc):
+            return "fail"
+        return "skip" if skipped_whole(self.doc) else "pass"
+
+
+def skipped_whole(doc: dict) -> bool:
+    """Nothing was tested beside this torch: no check, or every check skipped."""
+    return all(c.get("status") == "skip" for c in doc.get("checks", []))
 
 
 def torch_spec(entry: str) -> str:
@@ -114,6 +121,13 @@ def combined(rows: list[Row], wheel: str) -> dict:
             doc["checks"].append({**check, "id": f"torch-{label}/{check['id']}"})
     doc["summary"] = {"duration_s": round(sum((r.doc.get("summary") or {}).get("duration_s", 0)
                                               for r in rows), 3)}
+    if all(r.status == "skip" for r in rows):  # also: no torch at all
+        skipped = ", ".join(r.torch for r in rows) or "none given"
+        doc["checks"].append({
+            "id": "compat", "category": "environment", "status": "fail",
+            "reason": "nothing tested",
+            "message": f"every torch was skipped ({skipped}): nothing was tested, so the compat "
+                       "run cannot pass; run it where those torches can be installed"})
     return doc
 
 
@@ -130,7 +144,8 @@ def render(rows: list[Row], wheel: str, console: Console | None = None) -> None:
         # a named missing shim function explains more than the import failure it caused
         fails.sort(key=lambda c: not c["id"].startswith("shim-"))
         table.add_row(r.torch, r.installed or "-",
-                      Text(r.status.upper(), style="green" if r.status == "pass" else "bold red"),
+                      Text(r.status.upper(), style={"pass": "green", "skip": "yellow"}.get(
+                          r.status, "bold red")),
                       f"{n['pass']} passed, {n['fail']} failed, {n['skip']} skipped",
                       Text(fails[0]["message"][:160] if fails else "-"))
     console.print(table)
