@@ -73,9 +73,10 @@ def find_toolkits(env, cuda: str | None = None) -> list[Toolkit]:
     if cuda:
         candidates.append((Path(f"/usr/local/cuda-{cuda}"), f"/usr/local/cuda-{cuda}"))
     candidates.append((Path("/usr/local/cuda"), "/usr/local/cuda"))
-    on_path = shutil.which("nvcc", path=env.get("PATH", os.defpath))
-    if on_path:
-        candidates.append((Path(on_path).resolve().parent.parent, "nvcc on PATH"))
+    for folder in env.get("PATH", os.defpath).split(os.pathsep):
+        on_path = shutil.which("nvcc", path=folder) if folder else None
+        if on_path:
+            candidates.append((Path(on_path).resolve().parent.parent, "nvcc on PATH"))
     found, seen = [], set()
     for home, how in candidates:
         nvcc = home / "bin" / "nvcc"

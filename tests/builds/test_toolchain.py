@@ -1,0 +1,336 @@
+"""Each variant builds in its own toolchain world (opforge.toolchain), proved on a setup.py
+that guesses CUDA from the host in every usual way (tests/adopt/styles/host_guessing), with
+the real compiler: on this machine nvcc is on PATH (/usr/local/bin) and torch is CPU-only,
+so left to itself that setup.py fails inside CUDAExtension when built for cpu.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import opforge
+from opforge import build, toolchain
+from opforge.cli import main
+from opforge.errors import OpforgeError, UsageError
+from opforge.matrix import load_matrix
+
+ROOT = Path(__file__).resolve().parents[2]
+PROJECT = ROOT / "tests" / "adopt" / "styles" / "host_guessing"
+SRC = str(Path(opforge.__file__).resolve().parent.parent)
+WORK = ROOT / "build" / "toolchain-tests"  # build environments and objects, kept between runs
+HOST_TOOLKIT = Path("/usr/local/cuda-13.0")
+PYTHON = "{}.{}".format(*sys.version_info[:2])
+
+MATRIX = """\
+extension:
+  path: .
+  package: host_guessing
+  distribution: host-guessing
+  namespace: host_guessing
+  ops: [scale]
+
+torch:
+  channel: stable
+  version: "2.13.0"
+  index: https://download.pytorch.org/whl
+
+pythons: ["{python}"]
+
+platforms:
+  linux-x86_64:
+    runner: ubuntu-24.04
+
+variants:
+  - name: cpu
+    platforms: [linux-x86_64]
+    expected_keys: [CPU]
+  - name: cu130
+    platforms: [linux-x86_64]
+    cuda: "13.0"
+    arch_list: "8.0"
+    torch_version: "2.14.1"
+    expected_keys: [CPU, CUDA]
+"""
+
+
+def _fake_nvcc(folder: Path, release: str, *, toolkit: bool = True) -> Path:
+    """A folder with an nvcc that says ``release``; ``toolkit``: laid out as a toolkit's bin."""
+    folder.mkdir(parents=True)
+    nvcc = folder / "nvcc"
+    nvcc.write_text(f"#!/bin/sh\necho 'Cuda compilation tools, release {release}, V{release}.1'\n")
+    nvcc.chmod(0o755)
+    if toolkit:
+        (folder.parent / "include").mkdir()
+        (folder.parent / "include" / "cuda_runtime.h").write_text("")
+    return nvcc
+
+
+def _program(folder: Path, name: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text("#!/bin/sh\n")
+    (folder / name).chmod(0o755)
+
+
+def test_cpu_build_takes_every_cuda_variable_away(tmp_path):
+    matrix_file = tmp_path / "matrix.yaml"
+    matrix_file.write_text(MATRIX.format(python="3.11"))
+    shutil.copy(PROJECT / "setup.py", tmp_path / "setup.py")
+    matrix = load_matrix(matrix_file)
+    leaked = {"CUDA_HOME": "/usr/local/cuda", "CUDA_PATH": "/usr/local/cuda",
+              "CUDACXX": "/usr/local/cuda/bin/nvcc", "FORCE_CUDA": "1"}
+    plan = build.plan_build(matrix, "cpu", work_dir=tmp_path / "w", host="linux-x86_64",
+                            env=leaked)
+    assert not set(leaked) & set(plan.build.env)
+    assert set(leaked) <= set(plan.build.unset)
+    assert plan.build.env["CUDA_VISIBLE_DEVICES"] == ""
+    assert plan.build.env["OPFORGE_BUILD_TOOLCHAIN"] == "cpu"
+    assert plan.toolkit is None
+    assert "without: CUDA_HOME" in plan.describe() and "PATH: no nvcc" in plan.describe()
+    # nor can --build-env hand them back
+    with pytest.raises(UsageError, match="--build-env CUDA_HOME: opforge sets CUDA_HOME"):
+        build.plan_build(matrix, "cpu", work_dir=tmp_path / "w", host="linux-x86_64", env={},
+                         extra_env={"CUDA_HOME": "/usr/local/cuda"})
+
+
+def test_path_without_cuda_leaves_no_nvcc_but_keeps_every_other_program(tmp_path):
+    _fake_nvcc(tmp_path / "cuda-12.6" / "bin", "12.6")
+    _program(tmp_path / "cuda-12.6" / "bin", "nsys")
+    shared = tmp_path / "usr-local-bin"  # nvcc linked into a folder of other programs
+    _fake_nvcc(shared, "12.6", toolkit=False)
+    _program(shared, "cmake")
+    _program(tmp_path / "bin", "gcc")
+    path = os.pathsep.join(str(p) for p in (tmp_path / "cuda-12.6" / "bin", shared,
+                                            tmp_path / "bin"))
+    cleaned = toolchain.build_path(path, None, tmp_path / "shadow")
+    assert shutil.which("nvcc", path=cleaned) is None
+    assert shutil.which("cmake", path=cleaned) and shutil.which("gcc", path=cleaned)
+    # a toolkit's own bin goes whole; the shared folder is replaced by a copy without nvcc
+    assert str(tmp_path / "cuda-12.6" / "bin") not in cleaned.split(os.pathsep)
+    assert str(shared) not in cleaned.split(os.pathsep)
+
+
+def test_cuda_build_sees_exactly_the_toolkit_of_its_version(tmp_path):
+    other = _fake_nvcc(tmp_path / "cuda-12.6" / "bin", "12.6")
+    wanted = _fake_nvcc(tmp_path / "cuda-13.9" / "bin", "13.9")
+    env = {"CUDA_HOME": str(other.parent.parent),
+           "PATH": os.pathsep.join([str(other.parent), str(wanted.parent), "/usr/bin"])}
+    found = toolchain.variant_toolkit("13.9", env)
+    assert found is not None and found.home == wanted.parent.parent
+    given, unset = toolchain.environment("cuda", found, tmp_path / "site")
+    assert given["CUDA_HOME"] == given["CUDA_PATH"] == str(wanted.parent.parent)
+    assert given["CUDACXX"] == str(wanted) and given["FORCE_CUDA"] == "1"
+    assert "CUDA_TOOLKIT_ROOT_DIR" in unset and "CUDA_HOME" not in unset
+    path = toolchain.build_path(env["PATH"], found, tmp_path / "shadow")
+    assert path.split(os.pathsep)[0] == str(wanted.parent)
+    assert shutil.which("nvcc", path=path) == str(wanted)
+    assert str(other.parent) not in path.split(os.pathsep)
+    # none of the right version: the error names each toolkit found and its version
+    with pytest.raises(OpforgeError) as info:
+        toolchain.require_toolkit("12.9", env, "build_cu129", "it runs on CI")
+    assert f"{other} is CUDA 12.6 (CUDA_HOME)" in str(info.value)
+    assert f"{wanted} is CUDA 13.9 (nvcc on PATH)" in str(info.value)
+
+
+@pytest.mark.skipif(not (HOST_TOOLKIT / "bin" / "nvcc").exists(),
+                    reason="needs the CUDA 13.0 toolkit in /usr/local/cuda-13.0")
+def test_cu130_plan_on_this_host_takes_its_13_0_toolkit_whatever_cuda_home_says(tmp_path):
+    fake = _fake_nvcc(tmp_path / "cuda-12.6" / "bin", "12.6")
+    matrix_file = tmp_path / "matrix.yaml"
+    matrix_file.write_text(MATRIX.format(python="3.11"))
+    shutil.copy(PROJECT / "setup.py", tmp_path / "setup.py")
+    plan = build.plan_build(load_matrix(matrix_file), "cu130", work_dir=tmp_path / "w",
+                            host="linux-x86_64", env={"CUDA_HOME": str(fake.parent.parent)})
+    assert Path(plan.build.env["CUDA_HOME"]).resolve() == HOST_TOOLKIT.resolve()
+    assert plan.build.env["FORCE_CUDA"] == "1" and plan.build.env["TORCH_CUDA_ARCH_LIST"] == "8.0"
+
+
+# a CUDA torch imagined on top of this CPU one: torch.utils.cpp_extension then looks for a
+# toolkit itself ($CUDA_HOME, nvcc on PATH, /usr/local/cuda)
+ASK_TORCH = textwrap.dedent("""
+    import json, os, torch
+    torch.cuda._is_compiled = lambda: True
+    torch.version.cuda = "13.0"
+    from torch.utils import cpp_extension
+    print(json.dumps({"is_available": torch.cuda.is_available(),
+                      "mps": torch.backends.mps.is_available(),
+                      "CUDA_HOME": cpp_extension.CUDA_HOME,
+                      "other_site": os.environ.get("OTHER_SITE_RAN")}))
+""")
+
+
+def _ask_torch(tmp_path: Path, kind: str, extra_path: list[str]) -> dict:
+    site = tmp_path / kind / "site"
+    toolchain.write_site(site)
+    env = {k: v for k, v in os.environ.items() if k not in toolchain.CUDA_VARIABLES}
+    env.update({toolchain.MODE_VARIABLE: kind, "CUDA_HOME": "/opt/cuda-13.0",
+                "PYTHONPATH": os.pathsep.join([str(site), *extra_path])})
+    result = subprocess.run([sys.executable, "-c", ASK_TORCH], env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_torch_answers_for_the_variant_and_the_environments_sitecustomize_still_runs(tmp_path):
+    theirs = tmp_path / "their-site"
+    theirs.mkdir()
+    (theirs / "sitecustomize.py").write_text("import os\nos.environ['OTHER_SITE_RAN'] = '1'\n")
+    cpu = _ask_torch(tmp_path, "cpu", [str(theirs)])
+    # $CUDA_HOME was set and torch would have taken it: the cpu build is told there is none
+    assert cpu == {"is_available": False, "mps": False, "CUDA_HOME": None, "other_site": "1"}
+    cuda = _ask_torch(tmp_path, "cuda", [])
+    assert cuda == {"is_available": True, "mps": False, "CUDA_HOME": "/opt/cuda-13.0",
+                    "other_site": None}
+    mps = _ask_torch(tmp_path, "mps", [])
+    assert mps["mps"] is True and mps["is_available"] is False and mps["CUDA_HOME"] is None
+
+
+def test_a_failed_torch_install_says_what_failed_and_the_way_out(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("OPFORGE_TORCH_INDEX", raising=False)
+    matrix_file = tmp_path / "matrix.yaml"
+    matrix_file.write_text(MATRIX.format(python=PYTHON))
+    shutil.copytree(PROJECT, tmp_path, dirs_exist_ok=True)
+    # nothing listens on port 9: the index cannot be reached
+    code = main(["build", "--variant", "cpu", "--file", str(matrix_file), "--work-dir",
+                 str(tmp_path / "w"), "--torch-index", "http://127.0.0.1:9/whl/cpu"])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("opforge build: error: install torch failed with exit ")
+    message = line.split("failed with exit ", 1)[1]
+    assert not message.rstrip().endswith(":") and "127.0.0.1" in message
+    assert "the torch index http://127.0.0.1:9/whl/cpu cannot be reached" in message
+    assert "--torch-index" in message and "OPFORGE_TORCH_INDEX" in message
+
+
+def test_repair_info_lines_are_shown_with_verbose_only(capsys):
+    script = ("print('INFO:auditwheel.main_repair:Repairing x.whl'); "
+              "print('Fixed-up wheel written to x.whl')")
+    argv = [sys.executable, "-c", script]
+    build._run(argv, {}, lambda *a: None, "repair", show=build._not_info)
+    out = capsys.readouterr().out
+    assert "Fixed-up wheel written" in out and "INFO:" not in out
+    build._run(argv, {}, lambda *a: None, "repair", show=None)
+    assert "INFO:auditwheel.main_repair" in capsys.readouterr().out
+
+
+# --- the host-guessing extension, built for real -----------------------------------------
+
+
+def opforge_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 1800):
+    full = {**os.environ, "PYTHONPATH": SRC, "OPFORGE_TORCH_INDEX": "pypi",
+            "MAX_JOBS": os.environ.get("MAX_JOBS", "2"), **(env or {})}
+    for name in ("OPFORGE_MATRIX", "GITHUB_STEP_SUMMARY"):
+        full.pop(name, None)
+    return subprocess.run([sys.executable, "-m", "opforge", *args], cwd=cwd, env=full,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _project(root: Path) -> Path:
+    shutil.copytree(PROJECT, root)
+    (root / "matrix.yaml").write_text(MATRIX.format(python=PYTHON))
+    return root
+
+
+def _env(name: str) -> str:
+    python = WORK / name / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "virtualenv", "-q", str(python.parent.parent)],
+                       check=True)
+    return str(python)
+
+
+def _guesses(work: Path) -> str:
+    lines = [ln for ln in (work / "build.log").read_text().splitlines()
+             if "host_guessing guesses:" in ln]
+    assert lines, "setup.py did not run"
+    return lines[-1].split("host_guessing guesses:", 1)[1].strip()
+
+
+def _modules(wheel: Path) -> set[str]:
+    with zipfile.ZipFile(wheel) as zf:
+        return {Path(n).name.split(".")[0] for n in zf.namelist() if n.endswith(".so")
+                and n.startswith("host_guessing/")}
+
+
+@pytest.fixture(scope="module")
+def host_leaks() -> dict[str, str]:
+    """What a developer's shell holds on a CUDA machine: all of it must stay out of cpu."""
+    if not (HOST_TOOLKIT / "bin" / "nvcc").exists():
+        pytest.skip("needs the CUDA 13.0 toolkit in /usr/local/cuda-13.0 (nvcc on the host "
+                    "is what the cpu build must not see)")
+    return {"CUDA_HOME": str(HOST_TOOLKIT), "CUDA_PATH": str(HOST_TOOLKIT), "FORCE_CUDA": "1",
+            "PATH": f"{HOST_TOOLKIT / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+
+
+@pytest.mark.slow
+def test_host_guessing_setup_py_builds_cpu_unedited(tmp_path, host_leaks):
+    project = _project(tmp_path / "host_guessing")
+    python = _env("env-cpu")
+    work = WORK / "cpu"
+    built = opforge_cli("build", "--variant", "cpu", "--python", python, "--work-dir",
+                        str(work), cwd=project, env=host_leaks)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    assert _guesses(work) == ("{'nvcc': False, 'CUDA_HOME': False, "
+                              "'torch.cuda.is_available()': False, "
+                              "'cpp_extension.CUDA_HOME': False}")
+    wheel = Path(built.stdout.strip().splitlines()[-1])
+    assert "+cpu-" in wheel.name and _modules(wheel) == {"_C"}
+    # auditwheel's INFO lines stayed in the background
+    assert "INFO:auditwheel" not in built.stdout
+    inspected = opforge_cli("inspect", str(wheel), "--expect-variant", "cpu", "--json",
+                            cwd=project)
+    report = json.loads(inspected.stdout)
+    assert inspected.returncode == 0 and report["problems"] == []
+    assert report["build_info"]["backends"] == ["cpu"]
+    # the same build environment (torch 2.13.0 CPU, the tools), the same shell, without
+    # opforge's world: the setup.py sees nvcc and fails inside CUDAExtension
+    alone = subprocess.run([python, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
+                            "-w", str(tmp_path / "alone"), str(project)],
+                           env={**os.environ, **host_leaks}, capture_output=True, text=True)
+    assert alone.returncode != 0
+    assert "CUDA_HOME environment variable is not set" in alone.stdout + alone.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.realtorch  # torch 2.14.1's CUDA build (about 5.5 GB) and nvcc: minutes
+def test_host_guessing_setup_py_builds_cu130_unedited_and_a_cpu_only_guess_fails(tmp_path):
+    if not (HOST_TOOLKIT / "bin" / "nvcc").exists():
+        pytest.skip("needs the CUDA 13.0 toolkit in /usr/local/cuda-13.0")
+    project = _project(tmp_path / "host_guessing")
+    python = _env("env-cu130")
+    work = WORK / "cu130"
+    # a CI runner's shell: no CUDA variable, no nvcc on PATH, no GPU
+    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep)
+                           if not (Path(p) / "nvcc").exists())
+    bare = {"PATH": path, "CUDA_HOME": "", "CUDA_PATH": ""}
+    built = opforge_cli("build", "--variant", "cu130", "--python", python, "--work-dir",
+                        str(work), cwd=project, env=bare)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    assert _guesses(work) == ("{'nvcc': True, 'CUDA_HOME': True, "
+                              "'torch.cuda.is_available()': True, "
+                              "'cpp_extension.CUDA_HOME': True}")
+    wheel = Path(built.stdout.strip().splitlines()[-1])
+    assert "+cu130-" in wheel.name and _modules(wheel) == {"_C", "_cuda"}
+    report = json.loads(opforge_cli("inspect", str(wheel), "--expect-variant", "cu130",
+                                    "--json", cwd=project).stdout)
+    assert report["build_info"]["backends"] == ["cpu", "cuda"]
+    assert report["build_info"]["cuda_version"] == "13.0"
+
+    # planted: a guess no build environment answers (the driver), so no _cuda module;
+    # the wheel's Python would import fine, the build refuses it
+    planted = opforge_cli("build", "--variant", "cu130", "--python", python, "--no-install",
+                          "--work-dir", str(work), "--build-env", "HOST_GUESSING_PROBE=nvidia-smi",
+                          cwd=project, env=bare)
+    assert planted.returncode == 1, planted.stdout[-2000:] + planted.stderr[-2000:]
+    assert _guesses(work) == "{'nvidia-smi': False}"
+    assert "this CUDA variant's build produced no device code" in planted.stderr
+    assert "_C." in planted.stderr and "Traceback" not in planted.stderr
