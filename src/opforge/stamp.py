@@ -64,7 +64,7 @@ class BuildFacts:
     macos_deployment_target: str | None = None
     source_commit: str | None = None
     torch_requirement: str | None = None     # default: torch==<public torch version>
-    local_version: str | None = None         # default: the variant's name
+    local_version: str | None = None         # default: the variant's name; "": none (PyPI)
     extra: dict = field(default_factory=dict)
 
     @property
@@ -142,7 +142,9 @@ def stamp_wheel(wheel: Path, out_dir: Path, facts: BuildFacts, *, cuda_expected:
         name, version, build_tag, _tags = parse_wheel_filename(wheel.name)
     except InvalidWheelFilename as exc:
         raise OpforgeError(f"{wheel.name}: the build produced no valid wheel name ({exc})") from None
-    new_version = f"{version.public}+{facts.local_version or facts.variant}"
+    # "" (the PyPI variant): no local label, which PyPI refuses; the build record keeps the variant
+    label = facts.variant if facts.local_version is None else facts.local_version
+    new_version = f"{version.public}+{label}" if label else version.public
     with zipfile.ZipFile(wheel) as archive:
         infos = archive.infolist()
         names = [i.filename for i in infos]

@@ -28,7 +28,7 @@ def _record_line(name: str, data: bytes) -> str:
 def make_wheel(folder: Path, dist: str, version: str, *, tag: str = "py3-none-any",
                requires: tuple[str, ...] = (), requires_python: str | None = None,
                record: dict | None = None, payload: str = "",
-               extra: dict[str, bytes] | None = None) -> Path:
+               extra: dict[str, bytes] | None = None, description: str = "") -> Path:
     """A valid wheel of a one-module package ``dist`` (its module says its version)."""
     folder.mkdir(parents=True, exist_ok=True)
     escaped = dist.replace("-", "_")
@@ -37,9 +37,11 @@ def make_wheel(folder: Path, dist: str, version: str, *, tag: str = "py3-none-an
     if requires_python:
         meta.append(f"Requires-Python: {requires_python}")
     meta += [f"Requires-Dist: {r}" for r in requires]
+    if description:
+        meta.append("Description-Content-Type: text/markdown")
     files = {
         f"{escaped}/__init__.py": f"VERSION = {version!r}\n{payload}".encode(),
-        f"{info}/METADATA": ("\n".join(meta) + "\n\n").encode(),
+        f"{info}/METADATA": ("\n".join(meta) + "\n\n" + description).encode(),
         f"{info}/WHEEL": (f"Wheel-Version: 1.0\nGenerator: opforge-tests\n"
                           f"Root-Is-Purelib: true\nTag: {tag}\n").encode(),
     }

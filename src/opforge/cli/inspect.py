@@ -84,7 +84,8 @@ def print_report(report: wheels.WheelReport, problems: list[str], variant: str |
 
     if "error" in info:
         row("build info", str(info["error"]))
-    row("distribution", f"{report.name} {report.version}")
+    row("distribution", f"{report.name} {report.version}" + (
+        " (no local label: PyPI accepts it)" if report.pypi_clean else ""))
     row("tags", ", ".join(report.tags))
     row("torch pin", report.torch_requirement or "(none)")
     row("built against", f"torch {info.get('torch_version', '?')} "

@@ -123,6 +123,6 @@ def print_table(matrix: Matrix, jobs: list, console: Console | None = None) -> N
         index = job.torch_index.removeprefix(matrix.torch.index.rstrip("/"))
         abi = "legacy" if not v.stable else \
             f"abi3 torch>={v.torch_floor}" + (" (builds)" if job.name in builders else "")
-        table.add_row(job.name, job.runner, v.container or "-", archs, job.torch_spec,
+        table.add_row(job.name, job.runner, job.container or "-", archs, job.torch_spec,
                       index, abi, ", ".join(v.expected_keys))
     console.print(table)

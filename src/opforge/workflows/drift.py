@@ -212,7 +212,9 @@ def check_matrix_use(wf: Workflow, project: Project, report: Report) -> None:
             if probes is not None:
                 _check_fields(wf, job, where, fields, report)
         else:
-            _check_cell_job(wf, job, where, source, runs_on, container, fields, report)
+            _check_cell_job(wf, job, where, source, runs_on, container, fields, report,
+                            imaged=any(j.container for j in project.matrix.jobs()
+                                       if j.platform.os == "linux"))
         for text in strings_in(job):
             for need, output in _NEEDS_OUTPUT.findall(text):
                 if need not in needs_of(job):
@@ -220,6 +222,8 @@ def check_matrix_use(wf: Workflow, project: Project, report: Report) -> None:
                 elif output not in ((wf.jobs.get(need) or {}).get("outputs") or {}):
                     report(wf, line_of(job), where, f"job {need} has no output {output!r}")
     typed = {v.container: "container image" for v in project.matrix.variants if v.container}
+    typed.update({p.container: "container image" for p in project.matrix.platforms.values()
+                  if p.container})
     typed.update({v.arch_list: "CUDA arch list" for v in project.matrix.variants if v.arch_list})
     typed[project.matrix.torch.index.rstrip("/")] = "torch index"
     for number, text in enumerate(wf.lines, 1):
@@ -248,7 +252,8 @@ def _check_plain_job(wf: Workflow, job: dict, where: str, runs_on: Any, containe
 
 
 def _check_cell_job(wf: Workflow, job: dict, where: str, source: tuple[str, str], runs_on: Any,
-                    container: Any, fields: set[str], report: Report) -> None:
+                    container: Any, fields: set[str], report: Report, *,
+                    imaged: bool = False) -> None:
     producer, output = source
     line = line_of(job, "strategy")
     if not producer:
@@ -268,6 +273,11 @@ def _check_cell_job(wf: Workflow, job: dict, where: str, source: tuple[str, str]
     if container is not None and _squash(container) != "${{matrix.container}}":
         report(wf, line_of(job, "container"), f"{where}.container",
                f"{container!r}: the image comes from the matrix (${{{{ matrix.container }}}})")
+    elif container is None and imaged and _builds(job):
+        report(wf, line_of(job), where,
+               "builds wheels straight on the runner: its Linux wheels would need the runner's "
+               "glibc (ubuntu-24.04: manylinux_2_39), not the image matrix.yaml names; add "
+               "container: ${{ matrix.container }}")
     _check_fields(wf, job, where, fields, report)
     for step, swhere in steps_of(job):
         if action_name(step.get("uses")) == "actions/setup-python":
@@ -275,6 +285,14 @@ def _check_cell_job(wf: Workflow, job: dict, where: str, source: tuple[str, str]
             if version != "${{matrix.python}}":
                 report(wf, line_of(step), f"{where}.{swhere}",
                        "a per-cell job sets up python-version: ${{ matrix.python }}")
+
+
+_BUILDS = re.compile(r"\bopforge\s+build\b|\bnox\b.*\s-s\s+\S*build_|matrix\.build_session")
+
+
+def _builds(job: dict) -> bool:
+    """The job builds wheels (``opforge build``, a ``build_*`` nox session)."""
+    return any(_BUILDS.search(str(step.get("run") or "")) for step, _ in steps_of(job))
 
 
 def _check_fields(wf: Workflow, job: dict, where: str, fields: set[str],
