@@ -43,6 +43,50 @@ def headline(doc: dict) -> str:
             f"({skipped} skipped-no-device)")
 
 
+# --------------------------------------------------------------------------- causes
+
+
+def unexplained(doc: dict) -> list[dict]:
+    """Failures and warnings no cause explains (a cause's symptoms are shown under it)."""
+    return [c for c in doc.get("checks", []) if c["status"] in ("fail", "warn")
+            and c["category"] != "cause" and not c.get("explained_by_cause")]
+
+
+def _explains(doc: dict, cause: dict) -> str | None:
+    """The symptoms a cause explains, counted by kind, in one line."""
+    ids = set(cause.get("explains") or [])
+    if not ids:
+        return None
+    by_kind: dict[str, int] = {}
+    ops = set()
+    for c in doc.get("checks", []):
+        if c["id"] in ids:
+            by_kind[c["category"]] = by_kind.get(c["category"], 0) + 1
+            if c.get("op"):
+                ops.add(c["op"])
+    kinds = ", ".join(f"{n} {k}" for k, n in by_kind.items())
+    return (f"explains {len(ids)} failed check{'s' if len(ids) > 1 else ''} ({kinds}"
+            + (f"; ops {', '.join(sorted(ops)[:6])}{' ...' if len(ops) > 6 else ''}" if ops
+               else "") + "), not repeated below")
+
+
+def cause_lines(doc: dict) -> list[Text]:
+    """Each cause as a block: status and title, evidence, fix, what it explains."""
+    lines = []
+    for cause in doc.get("causes") or []:
+        style = STATUS_STYLE.get(cause["status"], "bold red")
+        label = cause["class"].replace("_", " ")
+        lines.append(Text(f"{cause['status'].upper()} {label}: ", style=style)
+                     + Text(cause["title"], style="bold"))
+        for item in cause.get("evidence") or []:
+            lines.append(Text(f"  {item}"))
+        lines.append(Text("  fix: ", style="cyan") + Text(cause["fix"]))
+        explains = _explains(doc, cause)
+        if explains:
+            lines.append(Text(f"  {explains}", style="dim"))
+    return lines
+
+
 # --------------------------------------------------------------------------- terminal
 
 
@@ -105,6 +149,9 @@ def render_terminal(doc: dict, console: Console | None = None) -> None:
         timing = ", ".join(f"{k} {v}s" for k, v in runner.items() if k.endswith("_s"))
         console.print(f"  env: {runner.get('env_dir') or runner.get('python')} ({timing})")
 
+    for line in cause_lines(doc):
+        console.print(line)
+
     census = doc.get("census", {})
     if census.get("ops"):
         keys = census["keys"]
@@ -148,8 +195,7 @@ def render_terminal(doc: dict, console: Console | None = None) -> None:
     if census_only:
         console.print(f"  census only (no recipe says how to call it): {', '.join(census_only)}")
 
-    problems = [c for c in doc.get("checks", []) if c["status"] in ("fail", "warn")]
-    for c in problems:
+    for c in unexplained(doc):
         style = STATUS_STYLE[c["status"]]
         console.print(Text(f"{c['status'].upper()} {c['id']}: ", style=style) + Text(c["message"]))
     n = counts(doc)
@@ -185,6 +231,13 @@ def write_junit(doc: dict, path: Path) -> None:
 def step_summary(doc: dict) -> str:
     variant = f" (variant {doc['variant']})" if doc.get("variant") else ""
     lines = [f"### opforge smoke: {doc.get('package')}{variant}", "", f"**{headline(doc)}**", ""]
+    for cause in doc.get("causes") or []:
+        lines.append(f"**{cause['status'].upper()} {cause['class'].replace('_', ' ')}**: "
+                     f"{cause['title']}")
+        lines += [f"- {item}" for item in cause.get("evidence") or []]
+        lines.append(f"- fix: {cause['fix']}")
+        explains = _explains(doc, cause)
+        lines += [f"- {explains}", ""] if explains else [""]
     env = doc.get("environment", {})
     if env.get("torch_version"):
         build = doc.get("build", {})
@@ -203,8 +256,7 @@ def step_summary(doc: dict) -> str:
             cells = [CELL[row["keys"].get(k, {}).get("status", "absent")][2] for k in keys]
             lines.append(f"| `{row['op']}` | " + " | ".join(cells) + " |")
         lines += ["", "\\* promised by the variant", ""]
-    problems = [c for c in doc.get("checks", []) if c["status"] in ("fail", "warn")]
-    for c in problems:
+    for c in unexplained(doc):
         lines.append(f"- **{c['status']}** `{c['id']}`: {c['message']}")
     return "\n".join(lines) + "\n"
 

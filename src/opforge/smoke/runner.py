@@ -295,7 +295,20 @@ def _read_document(out: Path, rc: int | None, stderr: str, request: ProbeRequest
     doc = {"schema": 1, "package": request.package, "namespace": request.namespace,
            "checks": [], "environment": {}, "stderr": stderr[-4000:]}
     add_check(doc, "probe", "fail", f"{why}{': ' + tail if tail else ''}")
+    _cause_of_crash(doc, stderr)
     return doc
+
+
+def _cause_of_crash(doc: dict, stderr: str) -> None:
+    """What a dying probe printed can name the cause (a C++ exception while loading)."""
+    from opforge.smoke.probe.causes import add_cause, crash_cause
+
+    found = crash_cause(stderr)
+    if found:
+        cls = found.pop("cls")
+        add_cause(doc, cls, explains=["probe"], **found)
+        summary = doc.setdefault("summary", {})
+        summary["fail"] = summary.get("fail", 0) + 1
 
 
 def _why_stopped(rc: int | None, request: ProbeRequest, timeout_s: float,

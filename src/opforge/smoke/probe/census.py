@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 from .common import BACKEND_KEYS, OBSERVED_KEYS, Report
+from .registrations import op_names
 
 
 def namespace_ops(torch_mod, namespace: str) -> list[str]:
+    """The ops of ``namespace`` that have a schema (a kernel for an undefined name is no op)."""
     prefix = namespace + "::"
-    names = set()
-    for qualname in torch_mod._C._dispatch_get_all_op_names():
-        if qualname.startswith(prefix):
-            names.add(qualname[len(prefix):].split(".", 1)[0])
-    return sorted(names)
+    return sorted(q[len(prefix):] for q in op_names(torch_mod) if q.startswith(prefix))
 
 
 def has_key(torch_mod, qualname: str, key: str) -> str | None:

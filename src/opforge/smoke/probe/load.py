@@ -15,6 +15,7 @@ import warnings
 
 from .common import Report, base_version, err_text, first_line, release
 from .facts import RECORD_NAME, package_dir, read_build_facts
+from .registrations import Observer, loaded_paths
 
 # Libraries only a CUDA build of torch ships or loads: missing one means a CUDA build of the
 # extension was installed beside a torch that has no CUDA.
@@ -23,6 +24,12 @@ CUDA_LIBS = ("libcudart", "libc10_cuda", "libtorch_cuda", "libcublas", "libcudnn
              "libnvJitLink", "libcupti")
 TORCH_LIBS = ("libc10", "libtorch", "libtorch_cpu", "libtorch_python", "libshm")
 LIB_SUFFIXES = (".so", ".pyd", ".dylib")
+
+
+def _outside(path: str | None, pkg_dir: str | None) -> bool:
+    if not path or not pkg_dir:
+        return True
+    return not os.path.realpath(path).startswith(os.path.join(os.path.realpath(pkg_dir), ""))
 
 
 def compiled_libraries(pkg_dir: str, recorded: list[str]) -> list[str]:
@@ -36,6 +43,17 @@ def compiled_libraries(pkg_dir: str, recorded: list[str]) -> list[str]:
     def rank(path: str) -> tuple[int, str]:
         return (0 if os.path.basename(path) in recorded else 1, path)
     return sorted(found, key=rank)
+
+
+def other_python(path: str) -> str | None:
+    """``CPython 3.12`` when ``path`` is an extension module tagged for another interpreter."""
+    m = re.search(r"\.(cpython|cp)-?(\d)(\d+)[a-z]*-", os.path.basename(path))
+    if not m:
+        return None
+    tag = (int(m.group(2)), int(m.group(3)))
+    if sys.implementation.name == "cpython" and tag == sys.version_info[:2]:
+        return None
+    return f"CPython {tag[0]}.{tag[1]}"
 
 
 def demangle(symbol: str) -> str:
@@ -58,6 +76,30 @@ def classify_load_error(lib: str, error: str, build: dict, torch_mod) -> dict:
     versions = (f"built against torch {built} ({build.get('source')}), running torch {running}"
                 if built else f"running torch {running}; the build's torch is unknown "
                               f"(no {RECORD_NAME} build record and no torch==X pin)")
+    other = other_python(lib)
+    if other:
+        message = (f"{name} is an extension module for {other}, and this is Python "
+                   f"{sys.version_info.major}.{sys.version_info.minor}: the wheel was built for "
+                   f"another Python. Fix: install the wheel built for this Python (or rebuild "
+                   "it here).")
+        return {"kind": "other_python", "library": lib, "message": message, "error": error}
+    m = re.search(r"version `((?:GLIBC|GLIBCXX|CXXABI)_[\d.]+)' not found(?: \(required by "
+                  r"([^)]+)\))?", error)
+    if m:
+        needed, by = m.group(1), os.path.basename(m.group(2) or lib)
+        message = (f"{by} needs {needed}, newer than this system's C/C++ runtime provides: "
+                   f"the library was built on a newer system than it runs on. Fix: build the "
+                   "wheel in an older image (manylinux_2_28) and check its floor with opforge "
+                   "inspect, or run on a system with that runtime.")
+        return {"kind": "runtime_too_new", "library": lib, "symbol": needed, "message": message,
+                "error": error}
+    if re.search(r"invalid ELF header|file too short|wrong ELF class|not a mach-o file|"
+                 r"ELF file's phentsize|incompatible architecture", error):
+        message = (f"{name} is not a loadable library for this machine ({error.split(': ')[-1]}): "
+                   "a truncated or foreign file shipped in the wheel. Fix: rebuild the wheel "
+                   f"on {os.uname().machine if hasattr(os, 'uname') else 'this platform'} and "
+                   "check it with opforge inspect.")
+        return {"kind": "not_a_library", "library": lib, "message": message, "error": error}
     m = re.search(r"undefined symbol: (\S+)", error) or re.search(r"Symbol not found: (\S+)", error)
     if m:
         symbol = m.group(1).rstrip(",")
@@ -126,8 +168,10 @@ def probe_import(report: Report, args, torch_mod) -> bool:
     info["package_dir"] = pkg_dir
     t0 = time.monotonic()
     exc_info = None
+    observer = Observer(torch_mod)
+    ops0, orphans0 = observer.snapshot()
     try:
-        with warnings.catch_warnings(record=True) as caught:
+        with warnings.catch_warnings(record=True) as caught, observer:
             warnings.simplefilter("always")
             module = importlib.import_module(package)
         info["warnings"] = sorted({str(w.message).splitlines()[0] for w in caught})[:10]
@@ -140,6 +184,14 @@ def probe_import(report: Report, args, torch_mod) -> bool:
         info["error"] = err_text(exc)
         info["traceback"] = traceback.format_exception(type(exc), exc, exc.__traceback__)[-8:]
     info["seconds"] = round(time.monotonic() - t0, 3)
+    ops1, orphans1 = observer.snapshot()
+    # what importing the package added to the dispatcher, and how (the causes read this)
+    info["registered"] = {"ops": sorted(ops1 - ops0),
+                          "orphans": {n: k for n, k in orphans1.items() if orphans0.get(n) != k},
+                          "loads": [e for e in observer.loads if not _outside(e["path"], pkg_dir)
+                                    or e["added_ops"] or e["added_orphans"]],
+                          "python": observer.python}
+    mapped = loaded_paths(torch_mod) | {e["path"] for e in observer.loads if not e["error"]}
 
     recorded = [os.path.basename(lib.get("path", ""))
                 for lib in (build.get("build_info") or {}).get("libraries") or []]
@@ -147,14 +199,21 @@ def probe_import(report: Report, args, torch_mod) -> bool:
     info["libraries"] = []
     diagnoses = []
     for lib in libs:
+        by_import = os.path.realpath(lib) in mapped
+        entry = {"path": lib, "loaded": True, "loaded_by_import": by_import}
+        info["libraries"].append(entry)
+        # a library the import left alone is loaded here, and what it registers recorded
+        event = len(observer.loads)
         try:
-            ctypes.CDLL(lib)
-            info["libraries"].append({"path": lib, "loaded": True})
+            observer.around(lib, "probe", lambda lib=lib: ctypes.CDLL(lib)) if not by_import \
+                else ctypes.CDLL(lib)
         except OSError as exc:
             diag = classify_load_error(lib, str(exc), build, torch_mod)
-            info["libraries"].append({"path": lib, "loaded": False, "error": str(exc),
-                                      "kind": diag["kind"]})
+            entry.update(loaded=False, error=str(exc), kind=diag["kind"])
             diagnoses.append(diag)
+        if not by_import and len(observer.loads) > event:
+            entry["added_ops"] = observer.loads[-1]["added_ops"]
+            entry["added_orphans"] = observer.loads[-1]["added_orphans"]
 
     if pkg_dir is None:
         diagnosis = {"kind": "not_installed",

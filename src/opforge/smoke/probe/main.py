@@ -13,6 +13,7 @@ import time
 import traceback
 
 from . import recipes as recipes_file
+from .causes import diagnose
 from .census import run_census
 from .common import SCHEMA, Report, first_line
 from .devices import probe_devices
@@ -110,6 +111,11 @@ def probe(args) -> dict:
              args.spec.get("speed")).run_all(import_ok)
     if recipes is not None:
         run_functions(report, torch, devices, path, import_ok)
+    try:
+        diagnose(report, torch, args.namespace, args.package)
+    except Exception as exc:  # noqa: BLE001 - the symptoms still stand without their cause
+        report.check("diagnosis", "probe", "warn", "the probe could not decide the cause: "
+                     + "".join(traceback.format_exception_only(type(exc), exc)).strip())
     return report.finish()
 
 
