@@ -30,9 +30,13 @@ import os
 import re
 import stat
 import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
 import zipfile
 from dataclasses import dataclass
 from email.parser import Parser
+from html.parser import HTMLParser
 from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -326,6 +330,82 @@ class IndexResult:
     unchanged: list[Entry]    # wheels given again with the same bytes
     kept: list[Entry]         # wheels published before, not given this time
     pages: list[str]
+
+
+class _Anchors(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.hrefs: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "a":
+            href = dict(attrs).get("href")
+            if href:
+                self.hrefs.append(href)
+
+
+def _get(url: str, timeout: float = 60) -> bytes | None:
+    """The body at ``url``; None for a 404 (nothing published yet)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - http(s) only
+            return response.read()
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return None
+        raise OpforgeError(f"{url}: HTTP {exc.code} {exc.reason}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise OpforgeError(f"{url}: {getattr(exc, 'reason', exc)}") from None
+
+
+def _links(url: str) -> list[str] | None:
+    body = _get(url)
+    if body is None:
+        return None
+    parser = _Anchors()
+    parser.feed(body.decode("utf-8", "replace"))
+    return parser.hrefs
+
+
+_SAFE_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*\Z")
+
+
+def fetch_published(base_url: str, site: Path) -> int:
+    """Copy the wheels a published tree at ``base_url`` serves into ``site`` (each checked
+    against its page's sha256), so a merge starts from what users can install; a tree not
+    published yet (404) is empty. Returns the number of wheels fetched."""
+    parts = urllib.parse.urlsplit(base_url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise UsageError(f"--merge-from {base_url}: not an http(s) URL")
+    base = base_url.rstrip("/") + "/"
+    variants = _links(base + "index.html")
+    if variants is None:
+        return 0
+    fetched = 0
+    for variant in sorted({h.rstrip("/") for h in variants if h.endswith("/")}):
+        if not _SAFE_PART.match(variant):
+            continue
+        for project in sorted({h.rstrip("/") for h in _links(f"{base}{variant}/") or []
+                               if h.endswith("/")}):
+            if not _SAFE_PART.match(project):
+                continue
+            for href in _links(f"{base}{variant}/{project}/") or []:
+                name, _, fragment = href.partition("#")
+                if "/" in name or not name.endswith(".whl") or not _SAFE_PART.match(name):
+                    continue
+                target = f"{variant}/{project}/{name}"
+                _refuse_links(site, target)
+                if (site / target).exists():
+                    continue
+                data = _get(f"{base}{target}")
+                if data is None:
+                    raise OpforgeError(f"{base}{target}: listed on its page but not served (404)")
+                want = fragment.removeprefix("sha256=")
+                if fragment.startswith("sha256=") and hashlib.sha256(data).hexdigest() != want:
+                    raise OpforgeError(f"{base}{target}: its bytes do not match the sha256 its "
+                                       "page lists; no page was written")
+                _write(site, target, data)
+                fetched += 1
+    return fetched
 
 
 def build_index(dist: Path, site: Path, *, dry_run: bool = False) -> IndexResult:

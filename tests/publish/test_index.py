@@ -196,3 +196,43 @@ def test_the_real_entry_point(tmp_path):
     assert "1 wheel(s) added" in run.stdout
     assert (tmp_path / "site" / "cpu" / NAME / f"{NAME}-1.0-py3-none-any.whl").is_file()
     assert (tmp_path / "site" / "torch-2.13.0+cpu.html").is_file()
+
+
+def test_merge_from_a_published_url_keeps_what_it_serves(published, tmp_path, capsys):
+    """GitHub Pages deploys a tree anew: --merge-from starts it from what is published."""
+    root, base = published
+    dist = tmp_path / "dist"
+    _variant_wheel(dist, "cu130", "1.2", "2.14.1")
+    site = tmp_path / "fresh"
+    assert main(["index", str(dist), "--out", str(site), "--merge-from", f"{base}/site/"]) == 0
+    assert "3 published wheel(s) fetched" in capsys.readouterr().out
+    for wheel in (root / "site").rglob("*.whl"):
+        rel = wheel.relative_to(root / "site")
+        assert (site / rel).read_bytes() == wheel.read_bytes()
+    assert (site / "cu130" / NAME / f"{NAME}-1.2+cu130-py3-none-any.whl").is_file()
+    page = (site / "cu130" / NAME / "index.html").read_text()
+    assert f"{NAME}-1.0+cu130" in page and f"{NAME}-1.2+cu130" in page
+
+
+def test_merge_from_nothing_published_yet_is_an_empty_index(published, tmp_path, capsys):
+    _, base = published
+    dist = tmp_path / "dist"
+    _variant_wheel(dist, "cpu", "1.0", "2.13.0")
+    assert main(["index", str(dist), "--out", str(tmp_path / "s"), "--merge-from",
+                 f"{base}/not-published-yet/"]) == 0
+    assert "0 published wheel(s) fetched" in capsys.readouterr().out
+
+
+def test_merge_from_refuses_bytes_that_do_not_match_their_page(published, tmp_path, capsys):
+    root, base = published
+    copy = root / "tampered"
+    if not copy.exists():
+        shutil.copytree(root / "site", copy)
+        wheel = next((copy / "cpu" / NAME).glob("*.whl"))
+        wheel.write_bytes(wheel.read_bytes() + b"x")
+    dist = tmp_path / "dist"
+    _variant_wheel(dist, "cpu", "1.3", "2.13.0")
+    assert main(["index", str(dist), "--out", str(tmp_path / "s"), "--merge-from",
+                 f"{base}/tampered/"]) == 1
+    err = capsys.readouterr().err
+    assert "do not match the sha256" in err and not (tmp_path / "s" / "index.html").exists()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from opforge.errors import UsageError
 from opforge.files import lookup
 
 
@@ -22,6 +23,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, required=True, metavar="SITE",
                    help="the index tree: created, or merged into when it exists (e.g. a "
                         "checkout of the published site)")
+    p.add_argument("--merge-from", metavar="URL",
+                   help="first copy the wheels the index published at URL serves into --out "
+                        "(checked against their pages' sha256), so nothing published is lost "
+                        "when the tree is deployed anew (GitHub Pages); a 404 is an empty index")
     p.add_argument("--dry-run", action="store_true", help="say what would change; write nothing")
     p.set_defaults(func=run_index)
 
@@ -30,6 +35,15 @@ def run_index(args: argparse.Namespace) -> int:
     from opforge.index import build_index
 
     lookup(args.out, what="--out")  # an unusable path is a usage error, before any work
+    if args.merge_from:
+        if args.dry_run:
+            raise UsageError("--merge-from writes the published wheels into --out; it does not "
+                             "go with --dry-run")
+        from opforge.index import collect_dist, fetch_published
+
+        collect_dist(args.dist)  # bad input is refused before anything is fetched
+        count = fetch_published(args.merge_from, args.out)
+        print(f"opforge index: {count} published wheel(s) fetched from {args.merge_from}")
     result = build_index(args.dist, args.out, dry_run=args.dry_run)
     verb = "would add" if args.dry_run else "added"
     for entry in result.added:
