@@ -172,6 +172,8 @@ def render_terminal(doc: dict, console: Console | None = None) -> None:
                 cells.append(Text(text, style=style))
             table.add_row(Text(name, style="bold red" if not row.get("found", True) else ""), *cells)
         console.print(table)
+    if doc.get("modules"):
+        console.print(modules_table(doc))
 
     grid: dict[str, dict[str, list[dict]]] = {}
     census_only = []
@@ -200,6 +202,26 @@ def render_terminal(doc: dict, console: Console | None = None) -> None:
         console.print(Text(f"{c['status'].upper()} {c['id']}: ", style=style) + Text(c["message"]))
     n = counts(doc)
     console.print(Text(headline(doc), style="bold red" if n["fail"] else "bold green"))
+
+
+def modules_table(doc: dict) -> Table:
+    """The compiled modules the variant promises, one row each: module x function."""
+    rows = doc["modules"]
+    functions = list(dict.fromkeys(f for row in rows for f in row.get("functions", {})))
+    table = Table(title="module census (each imported, or loaded with torch.ops.load_library, "
+                        "on its own; ok = exported / registered, MISSING = promised but absent)",
+                  title_justify="left", box=box.SIMPLE_HEAD)
+    table.add_column("module", no_wrap=True)
+    table.add_column("backend", no_wrap=True)
+    for fn in functions:
+        table.add_column(fn, justify="center", no_wrap=True)
+    for row in rows:
+        name = row["module"] + (" (library)" if row.get("load") == "library" else "")
+        cells = [Text(*{"ok": ("ok", "green"), "missing": ("MISSING", "bold red")}.get(
+            row.get("functions", {}).get(fn), ("·", "dim"))) for fn in functions]
+        table.add_row(Text(name, style="" if row.get("imported") else "bold red"),
+                      row.get("backend", "cpu"), *cells)
+    return table
 
 
 # --------------------------------------------------------------------------- JUnit
