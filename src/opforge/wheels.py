@@ -11,9 +11,11 @@ import lzma
 import mmap
 import re
 import shutil
+import stat
 import struct
 import subprocess
 import tempfile
+import time
 import zipfile
 import zlib
 from dataclasses import asdict, dataclass, field
@@ -35,6 +37,9 @@ _LIB_SUFFIXES = (".so", ".dylib", ".pyd")
 MAX_LIBRARY_BYTES = 4 << 30   # bigger than any extension library; larger ones are not read
 MAX_SMALL_MEMBER = 16 << 20   # METADATA, the build record
 MAX_RATIO = 200               # real libraries compress 3-10x; far more is a zip bomb
+MAX_MEMBERS = 20_000          # torch's own wheel has ~12k members; more is not a wheel to audit
+MAX_LIBRARIES = 128           # libraries audited in full (readelf, symbols, floor) per wheel
+AUDIT_SECONDS = 120.0         # the library audit's budget per wheel; the rest are listed
 # what reading a broken member raises: corrupt data, bad CRC, encryption, unknown method
 _ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, RuntimeError,
                EOFError, zlib.error, lzma.LZMAError, OSError, struct.error)
@@ -49,6 +54,7 @@ class Library:
     embedded_metal: bool = False   # Metal shader source compiled into the binary as a string
     backends: list[str] = field(default_factory=list)   # found in the code: cpu, cuda, hip, mps
     note: str = ""                 # why it was not inspected (too large), else empty
+    problem: str = ""              # not a loadable library (not ELF / Mach-O / PE, truncated)
     abi: abi.Audit | None = None   # its undefined symbols by kind, its minimum torch
     floor: floor.LibraryFloor | None = None  # the glibc / libstdc++ / macOS versions it needs
 
@@ -65,11 +71,9 @@ class WheelReport:
     libraries: list[Library]
     metal_sources: list[str]
     metallibs: list[str]
-
-    @property
-    def pypi_clean(self) -> bool:
-        """No local version label: a wheel PyPI accepts (the PyPI variant's)."""
-        return self.local_version is None
+    # what makes the archive itself untrustworthy: a member outside the wheel, a symbolic
+    # link, a library that is not one, a RECORD that does not match; each a failure
+    integrity: list[str] = field(default_factory=list)
 
     @property
     def abi3(self) -> bool:
@@ -90,7 +94,7 @@ class WheelReport:
         info = self.build_info if self.build_info and "error" not in self.build_info else {}
         if cuda_major is None and info:
             cuda_major = str(info.get("cuda_version") or "").split(".")[0]
-        out = []
+        out = list(self.integrity)
         for lib in self.libraries:
             if lib.abi is not None:
                 out += abi.problems(lib.path, lib.abi, stable=stable, abi3=self.abi3,
@@ -114,7 +118,6 @@ class WheelReport:
         data = asdict(self)
         data["cuda_archs"] = self.cuda_archs
         data["min_torch"] = self.min_torch
-        data["pypi_clean"] = self.pypi_clean
         return data
 
 
@@ -157,18 +160,189 @@ def inspect_wheel(path: str | Path) -> WheelReport:
                           if re.match(r"[^/]+\.dist-info/" + re.escape(RECORD_NAME) + r"\Z", n)]
             if info_names:
                 build_info = _build_record(members.small(info_names[0]), info_names[0])
-            libraries = [members.library(info, Path(tmp) / f"lib{i}")
-                         for i, info in enumerate(archive.infolist())
-                         # not is_dir(): it raises IndexError on an empty member name
-                         if not info.filename.endswith("/")
-                         and (info.filename.endswith(_LIB_SUFFIXES) or ".so." in info.filename)]
+            integrity = member_problems(archive.infolist())
+            libraries = _audit_libraries(members, archive.infolist(), Path(tmp), integrity)
+            integrity += record_problems(archive, members)
             names = archive.namelist()
             metal = [n for n in names if n.endswith(".metal")]
             metallibs = [n for n in names if n.endswith(".metallib")]
     return WheelReport(wheel=path.name, name=str(name), version=str(version),
                        local_version=version.local, tags=sorted(str(t) for t in tags),
                        torch_requirement=torch_req, build_info=build_info,
-                       libraries=libraries, metal_sources=metal, metallibs=metallibs)
+                       libraries=libraries, metal_sources=metal, metallibs=metallibs,
+                       integrity=integrity)
+
+
+def _is_library(info: zipfile.ZipInfo) -> bool:
+    # not is_dir(): it raises IndexError on an empty member name
+    return not info.filename.endswith("/") and (info.filename.endswith(_LIB_SUFFIXES)
+                                                or ".so." in info.filename)
+
+
+def _audit_libraries(members: _Members, infos: list[zipfile.ZipInfo], tmp: Path,
+                     integrity: list[str]) -> list[Library]:
+    """Every library member, audited in full up to MAX_LIBRARIES and AUDIT_SECONDS (the rest
+    listed with a note saying which cap was hit); a symlink member or a name outside the
+    wheel is never extracted, a member that is not a loadable library is a problem."""
+    if len(infos) > MAX_MEMBERS:
+        integrity.append(f"{len(infos)} members, more than the {MAX_MEMBERS}-member limit: "
+                         "its libraries were not audited")
+        return []
+    unsafe = {info.filename for info in infos if _unsafe_member(info)}
+    deadline = time.monotonic() + AUDIT_SECONDS
+    out = []
+    for i, info in enumerate(info for info in infos if _is_library(info)):
+        if info.filename in unsafe:
+            out.append(Library(path=info.filename, size=info.file_size,
+                               note="not inspected: an unsafe member (see the problems)"))
+            continue
+        if i >= MAX_LIBRARIES or time.monotonic() > deadline:
+            cap = (f"more than {MAX_LIBRARIES} libraries in the wheel" if i >= MAX_LIBRARIES
+                   else f"the {AUDIT_SECONDS:g} s audit budget ran out")
+            out.append(Library(path=info.filename, size=info.file_size,
+                               note=f"not inspected: {cap}"))
+            continue
+        lib = members.library(info, tmp / f"lib{i}")
+        if lib.problem:
+            integrity.append(f"{lib.path}: {lib.problem}")
+        out.append(lib)
+    skipped = [lib for lib in out if lib.note.startswith("not inspected: more than")
+               or lib.note.startswith("not inspected: the ")]
+    if skipped:
+        integrity.append(f"{len(skipped)} of {len(out)} libraries not audited "
+                         f"({skipped[0].note[len('not inspected: '):]}): "
+                         "audit them with a higher limit, or split the wheel")
+    return out
+
+
+def _unsafe_member(info: zipfile.ZipInfo) -> str | None:
+    """Why a member may not be in a wheel: it leaves the wheel's root, or is a link."""
+    name = info.filename
+    parts = name.replace("\\", "/").split("/")
+    if name.startswith(("/", "\\")) or re.match(r"[A-Za-z]:", name):
+        return "an absolute path: it would be written outside the install folder"
+    if ".." in parts:
+        return "a path with '..': it would be written outside the install folder"
+    if stat.S_ISLNK(info.external_attr >> 16):
+        return "a symbolic link (a wheel holds files only; pip writes the link's target text)"
+    return None
+
+
+def member_problems(infos: list[zipfile.ZipInfo]) -> list[str]:
+    """Members a wheel must not hold: outside its root, links, duplicates."""
+    out, seen = [], set()
+    for info in infos[:MAX_MEMBERS]:
+        why = _unsafe_member(info)
+        if why:
+            out.append(f"member {info.filename!r}: {why}")
+        if info.filename in seen:
+            out.append(f"member {info.filename!r}: listed twice (which one is installed?)")
+        seen.add(info.filename)
+    return out
+
+
+_ELF_DYN, _ELF_EXEC = 3, 2
+
+
+def binary_problem(head: bytes, size: int) -> str | None:
+    """Why a library member is not a loadable library: not ELF, Mach-O or PE, or its headers
+    point past its end (truncated). ``head``: its first bytes (at least 64 when it has them)."""
+    if head[:4] == b"\x7fELF":
+        if size < 52 or len(head) < 52:
+            return f"a truncated ELF file ({size} bytes, shorter than its header)"
+        klass, order = head[4], head[5]
+        if klass not in (1, 2) or order not in (1, 2):
+            return "an ELF file with an unknown class or byte order"
+        end = "<" if order == 1 else ">"
+        if klass == 2:
+            if size < 64 or len(head) < 64:
+                return f"a truncated ELF file ({size} bytes, shorter than its header)"
+            e_type, = struct.unpack_from(end + "H", head, 16)
+            phoff, shoff = struct.unpack_from(end + "QQ", head, 32)
+            phentsize, phnum, shentsize, shnum = struct.unpack_from(end + "HHHH", head, 54)
+        else:
+            e_type, = struct.unpack_from(end + "H", head, 16)
+            phoff, shoff = struct.unpack_from(end + "II", head, 28)
+            phentsize, phnum, shentsize, shnum = struct.unpack_from(end + "HHHH", head, 42)
+        if e_type not in (_ELF_DYN, _ELF_EXEC):
+            return f"an ELF file of type {e_type}, not a shared library"
+        if phnum == 0:
+            return "an ELF file without program headers: nothing the loader can map"
+        if phoff + phnum * phentsize > size or (shnum and shoff + shnum * shentsize > size):
+            return f"a truncated ELF file ({size} bytes; its headers reach further)"
+        return None
+    magic = head[:4]
+    if magic in (b"\xcf\xfa\xed\xfe", b"\xce\xfa\xed\xfe", b"\xfe\xed\xfa\xcf",
+                 b"\xfe\xed\xfa\xce"):
+        header = 32 if magic in (b"\xcf\xfa\xed\xfe", b"\xfe\xed\xfa\xcf") else 28
+        if len(head) < header:
+            return f"a truncated Mach-O file ({size} bytes)"
+        end = "<" if magic[0] in (0xcf, 0xce) else ">"
+        ncmds, sizeofcmds = struct.unpack_from(end + "II", head, 16)
+        if ncmds == 0 or header + sizeofcmds > size:
+            return f"a truncated Mach-O file ({size} bytes; its load commands reach further)"
+        return None
+    if magic in (b"\xca\xfe\xba\xbe", b"\xbe\xba\xfe\xca"):
+        return None  # a universal (fat) Mach-O binary: its slices are read by the tools
+    if head[:2] == b"MZ":
+        return None
+    return (f"not a library: neither ELF, Mach-O nor PE (it starts with "
+            f"{head[:8]!r})")
+
+
+def record_problems(archive: zipfile.ZipFile, members: _Members) -> list[str]:
+    """Where the wheel's RECORD and its members disagree: a member it does not list, a listed
+    file that is missing, a hash or a size that does not match (each member hashed, streamed)."""
+    import base64
+    import csv
+    import hashlib
+    import io
+
+    names = [n for n in archive.namelist() if re.fullmatch(r"[^/]+\.dist-info/RECORD", n)]
+    if not names:
+        return ["no .dist-info/RECORD: pip cannot verify or uninstall the wheel"]
+    record_name = names[0]
+    try:
+        rows = list(csv.reader(io.StringIO(members.small(record_name).decode("utf-8"))))
+    except (UnicodeDecodeError, csv.Error) as exc:
+        return [f"{record_name}: not a readable RECORD ({exc})"]
+    listed: dict[str, tuple[str, str]] = {}
+    for row in rows:
+        if not row:
+            continue
+        if len(row) != 3:
+            return [f"{record_name}: a row with {len(row)} fields, not path,hash,size"]
+        listed[row[0]] = (row[1], row[2])
+    out = []
+    infos = {i.filename: i for i in archive.infolist() if not i.filename.endswith("/")}
+    unsigned = (record_name, record_name + ".jws", record_name + ".p7s")
+    deadline = time.monotonic() + AUDIT_SECONDS
+    for name, info in infos.items():
+        if name in unsigned:
+            continue
+        if name not in listed:
+            out.append(f"{record_name}: does not list {name}")
+            continue
+        digest, size = listed[name]
+        if size and size != str(info.file_size):
+            out.append(f"{record_name}: {name} is {info.file_size} bytes, RECORD says {size}")
+            continue
+        algorithm, _, expected = digest.partition("=")
+        if algorithm not in ("sha256", "sha384", "sha512"):
+            out.append(f"{record_name}: {name}: hash {digest[:30]!r} is not sha256 / sha384 / "
+                       "sha512")
+            continue
+        if _too_big(info) or time.monotonic() > deadline:
+            continue  # not read (a bomb, or out of time): listed by the library audit
+        hasher = hashlib.new(algorithm)
+        for chunk in members._chunks(info, info.file_size):
+            hasher.update(chunk)
+        actual = base64.urlsafe_b64encode(hasher.digest()).rstrip(b"=").decode()
+        if actual != expected.rstrip("="):
+            out.append(f"{record_name}: {name} does not match its {algorithm} hash")
+    out += [f"{record_name}: lists {name}, which the wheel does not hold"
+            for name in listed if name not in infos and name not in unsigned]
+    return out[:50] + ([f"... and {len(out) - 50} more RECORD problems"] if len(out) > 50 else [])
 
 
 class _Members:
@@ -214,6 +388,12 @@ class _Members:
             for chunk in self._chunks(info, info.file_size):
                 out.write(chunk)
             size = out.tell()
+        with open(scratch, "rb") as f:
+            broken = binary_problem(f.read(64), size)
+        if broken:
+            scratch.unlink()
+            return Library(path=info.filename, size=size, note=f"not inspected: {broken}",
+                           problem=broken)
         with open(scratch, "rb") as f:
             view = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
             try:
@@ -405,11 +585,9 @@ def check_against_variant(report: WheelReport, variant: Variant,
 
     ``pythons``: the matrix's, which a stable variant's abi3 wheel must all install on."""
     problems = []
-    if report.local_version != variant.wheel_local_version:
-        expected = (f"+{variant.wheel_local_version}" if variant.wheel_local_version else
-                    f"none (variant {variant.name} goes to PyPI, which refuses local versions)")
+    if report.local_version != variant.local_version:
         problems.append(f"local version is {report.local_version or 'missing'}, expected "
-                        f"{expected}")
+                        f"+{variant.local_version}")
     pinned = exact_pin(report.torch_requirement)
     if variant.stable:
         problems += check_stable_tags(report, variant, pythons)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 import struct
@@ -38,21 +40,46 @@ def make_wheel(tmp_path: Path, *, local="cpu", tag="manylinux_2_28_x86_64", pin=
     base_info = {"schema": 1, "variant": local, "torch_version": "2.13.0+cpu",
                  "torch_git_version": "abc", "backends": ["cpu"], "cuda_version": None,
                  "cuda_arch_list": None, "mps": False, "omitted_kernels": []}
+    members: dict[str, bytes | str] = {}
+    meta = f"Metadata-Version: 2.1\nName: opforge-ops\nVersion: {version}\n"
+    if pin:
+        meta += f"Requires-Dist: {pin}\n"
+    members[f"opforge_ops-{version}.dist-info/METADATA"] = meta
+    members[f"opforge_ops-{version}.dist-info/WHEEL"] = f"Wheel-Version: 1.0\nTag: cp311-cp311-{tag}\n"
+    members["opforge_ops/__init__.py"] = ""
+    if info is not False:
+        members[f"opforge_ops-{version}.dist-info/opforge-build.json"] = \
+            json.dumps({**base_info, **(info or {})})
+    if library is not None:  # the payload inside the headers a loader needs (inspect checks them)
+        members["opforge_ops/_C.cpython-311-x86_64-linux-gnu.so"] = \
+            loadable(library, macos=tag.startswith("macosx"))
+    members.update(extra or {})
     with zipfile.ZipFile(path, "w") as zf:
-        meta = f"Metadata-Version: 2.1\nName: opforge-ops\nVersion: {version}\n"
-        if pin:
-            meta += f"Requires-Dist: {pin}\n"
-        zf.writestr(f"opforge_ops-{version}.dist-info/METADATA", meta)
-        zf.writestr(f"opforge_ops-{version}.dist-info/WHEEL", f"Wheel-Version: 1.0\nTag: cp311-cp311-{tag}\n")
-        zf.writestr("opforge_ops/__init__.py", "")
-        if info is not False:
-            zf.writestr(f"opforge_ops-{version}.dist-info/opforge-build.json",
-                        json.dumps({**base_info, **(info or {})}))
-        if library is not None:
-            zf.writestr("opforge_ops/_C.cpython-311-x86_64-linux-gnu.so", library)
-        for member, data in (extra or {}).items():
+        for member, data in members.items():
             zf.writestr(member, data)
+        zf.writestr(f"opforge_ops-{version}.dist-info/RECORD", record(members, version))
     return path
+
+
+def loadable(payload: bytes, *, macos: bool = False) -> bytes:
+    """``payload`` behind a minimal well-formed header: ELF64 (one program header) or Mach-O."""
+    body = payload[4:] if payload.startswith(b"\x7fELF") else payload
+    if macos:
+        return struct.pack("<IiiIIII", 0xfeedfacf, 0x100000c, 0, 6, 1, 8, 0) + b"\0" * 4 \
+            + struct.pack("<II", 0, 8) + body
+    header = (b"\x7fELF\x02\x01\x01" + b"\0" * 9
+              + struct.pack("<HHIQQQIHHHHHH", 3, 62, 1, 0, 64, 0, 0, 64, 56, 1, 64, 0, 0))
+    return header + b"\0" * 56 + body
+
+
+def record(members: dict[str, bytes | str], version: str) -> str:
+    """A RECORD that agrees with ``members``, as a real build writes it."""
+    lines = []
+    for name, data in members.items():
+        raw = data.encode() if isinstance(data, str) else data
+        digest = base64.urlsafe_b64encode(hashlib.sha256(raw).digest()).rstrip(b"=").decode()
+        lines.append(f"{name},sha256={digest},{len(raw)}")
+    return "\n".join([*lines, f"opforge_ops-{version}.dist-info/RECORD,,"]) + "\n"
 
 
 def test_fatbin_parser_reads_sass_and_ptx():

@@ -8,7 +8,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from test_inspect import make_wheel
+from test_inspect import loadable, make_wheel, record
 
 from opforge import wheels
 from opforge.cli import main
@@ -24,7 +24,9 @@ def _bomb(tmp_path: Path, size: int) -> Path:
     with zipfile.ZipFile(path, "a") as zf:
         with zf.open(info, "w", force_zip64=True) as out:
             block = b"\0" * (1 << 20)
-            for _ in range(size >> 20):
+            head = loadable(b"")  # a well-formed ELF header, then zeros
+            out.write(head + block[len(head):])
+            for _ in range((size >> 20) - 1):
                 out.write(block)
     return path
 
@@ -32,9 +34,11 @@ def _bomb(tmp_path: Path, size: int) -> Path:
 def test_a_library_that_expands_like_a_bomb_is_reported_not_read(tmp_path, capsys):
     wheel = _bomb(tmp_path, 64 << 20)
     assert wheel.stat().st_size < 1 << 20
-    assert main(["inspect", str(wheel), "--json"]) == 0
-    lib = json.loads(capsys.readouterr().out)["libraries"][0]
+    assert main(["inspect", str(wheel), "--json"]) == 1  # added after its RECORD was written
+    doc = json.loads(capsys.readouterr().out)
+    lib = doc["libraries"][0]
     assert lib["size"] == 64 << 20 and "zip bomb" in lib["note"]
+    assert any(f"does not list {LIB}" in p for p in doc["problems"])
     assert main(["inspect", str(wheel), "--expect-variant", "cpu", "--file",
                  str(ROOT / "matrix.yaml")]) == 1
     assert "not inspected" in capsys.readouterr().out
@@ -115,13 +119,17 @@ def test_a_build_record_of_the_wrong_shape_is_reported_not_a_crash(tmp_path, cap
     wheel = make_wheel(tmp_path, info=None)
     rebuilt = tmp_path / "x" / wheel.name
     rebuilt.parent.mkdir()
+    members = {}
     with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(rebuilt, "w") as dst:
         for item in src.infolist():
             data = src.read(item)
             if item.filename.endswith("opforge-build.json"):
                 data = json.dumps(info if isinstance(info, list) else
                                   {**json.loads(data), **info}).encode()
-            dst.writestr(item.filename, data)
+            if not item.filename.endswith("/RECORD"):
+                members[item.filename] = data
+                dst.writestr(item.filename, data)
+        dst.writestr("opforge_ops-0.1.0+cpu.dist-info/RECORD", record(members, "0.1.0+cpu"))
     assert main(["inspect", str(rebuilt)]) == 0
     assert main(["inspect", str(rebuilt), "--expect-variant", "cpu",
                  "--file", str(ROOT / "matrix.yaml")]) == 1
