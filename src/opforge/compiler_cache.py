@@ -120,9 +120,13 @@ def read_stats(work_dir: Path) -> CacheStats | None:
     """The statistics the last build in ``work_dir`` recorded (None: it ran without a cache)."""
     try:
         data = json.loads((work_dir / STATS_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
-    return CacheStats(**{k: v for k, v in data.items() if k != "hit_rate"})
+    counts = ("requests", "hits", "misses", "not_cacheable", "errors")
+    if not isinstance(data, dict) or not isinstance(data.get("cache_dir"), str) or not all(
+            type(data.get(k)) is int and 0 <= data[k] < 1 << 62 for k in counts):
+        return None  # not what a build wrote: no statistics rather than wrong ones
+    return CacheStats(**{k: data[k] for k in (*counts, "cache_dir")})
 
 
 class CompilerCache:
@@ -140,6 +144,19 @@ class CompilerCache:
               env: dict[str, str] | None = None) -> CompilerCache | None:
         env_in = dict(os.environ if env is None else env)
         tools_dir = work_dir / "compiler-cache"
+        # two builds of one work dir at once take turns writing the scripts
+        from opforge.files import FileLock
+
+        with FileLock(tools_dir / ".lock", what="compiler cache").acquire(
+                wait=300):
+            return cls._start(python=python, work_dir=work_dir, base_dirs=base_dirs, path=path,
+                              nvcc=nvcc, enabled=enabled, log=log, env_in=env_in,
+                              tools_dir=tools_dir)
+
+    @classmethod
+    def _start(cls, *, python: str, work_dir: Path, base_dirs: list[Path], path: str,
+               nvcc: Path | None, enabled: bool, log, env_in: dict[str, str],
+               tools_dir: Path) -> CompilerCache | None:
         if not enabled or disabled_by(env_in):
             # a CMake cache may still name the scripts: they now run the compiler directly
             _write_wrappers(tools_dir, None, path, env_in, python)
@@ -236,11 +253,12 @@ def _compiler_names(python: str, env: dict[str, str]) -> set[str]:
 
 
 def _script(path: Path, text: str) -> None:
+    """Write a compiler script whole (a random scratch name, then a rename): two builds
+    writing the same scripts at once never run, or leave, a half-written one."""
+    from opforge.files import write_file
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.chmod(0o755)
-    os.replace(tmp, path)
+    write_file(path, text, mode=0o755)
 
 
 def _write_wrappers(tools_dir: Path, sccache: Path | None, path: str, env: dict[str, str],
