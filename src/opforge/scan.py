@@ -35,6 +35,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from opforge.errors import UsageError
+from opforge.files import read_head
+
 SKIP_DIRS = {".git", ".nox", ".venv", "venv", "build", "dist", "node_modules", "__pycache__",
              ".tox", "third_party", "docs", ".github", ".eggs"}
 CXX_SUFFIXES = (".cpp", ".cc", ".cxx", ".cu", ".mm", ".h", ".hpp", ".cuh")
@@ -373,10 +376,45 @@ def _signature(scan: Scan, fn_args: str) -> tuple[str | None, dict]:
     return params, _merged_hints(scan, params, body)
 
 
+# --------------------------------------------------------------------------- reading sources
+
+MAX_SOURCE_BYTES = 8 << 20  # more than any source file; a bigger one is read this far only
+
+
+def _source(path: Path) -> str:
+    """A source file's text, its first MAX_SOURCE_BYTES at most, read in chunks (a 3 GB or
+    sparse file costs no more); a file that cannot be read (a FIFO, a device) reads as empty."""
+    try:
+        return read_head(path, MAX_SOURCE_BYTES).decode("utf-8", errors="replace")
+    except UsageError:
+        return ""
+
+
+def _toml_table(scan: Scan, data: dict, *keys: str) -> dict:
+    """``data[k1][k2]...``, or {} (with a note) where the file puts something else there."""
+    node = data
+    for depth, key in enumerate(keys):
+        node = node.get(key, {})
+        if not isinstance(node, dict):
+            scan.notes.append(f"pyproject.toml: [{'.'.join(keys[:depth + 1])}] is "
+                              f"{type(node).__name__}, not a table; ignored")
+            return {}
+    return node
+
+
+def _toml_text(scan: Scan, data: dict, table: str, key: str) -> str | None:
+    value = _toml_table(scan, data, table).get(key)
+    if value is not None and not isinstance(value, str):
+        scan.notes.append(f"pyproject.toml: [{table}] {key} is {type(value).__name__}, not "
+                          "text; ignored")
+        return None
+    return value
+
+
 # --------------------------------------------------------------------------- C++ registrations
 
 def scan_cxx(scan: Scan, path: Path) -> None:
-    raw = path.read_text(encoding="utf-8", errors="replace")
+    raw = _source(path)
     text = _strip_comments(raw)
     rel = path.relative_to(scan.root).as_posix()
     registered = scan.registers.setdefault(rel, set())
@@ -553,7 +591,7 @@ def _python_params(func: ast.FunctionDef, mutated: set[str]) -> str | None:
 
 def scan_python(scan: Scan, path: Path) -> None:
     try:
-        tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+        tree = ast.parse(_source(path))
     except SyntaxError:
         scan.notes.append(f"{path.relative_to(scan.root)}: not valid Python, skipped")
         return
@@ -706,7 +744,7 @@ def _evaluate(node: ast.expr, env: dict, root: Path):
 def scan_setup_py(scan: Scan, path: Path) -> None:
     """The extension modules setup.py compiles: their names and sources, where literal."""
     try:
-        tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+        tree = ast.parse(_source(path))
     except SyntaxError:
         scan.notes.append("setup.py: not valid Python, its extension modules are not read")
         return
@@ -744,7 +782,7 @@ def scan_setup_py(scan: Scan, path: Path) -> None:
 
 def scan_cmake(scan: Scan, path: Path) -> None:
     """``pybind11_add_module(name src...)`` / ``Python_add_library(name MODULE src...)``."""
-    text = re.sub(r"#[^\n]*", "", path.read_text(encoding="utf-8", errors="replace"))
+    text = re.sub(r"#[^\n]*", "", _source(path))
     rel = path.relative_to(scan.root).as_posix()
     for m in re.finditer(r"\b(pybind11_add_module|python_add_library|Python_add_library|"
                          r"Python3_add_library)\s*\(([^)]*)\)", text, re.I):
@@ -769,23 +807,25 @@ def scan_build_config(scan: Scan) -> None:
         except ModuleNotFoundError:  # Python 3.10
             import tomli as tomllib  # type: ignore[no-redef]
         try:
-            data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            data = tomllib.loads(read_head(pyproject, MAX_SOURCE_BYTES).decode("utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError, UsageError) as exc:
             scan.notes.append(f"pyproject.toml: not valid TOML ({exc}), ignored")
             data = {}
-        scan.distribution = data.get("project", {}).get("name")
-        scan.build_backend = data.get("build-system", {}).get("build-backend")
+        scan.distribution = _toml_text(scan, data, "project", "name")
+        scan.build_backend = _toml_text(scan, data, "build-system", "build-backend")
     for name in ("setup.py", "setup.cfg"):
         path = root / name
         if scan.distribution is None and path.is_file():
-            text = path.read_text(encoding="utf-8", errors="replace")
+            text = _source(path)
             m = re.search(r"""\bname\s*=\s*["']([A-Za-z0-9._-]+)["']""", text) if \
                 name == "setup.py" else re.search(r"^name\s*=\s*([A-Za-z0-9._-]+)\s*$", text, re.M)
             if m:
                 scan.distribution = m.group(1)
-    declared = data.get("tool", {}).get("scikit-build", {}).get("wheel", {}).get("packages") \
-        if pyproject.is_file() else None
-    packages = [root / d for d in declared or [] if (root / d / "__init__.py").is_file()]
+    declared = _toml_table(scan, data, "tool", "scikit-build", "wheel").get("packages")
+    if not isinstance(declared, list):
+        declared = None
+    packages = [root / d for d in declared or []
+                if isinstance(d, str) and (root / d / "__init__.py").is_file()]
     if not packages:  # top-level packages: __init__.py in a directory whose parent has none
         packages = [p.parent for depth in ("*", "*/*", "*/*/*")
                     for p in sorted(root.glob(f"{depth}/__init__.py"))
@@ -863,8 +903,7 @@ def scan_extension(root: Path) -> Scan:
     files = list(_files(scan.root))
     cxx = [p for p in files if p.suffix in CXX_SUFFIXES]
     for path in cxx:  # every C++ function first: a registration may name one from another file
-        _index_functions(scan, _strip_comments(path.read_text(encoding="utf-8",
-                                                              errors="replace")))
+        _index_functions(scan, _strip_comments(_source(path)))
     for path in files:
         suffix = path.suffix
         if suffix in (*CXX_SUFFIXES, ".metal", ".py"):
@@ -883,7 +922,7 @@ def scan_extension(root: Path) -> Scan:
     for path in (scan.root / "setup.py", scan.root / "CMakeLists.txt", scan.root / "pyproject.toml"):
         if path.is_file():  # 0x020a000000000000: torch 2.10
             m = re.search(r"TORCH_TARGET_VERSION\W+0x([0-9a-fA-F]{2})([0-9a-fA-F]{2})",
-                          path.read_text(encoding="utf-8", errors="replace"))
+                          _source(path))
             if m:
                 scan.torch_floor = f"{int(m.group(1), 16)}.{int(m.group(2), 16)}"
     return scan
