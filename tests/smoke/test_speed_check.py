@@ -105,3 +105,44 @@ def test_bench_summary_has_a_table_and_one_chart_per_timed_op(bench):
         svg = ET.fromstring(base64.b64decode(data))
         assert svg.tag.endswith("svg") and len(svg.findall("{*}rect")) == 1
     assert "| `fair` | small fwd | cpu | reference |" in summary
+
+
+DECLARED = """\
+extension:
+  path: .
+  package: planted
+  namespace: planted
+  recipes: {recipes}
+  ops: [fair, {{slow_device: {{max_slowdown: 100}}}}, slow_cpu, mismatch]
+torch:
+  channel: stable
+  version: "2.13.0"
+  index: https://download.pytorch.org/whl
+pythons: ["3.11"]
+platforms:
+  linux-x86_64:
+    runner: ubuntu-24.04
+variants:
+  - name: cpu
+    platforms: [linux-x86_64]
+    expected_keys: [CPU, Meta]
+"""
+
+
+def test_smoke_passes_a_device_kernel_the_matrix_declares_slower(planted, tmp_path):
+    """The same 30x slower Meta kernel, declared in matrix.yaml (``max_slowdown: 100`` for
+    that op, the declaration bench honours too): its speed check passes within 100x."""
+    root, recipes = planted
+    matrix = root / "declared.yaml"
+    matrix.write_text(DECLARED.format(recipes=recipes.name))
+    out = tmp_path / "doc.json"
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in planted_env(root).items():
+            mp.setenv(name, value)
+        mp.delenv("GITHUB_STEP_SUMMARY", raising=False)
+        main(["smoke", "--python", sys.executable, "--file", str(matrix), "--json", str(out)])
+    checks = {c["id"]: c for c in json.loads(out.read_text())["checks"]}
+    check = checks["speed:slow_device:meta"]
+    assert check["status"] == "pass" and check["factor"] == 100 and check["ratio"] > 10, check
+    assert "within the 100x allowed" in check["message"]
+    assert checks["speed:fair:meta"]["factor"] == 10  # the other ops keep the default
