@@ -38,9 +38,21 @@ def test_a_slowdown_within_the_measured_noise_does_not_fail():
 
 
 def test_rows_the_baseline_lacks_are_left_alone():
-    now = _doc(("new", 0.01, 0.0))
-    compare_to_baseline(now, {}, "base", 1.5)
-    assert "baseline" not in now["rows"][0]
+    base = baseline_rows(_doc(("old", 2.0, 0.05)), "base")
+    now = _doc(("old", 2.0, 0.05), ("new", 0.2, 0.0))
+    compare_to_baseline(now, base, "base", 1.5)
+    assert "baseline" not in now["rows"][1] and now["rows"][1]["status"] == "pass"
+    assert "1 timed rows are not in the baseline (not compared)" in markdown(now)
+
+
+def test_a_baseline_that_shares_no_row_with_the_run_is_not_a_pass():
+    from opforge.smoke.benchreport import exit_code
+
+    now = _doc(("new", 2.0, 0.0))
+    compare_to_baseline(now, baseline_rows(_doc(("old", 2.0, 0.05)), "base"), "base", 1.5)
+    assert exit_code(now) == 1
+    assert ("Nothing was compared with base: none of its 1 rows matches a row timed now"
+            in markdown(now))
 
 
 @pytest.mark.parametrize("doc", [[], {"kind": "smoke"}, {"kind": "bench", "rows": "x"},

@@ -280,15 +280,7 @@ def store(doc: dict, what: str, path: Path) -> str:
         write_baseline(path, doc)
         timed = sum(1 for r in doc.get("rows", []) if "ours_s" in r)
         return f"saved this run as {what} ({path}): {timed} rows timed."
-    failed = [f"{r.get('op')}/{r.get('workload')}/{r.get('direction')}/{r.get('device')}"
-              for r in doc.get("rows", []) if r.get("status") == "fail"]
-    if failed:
-        why = f"{len(failed)} row{'s' if len(failed) > 1 else ''} failed " \
-              f"({', '.join(failed[:3])}{', ...' if len(failed) > 3 else ''})"
-    else:
-        checks = [c for c in doc.get("checks", []) if c.get("status") == "fail"]
-        why = benchreport.nothing_timed(doc) or (checks[0].get("message") if checks else
-                                                 "the benchmark itself failed")
+    why = benchreport.why_failed(doc)
     kept = "keeps the run saved before" if path.is_file() else "was not written"
     return f"not saved as {what}: {why}; {path} {kept}."
 

@@ -23,6 +23,8 @@ STATUS_STYLE = {"pass": "", "fail": "bold red", "skip": "dim"}
 def exit_code(doc: dict) -> int:
     bad = doc.get("probe_error") or any(c.get("status") == "fail" for c in doc.get("checks", []))
     bad = bad or any(r.get("status") == "fail" for r in doc.get("rows", []))
+    # compared with a baseline that shares no row with this run: nothing was protected
+    bad = bad or (doc.get("baseline") or {}).get("nothing_compared")
     return 1 if bad or nothing_timed(doc) else 0
 
 
@@ -52,6 +54,21 @@ def headline(doc: dict) -> str:
     line = (f"{verdict} opforge bench {doc.get('package')}: {n['pass']} timed, {n['fail']} "
             f"failed, {n['skip']} skipped on {', '.join(doc.get('devices') or ['?'])}")
     return line + (f": {nothing_timed(doc)}" if nothing_timed(doc) else "")
+
+
+def why_failed(doc: dict) -> str:
+    """A failed run's reason in a few words: its failed rows, or why nothing counted."""
+    failed = [f"{r.get('op')}/{r.get('workload')}/{r.get('direction')}/{r.get('device')}"
+              for r in doc.get("rows", []) if r.get("status") == "fail"]
+    if failed:
+        return (f"{len(failed)} row{'s' if len(failed) > 1 else ''} failed "
+                f"({', '.join(failed[:3])}{', ...' if len(failed) > 3 else ''})")
+    if (doc.get("baseline") or {}).get("nothing_compared"):
+        return f"nothing was compared with {doc['baseline']['name']}"
+    checks = [c for c in doc.get("checks", []) if c.get("status") == "fail"]
+    if checks:
+        return checks[0].get("message") or "a check failed"
+    return nothing_timed(doc) or "the benchmark itself failed"
 
 
 def _speed(row: dict) -> Text | str:
@@ -259,7 +276,9 @@ def compare_to_baseline(doc: dict, base: dict[tuple, dict], name: str, threshold
     doc["baseline"] = {"name": name, "rows_compared": compared, "threshold": threshold,
                        "slower": sum(1 for r in doc.get("rows", []) if "baseline" in r
                                      and r.get("status") == "fail"),
-                       "not_in_baseline": timed - compared}
+                       "not_in_baseline": timed - compared, "baseline_rows": len(base)}
+    if timed and not compared:
+        doc["baseline"]["nothing_compared"] = True
     here = machine(doc)
     if by_time and base_machine and here and base_machine != here:
         doc["baseline"]["machine"] = (f"{by_time} rows compared by time alone, and the baseline "
@@ -273,6 +292,10 @@ def baseline_line(doc: dict) -> str | None:
         return None
     if base.get("name") is None:
         return f"No baseline to compare with: {base.get('note', 'none given')}."
+    if base.get("nothing_compared"):
+        return (f"Nothing was compared with {base['name']}: none of its "
+                f"{base.get('baseline_rows', 0)} rows matches a row timed now (op, workload, "
+                "direction, device and reference must match): record a new baseline.")
     line = (f"Compared with {base['name']}: {base['rows_compared']} rows, {base['slower']} "
             f"slower by more than {base['threshold']:g}x beyond noise.")
     if base.get("not_in_baseline"):
