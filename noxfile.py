@@ -88,6 +88,14 @@ def realtorch(session: nox.Session) -> None:
 
 
 @nox.session(venv_backend=opforge.nox.VENV_BACKEND)
+def release(session: nox.Session) -> None:
+    """opforge's release: -- --tag vX.Y.Z --commit SHA: stamp, build, twine check, try (release.yml)."""
+    opforge.nox.install(session, "-e", ".", "build", "twine")
+    session.run("python", "-c", "import sys; from opforge.release import main; "
+                "sys.exit(main(sys.argv[1:]))", *session.posargs)
+
+
+@nox.session(venv_backend=opforge.nox.VENV_BACKEND)
 def lint(session: nox.Session) -> None:
     """ruff, clang-format on extension/csrc, matrix.yaml validation, the workflow checks."""
     opforge.nox.install(session, "-e", ".[lint]")

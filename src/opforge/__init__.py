@@ -4,4 +4,6 @@ Nothing in this package imports torch or the extension it works on: it drives ot
 interpreters (fresh virtual environments) that do.
 """
 
-__version__ = "0.1.0"
+from opforge._release import VERSION as __version__  # the release tag's (opforge.release)
+
+__all__ = ["__version__"]

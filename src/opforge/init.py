@@ -232,8 +232,9 @@ class WorkflowsPin:
 
 
 def workflows_pin(explicit: str | None = None) -> WorkflowsPin:
-    """``--workflows-ref``, else the commit stamped into this release, else the commit of the
-    git checkout or ``git+`` install this opforge runs from; a UsageError when none is known."""
+    """``--workflows-ref``, else the commit stamped into this release, else the commit of a
+    git checkout of a release (its ``v<version>`` tag on HEAD); a UsageError otherwise: a
+    commit in no release may never be published, and every caller pinned to it breaks."""
     release = f"opforge=={__version__}"
     if explicit is not None:
         if not _COMMIT.fullmatch(explicit):
@@ -244,16 +245,34 @@ def workflows_pin(explicit: str | None = None) -> WorkflowsPin:
         return WorkflowsPin(explicit, release, "--workflows-ref")
     if _COMMIT.fullmatch(_release.WORKFLOWS_COMMIT):
         return WorkflowsPin(_release.WORKFLOWS_COMMIT, release, f"the opforge {__version__} release")
-    commit, where = _source_commit()
+    commit, where, folder = _source_commit()
+    if commit and _release_tagged(commit, folder):
+        return WorkflowsPin(commit, release, f"{where}, tagged v{__version__}")
     if commit:
-        url = f"git+https://github.com/{_release.WORKFLOWS_REPOSITORY}@{commit}"
-        return WorkflowsPin(commit, f"opforge @ {url}", where)
+        raise UsageError(
+            f"this opforge ({__version__}) is not a release: {where} is at "
+            f"{commit}, a commit in no release of {_release.WORKFLOWS_REPOSITORY}, and "
+            "workflows pinned to it break for every caller if it is never published; install "
+            "a release (pip install opforge), or pass --workflows-ref <40-hex commit> to pin "
+            "that commit knowingly")
     raise UsageError(f"cannot tell which commit of {_release.WORKFLOWS_REPOSITORY} this opforge "
                      f"({__version__}) is, to pin the workflows to; pass --workflows-ref "
                      "<40-hex commit>")
 
 
-def _source_commit() -> tuple[str | None, str]:
+def _release_tagged(commit: str, folder: Path | None) -> bool:
+    """The checkout's commit carries this version's release tag (``v<version>``)."""
+    if folder is None:
+        return False
+    try:
+        tags = subprocess.run(["git", "-C", str(folder), "tag", "--points-at", commit],
+                              capture_output=True, text=True, timeout=30).stdout.split()
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return f"v{__version__}" in tags
+
+
+def _source_commit() -> tuple[str | None, str, Path | None]:
     """The commit of the git checkout this opforge is imported from (a development tree,
     or a ``pip install git+...@commit`` / of a checkout, per its direct_url.json)."""
     try:
@@ -265,7 +284,7 @@ def _source_commit() -> tuple[str | None, str]:
     commit = (info.get("vcs_info") or {}).get("commit_id") if isinstance(info, dict) else None
     if isinstance(commit, str) and _COMMIT.fullmatch(commit) and \
             not (tree / "pyproject.toml").is_file():
-        return commit, f"the git install of opforge ({info.get('url')})"
+        return commit, f"the git install of opforge ({info.get('url')})", None
     for folder in (tree, _file_url_path(info.get("url") if isinstance(info, dict) else None)):
         if folder is None or not (folder / "pyproject.toml").is_file():
             continue
@@ -277,9 +296,8 @@ def _source_commit() -> tuple[str | None, str]:
         except (OSError, subprocess.TimeoutExpired):
             continue
         if _COMMIT.fullmatch(head):
-            return head, f"the opforge checkout at {folder} (push that commit to " \
-                         f"{_release.WORKFLOWS_REPOSITORY}, or pass --workflows-ref)"
-    return None, ""
+            return head, f"the opforge checkout at {folder}", folder
+    return None, "", None
 
 
 def _file_url_path(url: object) -> Path | None:

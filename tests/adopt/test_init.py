@@ -14,6 +14,15 @@ from opforge.matrix import load_matrix
 from opforge.scan import scan_extension
 
 
+@pytest.fixture(autouse=True)
+def released_opforge(monkeypatch):
+    """These tests run init as a release of opforge would (its commit stamped): a development
+    checkout refuses to pin the workflows without --workflows-ref (tests/publish)."""
+    from opforge import _release
+
+    monkeypatch.setattr(_release, "WORKFLOWS_COMMIT", "f" * 40)
+
+
 def _project(root: Path, files: dict[str, str]) -> Path:
     for name, text in files.items():
         path = root / name

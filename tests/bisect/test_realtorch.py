@@ -80,7 +80,7 @@ def _hostguess(root: Path, include_new_header: bool) -> Path:
     if include_new_header:
         ops = project / "csrc" / "ops.cpp"
         ops.write_text("#include <torch/headeronly/core/enum_tag.h>\n" + ops.read_text())
-    run, _ = opforge_cli("init", "--torch", "2.12.0", cwd=project)
+    run, _ = opforge_cli("init", "--torch", "2.12.0", "--workflows-ref", "0" * 40, cwd=project)
     assert run.returncode == 0, run.stderr
     (project / "opforge_recipes.py").write_text(textwrap.dedent(recipes).lstrip())
     git = ["git", "-C", str(project), "-c", "user.name=t", "-c", "user.email=t@example.com"]

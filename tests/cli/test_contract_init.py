@@ -58,7 +58,7 @@ def test_init_on_hostile_trees(work, edits, drop, dry):
     files = {k: v for k, v in GOOD.items() if k not in drop}
     files.update(edits)
     root = _tree(work / "ext", files)
-    argv = ["init", str(root), *(["--dry-run"] if dry else [])]
+    argv = ["init", str(root), "--workflows-ref", "a" * 40, *(["--dry-run"] if dry else [])]
     result = check(argv, {0, 2}, watch=(root,), changes_allowed=not dry)
     if result.code == 0 and not dry:
         assert (root / "matrix.yaml").is_file()

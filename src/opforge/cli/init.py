@@ -28,7 +28,8 @@ def register(subparsers) -> None:
                    metavar="X.Y", help="the Python the matrix builds for (default: this one)")
     p.add_argument("--workflows-ref", metavar="COMMIT",
                    help="the 40-hex commit of opforge's repository the workflows call "
-                        "(default: the one this opforge release was cut from)")
+                        "(default: the one this opforge release was cut from; a development "
+                        "checkout or git install is not a release and needs this)")
     p.set_defaults(func=run)
 
 
