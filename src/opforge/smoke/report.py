@@ -70,6 +70,9 @@ def _explains(doc: dict, cause: dict) -> str | None:
                else "") + "), not repeated below")
 
 
+SHOWN_EVIDENCE = 3  # a cause reads in five lines: title, evidence, fix
+
+
 def cause_lines(doc: dict) -> list[Text]:
     """Each cause as a block: status and title, evidence, fix, what it explains."""
     lines = []
@@ -78,8 +81,11 @@ def cause_lines(doc: dict) -> list[Text]:
         label = cause["class"].replace("_", " ")
         lines.append(Text(f"{cause['status'].upper()} {label}: ", style=style)
                      + Text(cause["title"], style="bold"))
-        for item in cause.get("evidence") or []:
-            lines.append(Text(f"  {item}"))
+        evidence = cause.get("evidence") or []
+        for i, item in enumerate(evidence[:SHOWN_EVIDENCE]):
+            more = len(evidence) - SHOWN_EVIDENCE
+            tail = f" (+{more} more in the JSON report)" if i == SHOWN_EVIDENCE - 1 and more > 0 else ""
+            lines.append(Text(f"  {item}{tail}"))
         lines.append(Text("  fix: ", style="cyan") + Text(cause["fix"]))
         explains = _explains(doc, cause)
         if explains:

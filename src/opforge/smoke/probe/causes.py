@@ -323,8 +323,7 @@ class Diagnosis:
                       f"the package registered its ops under {ns2}{spelled}, not {self.ns}: "
                       f"torch.ops.{self.ns} has none",
                       [f"{self.origin(f'{ns2}::{ops[0]}')} defined {ns2}::"
-                       f"{{{_listed(ops)}}} ({len(ops)} ops)",
-                       f"configured namespace: {self.ns}"],
+                       f"{{{_listed(ops)}}} ({len(ops)} ops)"],
                       f"TORCH_LIBRARY({self.ns}, m) in the library's source, or namespace "
                       f"{ns2} in matrix.yaml (extension.namespace, or --namespace {ns2})",
                       configured=self.ns, found=ns2, ops=ops, explains=_problems(self.doc))
