@@ -441,11 +441,17 @@ class FileLock:
         return fd
 
     def holder(self) -> str:
-        try:
-            text = read_head(self.path, 4096).decode("utf-8", "replace").strip()
-        except UsageError:
-            text = ""
-        return text.splitlines()[0] if text else "another process"
+        """Who holds the lock, as its holder wrote it (a holder that has just taken the lock
+        may not have written yet: a moment is allowed for that)."""
+        for _ in range(25):
+            try:
+                text = read_head(self.path, 4096).decode("utf-8", "replace").strip()
+            except UsageError:
+                text = ""
+            if text:
+                return text.splitlines()[0]
+            time.sleep(0.01)
+        return "another process"
 
     def busy(self, *, shared: bool = False) -> bool:
         """Whether another process holds the lock against this kind of use; the lock file is
