@@ -360,16 +360,9 @@ def _not_info(line: str) -> bool:
 
 def torch_install_hint(plan: BuildPlan, errors: str) -> str:
     """What a failed torch install most likely means, and the two ways to choose the index."""
-    args = list(plan.install)
-    index = args[args.index("--index-url") + 1] if "--index-url" in args else None
-    where = f"the torch index {index}" if index else "pip's configured index"
-    spec = next((a for a in args if a.startswith("torch")), "torch")
-    unreachable = re.search(r"dns|resolv|connect|timed? ?out|unreachable|network|proxy|ssl|"
-                            r"certificate|failed to fetch", errors, re.I)
-    cause = (f"{where} cannot be reached from here" if unreachable or not errors
-             else f"{where} has no {spec} for this platform and Python")
-    return (f"likely cause: {cause}; take torch from elsewhere with --torch-index or "
-            "OPFORGE_TORCH_INDEX (pypi: pip's configured index, a URL, or a folder of wheels)")
+    from opforge.venv import torch_index_hint
+
+    return torch_index_hint(plan.install, errors)
 
 
 def compile_(plan: BuildPlan, python: str, path: str, *, log=print,

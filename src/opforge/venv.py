@@ -101,11 +101,37 @@ class Installer:
         # a matching Python version tag" in two), and _error_lines keeps whole lines only
         full_env = {**(os.environ if env is None else env), **extra, "COLUMNS": "100000"}
         shown = what or " ".join(a for a in pip_args if not a.startswith("-"))[:120]
-        with step(f"installed {shown} with {self.name}"):
+        with step(f"installed {shown} with {self.name}"):  # not said when it failed
             result = subprocess.run(cmd, capture_output=True, text=True, env=full_env)
-        if result.returncode != 0:
-            raise OpforgeError(f"pip install failed: {_error_lines(result)}")
+            if result.returncode != 0:
+                errors = _error_lines(result)
+                hint = torch_index_hint(pip_args, errors)
+                raise OpforgeError(f"pip install failed: {errors}" + (f"; {hint}" if hint else ""))
         return result
+
+
+# what pip and uv say when an index cannot be reached (not: when it lacks the version)
+_UNREACHABLE = re.compile(r"\bdns\b|name or service not known|lookup address|connect|"
+                          r"timed? ?out|unreachable|network|proxy|ssl|certificate|"
+                          r"failed to fetch|could not fetch|max retries", re.I)
+_INDEX_OPTIONS = ("--index-url", "-i", "--default-index")
+
+
+def torch_index_hint(pip_args, errors: str) -> str:
+    """For a failed install that asked for torch: its likely cause and the two ways to take
+    torch from elsewhere ('' for an install without torch)."""
+    args = list(pip_args)
+    spec = next((a for a in args if re.match(r"torch(?![\w.-])", a)), None)
+    if spec is None:
+        return ""
+    index = next((args[i + 1] for i, a in enumerate(args[:-1]) if a in _INDEX_OPTIONS), None)
+    index = index or next((a.split("=", 1)[1] for a in args
+                           if a.split("=", 1)[0] in _INDEX_OPTIONS and "=" in a), None)
+    where = f"the torch index {index}" if index else "pip's configured index"
+    cause = ("cannot be reached from here" if not errors or _UNREACHABLE.search(errors)
+             else f"has no {spec} for this platform and Python")
+    return (f"likely cause: {where} {cause}; take torch from elsewhere with --torch-index or "
+            "OPFORGE_TORCH_INDEX (pypi: pip's configured index, a URL, or a folder of wheels)")
 
 
 def _legacy_create_command(base: str, env_dir: Path) -> list[str]:
