@@ -94,3 +94,79 @@ def test_probe_that_died_is_a_failure_with_the_signal(tmp_path):
     assert report.exit_code(doc) == 1
     assert doc["checks"][0]["message"].startswith("the interpreter died with SIGABRT")
     assert "Fatal Python error: Aborted" in doc["checks"][0]["message"]
+
+
+def _with_cause(doc: dict) -> dict:
+    from opforge.smoke.probe.causes import add_cause
+
+    add_cause(doc, "orphan_kernels", "CPU kernels registered for namespace nz, which has no "
+              "schemas (a TORCH_LIBRARY_IMPL(nz, ...) typo?); did you mean ns?",
+              ["orphan kernels: nz::nms", "registered at ops.cpp:9", "ns defines nms",
+               "a fourth line"], "TORCH_LIBRARY_IMPL(ns, ...) instead of TORCH_LIBRARY_IMPL(nz, ...)",
+              explains=["census:nms:Meta", "run:nms:cpu"])
+    return doc
+
+
+def test_causes_come_first_in_five_lines_and_their_symptoms_are_not_repeated():
+    doc = _with_cause(document(PASS, FAIL, WARN))
+    assert doc["causes"][0]["explains"] == [FAIL["id"]]  # a passing check explains nothing
+    console = Console(record=True, width=200)
+    report.render_terminal(doc, console=console)
+    lines = [line for line in console.export_text().splitlines() if line.strip()]
+    start = next(i for i, line in enumerate(lines) if line.startswith("FAIL"))
+    block = lines[start:start + 6]
+    assert block[0].startswith("FAIL orphan kernels: CPU kernels registered for namespace nz")
+    assert block[1:4] == ["  orphan kernels: nz::nms", "  registered at ops.cpp:9",
+                          "  ns defines nms (+1 more in the JSON report)"]
+    assert block[4].startswith("  fix: TORCH_LIBRARY_IMPL(ns, ...)")
+    assert block[5].strip().startswith("explains 1 failed check (1 census; ops nms)")
+    text = "\n".join(lines)
+    assert "FAIL census:nms:Meta" not in text  # under its cause, not repeated
+    assert "WARN torch-match" in text  # not explained: still listed
+    assert report.exit_code(doc) == 1
+
+
+def test_cause_is_one_junit_case_and_a_summary_block(tmp_path):
+    doc = _with_cause(document(PASS))
+    report.write_junit(doc, tmp_path / "j.xml")
+    cases = {c.get("name"): c for c in ET.parse(tmp_path / "j.xml").getroot().iter("testcase")}
+    failure = cases["cause:orphan_kernels"].find("failure").get("message")
+    assert failure.startswith("CPU kernels registered for namespace nz") and "fix: " in failure
+    summary = report.step_summary(doc)
+    assert "**FAIL orphan kernels**: CPU kernels registered for namespace nz" in summary
+    assert "- fix: TORCH_LIBRARY_IMPL(ns, ...)" in summary
+
+
+def test_wheel_without_device_code_for_a_promised_arch_is_a_cause(tmp_path):
+    import struct
+    import subprocess
+
+    from smoke_wheelkit import write_wheel
+
+    from opforge.smoke.runner import device_code_cause
+
+    def fatbin(arch: int) -> bytes:  # one cubin entry (the layout opforge.wheels reads)
+        payload = b"\0" * 24
+        entry = struct.pack("<HHIQII HH I", 2, 0x0101, 64, len(payload), len(payload), 0, 0, 0,
+                            arch).ljust(64, b"\0") + payload
+        return struct.pack("<IHHQ", 0xBA55ED50, 1, 16, len(entry)) + entry
+
+    # a real shared library (gcc) whose data holds an sm_80-only fat binary
+    source = tmp_path / "dev.c"
+    source.write_text("__attribute__((used)) const unsigned char fatbin[] = {"
+                      + ", ".join(str(b) for b in fatbin(80)) + "};\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(tmp_path / "_C.so"), str(source)],
+                   check=True)
+    lib = (tmp_path / "_C.so").read_bytes()
+    wheel = write_wheel(tmp_path / "gpuops-1.0+cu130-cp311-cp311-manylinux_2_28_x86_64.whl",
+                        {"gpuops/_C.so": lib}, dist="gpuops", version="1.0+cu130")
+    doc = document(PASS)
+    device_code_cause(doc, wheel, "8.0;9.0+PTX", "cu130")
+    cause = doc["causes"][0]
+    assert cause["class"] == "device_code" and cause["missing"] == ["sm_90", "compute_90"]
+    assert "no kernel image is available" in cause["title"]
+    assert "gpuops/_C.so: sm_80" in cause["evidence"]
+    assert report.exit_code(doc) == 1
+    fine = document(PASS)
+    device_code_cause(fine, wheel, "8.0", "cu130")
+    assert "causes" not in fine

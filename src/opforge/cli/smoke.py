@@ -296,6 +296,18 @@ def run(args: argparse.Namespace) -> int:
     mismatch = torch_mismatch(target.variant_torch, env.torch_installed)
     if mismatch:
         add_check(doc, "torch-variant", "fail", mismatch, category="environment")
+        if not any(c["class"] == "wrong_torch" for c in doc.get("causes") or []):
+            from opforge.smoke.probe.causes import add_cause
+
+            add_cause(doc, "wrong_torch", "the environment's torch is not the variant's",
+                      [mismatch], f"install {target.variant_torch} (the matrix's torch for "
+                      f"{variant}) before the wheel, or fix the wheel's torch pin",
+                      explains=["torch-variant"])
+    matrix = _load_matrix(args.file, required=False) if variant and target.wheel else None
+    if matrix is not None and matrix.variant(variant).cuda:
+        from opforge.smoke.runner import device_code_cause
+
+        device_code_cause(doc, target.wheel, matrix.variant(variant).arch_list or "", variant)
     if request.variants and not doc.get("variant"):
         # neither the arguments nor the build record named a variant: nothing was promised
         add_check(doc, "variant", "warn", f"{request.package} names no variant of "

@@ -358,3 +358,38 @@ def _check_not_from_checkout(doc: dict) -> None:
 def cleanup(env: Environment, keep: bool) -> None:
     if env.fresh and env.env_dir and not keep:
         shutil.rmtree(env.env_dir, ignore_errors=True)
+
+
+def device_code_cause(doc: dict, wheel: Path, arch_list: str, variant: str) -> None:
+    """A cause when the wheel lacks device code (cubin or PTX) for an arch the variant promises.
+
+    Read from the wheel file (opforge.wheels), not in the probe: the GPU that would fail with
+    "no kernel image is available" need not be on this machine.
+    """
+    from opforge.smoke.probe.causes import add_cause
+    from opforge.wheels import _arch_sort_key, _expected_archs, inspect_wheel
+
+    try:
+        info = inspect_wheel(wheel)
+    except OpforgeError:
+        return  # an unreadable wheel could not have been installed: its failure is said there
+    sass, ptx = _expected_archs(arch_list)
+    found = set(info.cuda_archs)
+    missing = sorted((sass | ptx) - found, key=_arch_sort_key)
+    if not missing:
+        return
+    compiled = [lib for lib in info.libraries if not lib.note]
+    evidence = [f"{lib.path}: {', '.join(lib.cuda_archs) or 'no CUDA fat binary'}"
+                for lib in compiled][:4]
+    add_cause(doc, "device_code",
+              f"the wheel has no device code for {', '.join(missing)}, which variant {variant} "
+              f"promises (arch_list {arch_list!r}): on such a GPU its kernels fail with \"no "
+              "kernel image is available for execution on the device\"",
+              evidence + [f"embedded: {', '.join(sorted(found, key=_arch_sort_key)) or 'none'}"],
+              f"build with TORCH_CUDA_ARCH_LIST=\"{arch_list}\" (opforge build --variant "
+              f"{variant} sets it from matrix.yaml); a setup.py that sets its own -gencode "
+              "flags or arch list overrides it", missing=missing, embedded=sorted(found))
+    summary = doc.setdefault("summary", {})
+    summary["fail"] = summary.get("fail", 0) + 1
+    summary["status"] = "fail"
+

@@ -57,7 +57,7 @@ def add_cause(doc: dict, cls: str, title: str, evidence: list[str], fix: str,
                                          "message": cause_message(cause), "cause": cls})
     for check in doc["checks"]:
         if check["id"] in set(explains) and check["category"] != "cause" \
-                and not check.get("explained_by_cause"):
+                and check["status"] in ("fail", "warn") and not check.get("explained_by_cause"):
             check["explained_by_cause"] = cause_id
             cause["explains"].append(check["id"])
     return cause
@@ -110,8 +110,10 @@ def crash_cause(text: str) -> dict | None:
 class Diagnosis:
     """Decides the causes of one probe document (after the census and the runs)."""
 
-    def __init__(self, doc: dict, t, namespace: str, package: str):
+    def __init__(self, doc: dict, t, namespace: str, package: str, spec: dict | None = None):
         self.doc, self.t, self.ns, self.package = doc, t, namespace, package
+        # an extension of compiled modules only (pybind11): its namespace may rightly be empty
+        self.modules_only = bool((spec or {}).get("modules")) and not (spec or {}).get("op_keys")
         self.info = doc.get("import") or {}
         self.reg = self.info.get("registered") or {}
         self.orphans_now = orphan_kernels(t)
@@ -309,7 +311,8 @@ class Diagnosis:
                       explains=_problems(self.doc, ops=affected) if ns == self.ns else ())
 
     def empty(self) -> None:
-        if self.ns_counts.get(self.ns) or self.cause("load_error", "duplicate_namespace"):
+        if self.ns_counts.get(self.ns) or self.cause("load_error", "duplicate_namespace") \
+                or self.modules_only:
             return
         added = namespaces(self.added_ops)
         others = {ns: n for ns, n in added.items() if ns != self.ns}
@@ -405,5 +408,5 @@ class Diagnosis:
                   status=match["status"], explains=["torch-match"])
 
 
-def diagnose(report, t, namespace: str, package: str) -> None:
-    Diagnosis(report.doc, t, namespace, package).run()
+def diagnose(report, t, namespace: str, package: str, spec: dict | None = None) -> None:
+    Diagnosis(report.doc, t, namespace, package, spec or {}).run()

@@ -112,7 +112,7 @@ def probe(args) -> dict:
     if recipes is not None:
         run_functions(report, torch, devices, path, import_ok)
     try:
-        diagnose(report, torch, args.namespace, args.package)
+        diagnose(report, torch, args.namespace, args.package, args.spec)
     except Exception as exc:  # noqa: BLE001 - the symptoms still stand without their cause
         report.check("diagnosis", "probe", "warn", "the probe could not decide the cause: "
                      + "".join(traceback.format_exception_only(type(exc), exc)).strip())
