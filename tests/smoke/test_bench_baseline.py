@@ -86,10 +86,11 @@ def test_the_summary_says_what_the_run_was_compared_with():
     assert "Compared with" not in markdown(_doc(("a", 2.0, 0.05)))
 
 
-def _alone(op, best_s, noise=0.05, cpu="CPU A") -> dict:
+def _alone(op, ours_s, noise=0.05) -> dict:
+    """A row timed alone, paired with a yardstick of 1 ms: its pace is 1 ms / its time."""
     return {"op": op, "workload": "small", "direction": "forward", "device": "cpu",
-            "reference": "cpu", "status": "pass", "alone": True, "ours_s": best_s * 1.1,
-            "best_s": best_s, "noise": noise, "rounds": 5}
+            "reference": "cpu", "status": "pass", "alone": True, "ours_s": ours_s,
+            "yardstick_s": 1e-3, "pace": 1e-3 / ours_s, "noise": noise, "rounds": 5}
 
 
 def _run(*rows, cpu="CPU A") -> dict:
@@ -97,21 +98,21 @@ def _run(*rows, cpu="CPU A") -> dict:
             "environment": {"cpu": cpu, "threads": 2}}
 
 
-def test_rows_timed_alone_compare_their_times_with_the_saved_run():
+def test_rows_timed_alone_compare_their_pace_with_the_saved_run():
     from opforge.smoke.benchreport import machine
 
     saved = _run(_alone("a", 1e-3), _alone("b", 1e-3))
     now = _run(_alone("a", 10e-3), _alone("b", 1.1e-3))
     compare_to_baseline(now, baseline_rows(saved, "base"), "base", 1.5, machine(saved))
     a, b = now["rows"]
-    assert a["status"] == "fail" and a["baseline"]["by"] == "time"
-    assert a["message"].startswith("10.00x slower than baseline base (timed alone: 10 ms, "
-                                   "was 1 ms; allowed 1.5x beyond noise ±10%)")
-    assert b["status"] == "pass" and "0.91x the speed of base" in markdown(now)
+    assert a["status"] == "fail" and a["baseline"]["by"] == "pace"
+    assert a["message"] == ("10.00x slower than baseline base (timed alone, paced by a fixed "
+                            "yardstick: 10 ms, was 1 ms; allowed 1.5x beyond noise ±10%)")
+    assert b["status"] == "pass" and "0.91x of base" in markdown(now)
     assert "Note:" not in markdown(now)  # same machine
 
 
-def test_times_alone_from_another_machine_are_compared_and_the_summary_says_so():
+def test_rows_alone_from_another_machine_are_compared_and_the_summary_says_so():
     from opforge.smoke.benchreport import machine
 
     saved = _run(_alone("a", 1e-3), cpu="CPU A")
@@ -119,7 +120,8 @@ def test_times_alone_from_another_machine_are_compared_and_the_summary_says_so()
     compare_to_baseline(now, baseline_rows(saved, "base"), "base", 1.5, machine(saved))
     text = markdown(now)
     assert "1 timed rows are not in the baseline (not compared)" in text
-    assert "the baseline ran on CPU A, 2 threads, this run on CPU B, 2 threads" in text
+    assert ("1 rows timed alone were compared, and the baseline ran on CPU A, 2 threads, this "
+            "run on CPU B, 2 threads") in text
 
 
 def test_a_run_that_timed_nothing_is_not_a_pass_and_says_why():

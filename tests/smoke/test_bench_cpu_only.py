@@ -11,8 +11,9 @@ variable, as a regression would.
 - ``naive`` is 20x slower than its reference by design: matrix.yaml declares it
   (``max_slowdown: 40``) and it passes; without the declaration the 0.1x floor fails it.
 
-Absolute times on this shared 2-core machine move between runs; the planted slowdown (12x)
-is far beyond that and beyond the 1.5x allowed.
+An op timed alone is paired with a fixed plain-Python yardstick, so what is compared across
+runs is a ratio from each run (its pace), which this shared machine's load moves little; the
+planted slowdown (12x) is far beyond the 1.5x allowed.
 """
 
 from __future__ import annotations
@@ -163,7 +164,7 @@ def test_reference_cpu_on_a_cpu_only_machine_times_each_op_alone(reference_cpu):
     assert set(rows) == {"scale", "steady", "naive"}
     for row in rows.values():
         assert row["status"] == "pass" and row["alone"] is True and row["ours_s"] > 0, row
-        assert "speedup" not in row and row["rounds"] >= 5
+        assert "speedup" not in row and row["rounds"] >= 5 and row["pace"] > 0
     assert "3 timed, 0 failed, 0 skipped" in output
     assert re.search(r"saved this run as baseline base \(.*base\.json\): 3 rows timed", output)
 
@@ -171,7 +172,7 @@ def test_reference_cpu_on_a_cpu_only_machine_times_each_op_alone(reference_cpu):
 def test_a_slowed_kernel_fails_against_the_saved_run_naming_op_and_factor(reference_cpu):
     code, rows, output = reference_cpu[1]
     assert code == 1, output
-    assert rows["scale"]["status"] == "fail" and rows["scale"]["baseline"]["by"] == "time"
+    assert rows["scale"]["status"] == "fail" and rows["scale"]["baseline"]["by"] == "pace"
     assert slower_by(output, "scale") > SLOWED / 3
     assert "timed alone" in rows["scale"]["message"]
 

@@ -121,8 +121,7 @@ def _change(row: dict) -> str:
     base = row.get("baseline")
     if not base:
         return ""
-    what = " the speed" if base.get("by") == "time" else ""
-    return f"{base['change']:.2f}x{what} of {base['name']}"
+    return f"{base['change']:.2f}x of {base['name']}"
 
 
 def svg_chart(op: str, rows: list[dict]) -> str:
@@ -212,11 +211,6 @@ def _positive(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
 
 
-def _time(row: dict) -> float:
-    """A row timed alone: its fastest round (the least disturbed by either run's load)."""
-    return row["best_s"] if _positive(row.get("best_s")) else row["ours_s"]
-
-
 def baseline_rows(doc: object, label: str) -> dict[tuple, dict]:
     """A saved run's timed rows by key (raises UsageError naming ``label`` when it is not one):
     rows with a speed-up, and rows timed alone (their time)."""
@@ -229,7 +223,7 @@ def baseline_rows(doc: object, label: str) -> dict[tuple, dict]:
         raise UsageError(f"{label}: its 'rows' is not a list of rows")
     out = {}
     for r in rows:
-        if _positive(r.get("speedup")) or (r.get("alone") is True and _positive(r.get("ours_s"))):
+        if _positive(r.get("speedup")) or (r.get("alone") is True and _positive(r.get("pace"))):
             out[row_key(r)] = r
     return out
 
@@ -247,10 +241,11 @@ def compare_to_baseline(doc: dict, base: dict[tuple, dict], name: str, threshold
     """Mark each timed row with its change against the baseline; fail a slowdown beyond
     ``threshold`` and beyond both runs' noise. A row with a speed-up compares speed-ups (each
     a ratio measured within its own run); a row timed alone (no reference but itself, on a
-    machine with only a CPU) compares its time with the saved run's, the one comparison that
-    row allows: absolute, so meaningful on a like machine (the summary says when the
-    machines differ)."""
-    compared = by_time = 0
+    machine with only a CPU) compares its pace against the fixed yardstick it was paired with,
+    also a ratio from its own run. The yardstick is plain single-threaded Python: a machine
+    with fewer threads than the baseline's can still make a parallel op look slower (the
+    summary says when the machines differ)."""
+    compared = alone_rows = 0
     for row in doc.get("rows", []):
         old = base.get(row_key(row))
         if old is None or "ours_s" not in row:
@@ -260,11 +255,12 @@ def compare_to_baseline(doc: dict, base: dict[tuple, dict], name: str, threshold
             change = row["speedup"] / old["speedup"]
             row["baseline"] = {"name": name, "speedup": old["speedup"], "change": change}
             why = f"speed-up {row['speedup']:.3g}x, was {old['speedup']:.3g}x"
-        elif row.get("alone") and old.get("alone"):
-            change = _time(old) / _time(row)
-            row["baseline"] = {"name": name, "time_s": _time(old), "change": change, "by": "time"}
-            why = f"timed alone: {seconds(_time(row))}, was {seconds(_time(old))}"
-            by_time += 1
+        elif "pace" in row and "pace" in old:
+            change = row["pace"] / old["pace"]
+            row["baseline"] = {"name": name, "pace": old["pace"], "change": change, "by": "pace"}
+            why = (f"timed alone, paced by a fixed yardstick: {seconds(row['ours_s'])}, was "
+                   f"{seconds(old['ours_s'])}")
+            alone_rows += 1
         else:
             continue
         compared += 1
@@ -280,9 +276,9 @@ def compare_to_baseline(doc: dict, base: dict[tuple, dict], name: str, threshold
     if timed and not compared:
         doc["baseline"]["nothing_compared"] = True
     here = machine(doc)
-    if by_time and base_machine and here and base_machine != here:
-        doc["baseline"]["machine"] = (f"{by_time} rows compared by time alone, and the baseline "
-                                      f"ran on {base_machine}, this run on {here}")
+    if alone_rows and base_machine and here and base_machine != here:
+        doc["baseline"]["machine"] = (f"{alone_rows} rows timed alone were compared, and the "
+                                      f"baseline ran on {base_machine}, this run on {here}")
 
 
 def baseline_line(doc: dict) -> str | None:

@@ -26,7 +26,7 @@ import warnings
 from . import recipes as recipes_file
 from .common import DEVICES, first_line
 from .runs import _outputs, _to, compare
-from .speed import alone, paired, synchronizer
+from .speed import paired, synchronizer, yardstick
 
 SCHEMA = 1
 
@@ -258,17 +258,23 @@ class Bench:
             row["declared_slower"] = True
 
     def measure_alone(self, row, fn, cpu_args, grad):
-        """The op on the CPU against its own CPU kernel: no ratio to take, so its time alone
-        (on a machine with only a CPU, the only speed a run can record)."""
+        """The op on the CPU against its own CPU kernel (on a machine with only a CPU, the
+        only reference there is): no speed-up to take, so it is paired with a fixed
+        plain-Python yardstick instead, and its pace (yardstick time / its time) is what
+        --against compares with a saved run's; its time is reported beside it."""
         ours, ours_run = self.call_maker(fn, cpu_args, "cpu", grad)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             ours_run()  # it runs at all (agreement needs a reference: smoke checks answers)
-            timed = alone(_block(self.t, ours), budget_s=self.budget_s)
-        row.update(status="pass", alone=True, ours_s=timed["s"], best_s=timed["best_s"],
-                   noise=timed["noise"], spread=timed["noise"], rounds=timed["rounds"],
-                   message="timed alone (the reference is this op's own CPU kernel): its time "
-                           "is compared with a saved run's by --against")
+            ours_block = _block(self.t, ours)
+            pace = paired(ours_block, _block(self.t, yardstick), budget_s=self.budget_s)
+            noise = paired(ours_block, ours_block, budget_s=self.budget_s / 2)
+        row.update(status="pass", alone=True, ours_s=pace["a_s"], yardstick_s=pace["b_s"],
+                   pace=pace["ratio"], spread=pace["spread"], rounds=pace["rounds"],
+                   noise=abs(noise["ratio"] - 1),
+                   message="timed alone (the reference is this op's own CPU kernel): its pace "
+                           "against a fixed yardstick is compared with a saved run's by "
+                           "--against")
 
 
 def row_id(op, workload, direction, device) -> str:

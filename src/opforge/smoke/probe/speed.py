@@ -73,23 +73,14 @@ def paired(time_a, time_b, budget_s: float = 0.25, min_rounds: int = 5,
             "ratio": ratio, "spread": spread(ratios), "rounds": len(ratios)}
 
 
-def alone(time_a, budget_s: float = 0.25, min_rounds: int = 5, max_rounds: int = 15,
-          inner: int = 3) -> dict:
-    """Time one side with nothing to pair it with (an op whose reference is its own kernel, on
-    a machine with only a CPU): rounds of ``inner`` blocks, the fastest of each round kept (a
-    busy machine only adds time). Returns ``s`` (the median over rounds), ``best_s`` (the
-    fastest round: what a comparison across runs uses, the least disturbed by either run's
-    load), ``noise`` (the rounds' inter-quartile range over their median: how far this run's
-    time can be trusted) and ``rounds``. An absolute time: comparable only with a run on a
-    like machine."""
-    times = []
-    t0 = time.perf_counter()
-    for i in range(max_rounds):
-        times.append(min(time_a() for _ in range(inner)))
-        if i + 1 >= min_rounds and time.perf_counter() - t0 >= budget_s:
-            break
-    return {"s": statistics.median(times), "best_s": min(times), "noise": spread(times),
-            "rounds": len(times)}
+def yardstick(n: int = 20_000) -> int:
+    """Fixed work in plain Python (about a millisecond), the same in every run and on every
+    torch: what an op with no reference but itself is paired with, so its pace (yardstick
+    time / its time) is a ratio from one run that a machine's speed or load moves little."""
+    total = 0
+    for i in range(n):
+        total += i * i % 7
+    return total
 
 
 def spread(ratios: list[float]) -> float:
