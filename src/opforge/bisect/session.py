@@ -76,7 +76,8 @@ class Session(Levels):
     def resolve(self, text: str, which: str) -> Nightly:
         day = parse_day(text, f"--{which}")
         found = self.listing.by_date(day)
-        if found is None and day < self.state.index_oldest:
+        oldest = self.state.index_oldest  # None: the index listed nothing
+        if found is None and oldest is not None and day < oldest:
             self.display.note(f"{day} is older than the index lists; looking for its wheel by URL")
             found = find_unlisted(self.listing, day)
             if found is not None:

@@ -74,9 +74,10 @@ def read_baseline(path: Path, label: str) -> tuple[dict, str | None]:
     from opforge.smoke.benchreport import baseline_rows, machine
 
     doc = read_json(path, what=label)
-    rows = baseline_rows(doc, label)
-    baselines.check_rows(doc["rows"], label)  # 1e999, a string, a list as a key: one line
-    return rows, machine(doc)
+    if isinstance(doc, dict) and isinstance(doc.get("rows"), list):
+        # 1e999, a string, a list as a key: one line, before any row is used
+        baselines.check_rows([r for r in doc["rows"] if isinstance(r, dict)], label)
+    return baseline_rows(doc, label), machine(doc)
 
 
 def write_baseline(path: Path, doc: dict) -> None:
