@@ -209,6 +209,9 @@ def plan_build(matrix: Matrix, variant_name: str, *, out_dir: Path | None = None
             build_env["TORCH_CUDA_ARCH_LIST"] = variant.arch_list
     if variant.mps and variant.macos_deployment_target:
         build_env["MACOSX_DEPLOYMENT_TARGET"] = variant.macos_deployment_target
+    # matrix.yaml may say otherwise (a cpu variant given CUDA_HOME): as written, not taken away
+    build_env.update(variant.build_env)
+    unset = tuple(name for name in unset if name not in build_env)
     extra_env = dict(extra_env or {})
     for name in extra_env:
         if name in build_env or name in (*toolchain.CUDA_VARIABLES, "FORCE_MPS", "PATH",
@@ -280,6 +283,11 @@ def prepare(plan: BuildPlan) -> None:
     for d in (plan.raw_dir, plan.stamped_dir, plan.repaired_dir):
         shutil.rmtree(d, ignore_errors=True)
         d.mkdir(parents=True)
+    # setuptools' build_lib: what the last build linked. A module this build no longer makes
+    # (a _cuda the setup.py now leaves out) would go into the wheel from there; the objects
+    # (temp.*) stay, so relinking is all it costs
+    for lib in (plan.work_dir / "setuptools").glob("lib*"):
+        shutil.rmtree(lib, ignore_errors=True)
     (plan.work_dir / "setup.cfg").write_text(
         f"[build]\nbuild_base = {plan.work_dir / 'setuptools'}\n", encoding="utf-8")
     toolchain.write_site(plan.work_dir / toolchain.SITE_DIR)

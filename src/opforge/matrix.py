@@ -191,6 +191,9 @@ class Variant:
     abi: str = "legacy"                   # "stable": one abi3 wheel per platform, torch>=floor
     torch_floor: str | None = None        # stable only: the oldest torch the wheel loads on
     compat_torch: tuple[str, ...] = ()    # stable only: the torches its compat smoke runs on
+    # variables its build gets as written, after opforge's toolchain (CUDA_HOME for a cpu
+    # variant that needs a toolkit's headers, a switch of the project's own build)
+    build_env: tuple[tuple[str, str], ...] = ()
     pypi: bool = False                    # its wheels go to PyPI: no local label (+cpu)
 
     @property
@@ -864,7 +867,36 @@ _VARIANT_KEYS = {"name": True, "platforms": True, "expected_keys": True, "cuda":
                  "arch_list": False, "container": False, "torch_version": False,
                  "index_variant": False, "macos_deployment_target": False, "mps": False,
                  "device_checks": False, "runner": False, "abi": False, "torch_floor": False,
-                 "compat_torch": False, "pypi": False}
+                 "compat_torch": False, "pypi": False, "build_env": False}
+# what opforge passes from the variant itself: a variant's build_env cannot name it
+_OPFORGE_BUILD_VARIABLES = ("FORCE_CUDA", "FORCE_MPS", "TORCH_CUDA_ARCH_LIST",
+                            "MACOSX_DEPLOYMENT_TARGET", "PYTHONPATH", "PATH",
+                            "DIST_EXTRA_CONFIG", "SKBUILD_BUILD_DIR")
+_CUDA_TOOLKIT_VARIABLES = ("CUDA_HOME", "CUDA_PATH", "CUDA_ROOT", "CUDA_BIN_PATH", "CUDACXX",
+                           "CUDAToolkit_ROOT", "CUDA_TOOLKIT_ROOT_DIR", "CUDA_NVCC_EXECUTABLE")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def _build_env(r: _Reader, node: yaml.Node, key: str, cuda: str | None
+               ) -> tuple[tuple[str, str], ...]:
+    """A variant's ``build_env:`` mapping of NAME: value."""
+    if not isinstance(node, yaml.MappingNode):
+        raise r.fail(node, key, f"expected a mapping of NAME: value, got {_kind(node)}")
+    out: dict[str, str] = {}
+    for name_node, value_node in node.value:
+        name = r.scalar(name_node, key)
+        child = f"{key}.{name}"
+        if not _ENV_NAME.match(name):
+            raise r.fail(name_node, child, f"{name!r} is not a variable name")
+        if name in out:
+            raise r.fail(name_node, child, "duplicate key")
+        if name.startswith("OPFORGE_") or name in _OPFORGE_BUILD_VARIABLES:
+            raise r.fail(name_node, child, f"opforge sets {name} from the variant itself")
+        if cuda and name in _CUDA_TOOLKIT_VARIABLES:
+            raise r.fail(name_node, child, f"a CUDA variant builds with the toolkit of its cuda "
+                                           f"version ({cuda}): opforge sets {name} to it")
+        out[name] = r.scalar(value_node, child)
+    return tuple(out.items())
 
 
 def _variants(r: _Reader, node: yaml.Node, platforms: dict[str, Platform],
@@ -965,10 +997,12 @@ def _variants(r: _Reader, node: yaml.Node, platforms: dict[str, Platform],
             raise r.fail(m["torch_version"], f"{key}.torch_version",
                          f"builds against torch {opt['torch_version']}, below its torch_floor "
                          f"{floor}")
+        build_env = _build_env(r, m["build_env"], f"{key}.build_env", cuda) \
+            if "build_env" in m else ()
         variants.append(Variant(name=name, platforms=tuple(p for p, _ in plats),
                                 expected_keys=tuple(keys), mps=mps,
                                 device_checks=device_checks, abi=abi, torch_floor=floor,
-                                compat_torch=compat, pypi=pypi, **opt))
+                                compat_torch=compat, pypi=pypi, build_env=build_env, **opt))
     return variants
 
 

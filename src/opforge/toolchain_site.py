@@ -6,6 +6,7 @@ have opforge). $OPFORGE_BUILD_TOOLCHAIN says what the variant is:
 
 - cpu:  torch.cuda.is_available() and torch.backends.mps.is_available() are False, and
         torch.utils.cpp_extension.CUDA_HOME is None (a CUDA torch finds /usr/local/cuda alone)
+        unless the variant's build_env gave CUDA_HOME
 - cuda: torch.cuda.is_available() is True (the build machine needs no GPU)
 - mps:  torch.backends.mps.is_available() is True, torch.cuda.is_available() False, CUDA_HOME None
 
@@ -38,7 +39,8 @@ def _patch_mps(module):
 
 
 def _patch_cpp_extension(module):
-    if _MODE != "cuda":
+    # a cpu/mps build has no toolkit, unless its matrix entry gave one (build_env: CUDA_HOME)
+    if _MODE != "cuda" and not (os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")):
         module.CUDA_HOME = None
 
 

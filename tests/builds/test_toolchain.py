@@ -167,12 +167,16 @@ ASK_TORCH = textwrap.dedent("""
 """)
 
 
-def _ask_torch(tmp_path: Path, kind: str, extra_path: list[str]) -> dict:
+def _ask_torch(tmp_path: Path, kind: str, extra_path: list[str] = (), **env_extra) -> dict:
     site = tmp_path / kind / "site"
     toolchain.write_site(site)
+    # an nvcc on PATH that torch would take for a toolkit (as /usr/local/bin/nvcc here)
+    fake = tmp_path / "fake-cuda" / "bin"
+    if not fake.exists():
+        _fake_nvcc(fake, "13.0")
     env = {k: v for k, v in os.environ.items() if k not in toolchain.CUDA_VARIABLES}
-    env.update({toolchain.MODE_VARIABLE: kind, "CUDA_HOME": "/opt/cuda-13.0",
-                "PYTHONPATH": os.pathsep.join([str(site), *extra_path])})
+    env.update({toolchain.MODE_VARIABLE: kind, "PATH": f"{fake}{os.pathsep}{env['PATH']}",
+                "PYTHONPATH": os.pathsep.join([str(site), *extra_path]), **env_extra})
     result = subprocess.run([sys.executable, "-c", ASK_TORCH], env=env, capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr
@@ -184,13 +188,44 @@ def test_torch_answers_for_the_variant_and_the_environments_sitecustomize_still_
     theirs.mkdir()
     (theirs / "sitecustomize.py").write_text("import os\nos.environ['OTHER_SITE_RAN'] = '1'\n")
     cpu = _ask_torch(tmp_path, "cpu", [str(theirs)])
-    # $CUDA_HOME was set and torch would have taken it: the cpu build is told there is none
+    # torch would have taken the nvcc on PATH for a toolkit: the cpu build is told there is none
     assert cpu == {"is_available": False, "mps": False, "CUDA_HOME": None, "other_site": "1"}
-    cuda = _ask_torch(tmp_path, "cuda", [])
+    # unless its matrix entry gave one (build_env: CUDA_HOME)
+    given = _ask_torch(tmp_path, "cpu", CUDA_HOME="/opt/cuda-13.0")
+    assert given["CUDA_HOME"] == "/opt/cuda-13.0" and given["is_available"] is False
+    cuda = _ask_torch(tmp_path, "cuda", CUDA_HOME="/opt/cuda-13.0")
     assert cuda == {"is_available": True, "mps": False, "CUDA_HOME": "/opt/cuda-13.0",
                     "other_site": None}
-    mps = _ask_torch(tmp_path, "mps", [])
+    mps = _ask_torch(tmp_path, "mps")
     assert mps["mps"] is True and mps["is_available"] is False and mps["CUDA_HOME"] is None
+
+
+def test_matrix_may_give_a_cpu_variant_a_toolkit_but_not_a_cuda_one_another(tmp_path,
+                                                                            capsys):
+    shutil.copy(PROJECT / "setup.py", tmp_path / "setup.py")
+    matrix_file = tmp_path / "matrix.yaml"
+    given = MATRIX.format(python=PYTHON).replace(
+        "    expected_keys: [CPU]\n",
+        "    expected_keys: [CPU]\n    build_env: {CUDA_HOME: /opt/cuda, HOST_GUESSING_PROBE: nvcc}\n")
+    matrix_file.write_text(given)
+    plan = build.plan_build(load_matrix(matrix_file), "cpu", work_dir=tmp_path / "w",
+                            host="linux-x86_64", env={"CUDA_PATH": "/usr/local/cuda"})
+    assert plan.build.env["CUDA_HOME"] == "/opt/cuda"
+    assert plan.build.env["HOST_GUESSING_PROBE"] == "nvcc"
+    assert "CUDA_HOME" not in plan.build.unset and "CUDA_PATH" in plan.build.unset
+    for variant, entry, message in (
+            ("cu130", "{CUDA_HOME: /opt/cuda}", "a CUDA variant builds with the toolkit of its "
+                                                 "cuda version (13.0): opforge sets CUDA_HOME"),
+            ("cpu", "{FORCE_CUDA: '1'}", "opforge sets FORCE_CUDA from the variant itself"),
+            ("cpu", "{OPFORGE_VARIANT: cu130}", "opforge sets OPFORGE_VARIANT"),
+            ("cpu", "{1X: a}", "'1X' is not a variable name"),
+            ("cpu", "[CUDA_HOME]", "expected a mapping of NAME: value")):
+        keys = "[CPU, CUDA]" if variant == "cu130" else "[CPU]"
+        bad = MATRIX.format(python=PYTHON).replace(
+            f"    expected_keys: {keys}\n", f"    expected_keys: {keys}\n    build_env: {entry}\n")
+        matrix_file.write_text(bad)
+        assert main(["matrix", "--check", "--file", str(matrix_file)]) == 2, entry
+        assert message in capsys.readouterr().err, entry
 
 
 def test_a_failed_torch_install_says_what_failed_and_the_way_out(tmp_path, capsys, monkeypatch):
