@@ -215,7 +215,8 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, *, what: str | None
     """Write a report whole or not at all: a scratch file beside it, then a rename.
 
     An existing FIFO or character device (``--json /dev/stdout``) is written through, without
-    blocking when nothing reads it; anything else goes through ``write_file``.
+    blocking when nothing reads it; a link the user named is followed; anything else goes
+    through ``write_file``.
     """
     path = Path(path)
     payload = data.encode("utf-8") if isinstance(data, str) else data
@@ -231,6 +232,10 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, *, what: str | None
         with os.fdopen(fd, "wb") as fh:
             fh.write(payload)
         return
+    if os.path.islink(path):
+        # a report path the user named as a link: written where the link points, as a shell
+        # redirection would (files opforge places itself, write_file(root=...), never follow)
+        path = Path(os.path.realpath(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     write_file(path, payload, what=what, fsync=fsync)
 
