@@ -5,6 +5,7 @@
 checks where the scan saw the check (``x.dim() == 2``, ``x.scalar_type() == at::kLong``),
 else 8x8 floating tensors of the recipe's dtype; a scalar's default, else a small value. An
 index-like tensor (``index``, ``idx``, ``ptr``, ``batch``, ...) gets int64 values below 4.
+Values are fixed (no random numbers): every check compares with the first CPU run.
 """
 
 from __future__ import annotations
@@ -55,19 +56,26 @@ def _python_default(default: str) -> str | None:
 
 
 def _tensor(name: str, hint: dict) -> str:
+    """A tensor expression with the same values on every call (the fake, compile and device
+    checks compare with the first CPU run): evenly spaced floats in [0.1, 1], which also make
+    valid [x1, y1, x2, y2] boxes row by row; an index counts 0, 1, 2, 3, 0, ..."""
     rank = hint.get("rank", 1 if INDEX_NAMES.search(name.lower()) else 2)
-    sizes = [str(hint.get("sizes", {}).get(d, 8)) for d in range(rank)]
-    shape = f"({', '.join(sizes)}{',' if rank == 1 else ''})"
+    sizes = [hint.get("sizes", {}).get(d, 8) for d in range(rank)]
+    count = 1
+    for size in sizes:
+        count *= size
+    shape = ", ".join(str(size) for size in sizes)
     dtype = hint.get("dtype")
     if dtype is None and INDEX_NAMES.search(name.lower()):
         dtype = "int64"
     if dtype in ("int64", "int32", "int16", "int8", "uint8"):
-        return f"torch.randint(0, 4, {shape}, dtype=torch.{dtype})"
+        cast = "" if dtype == "int64" else f".to(torch.{dtype})"
+        return f"(torch.arange({count}) % 4).reshape({shape}){cast}"
     if dtype == "bool":
-        return f"torch.rand{shape} > 0.5"
+        return f"(torch.arange({count}) % 2 == 0).reshape({shape})"
     if dtype in ("float64", "float16", "bfloat16"):
-        return f"torch.rand{shape}.to(torch.{dtype})"
-    return f"torch.rand({', '.join(sizes)}, dtype=dtype)"
+        return f"torch.linspace(0.1, 1, {count}).reshape({shape}).to(torch.{dtype})"
+    return f"torch.linspace(0.1, 1, {count}, dtype=dtype).reshape({shape})"
 
 
 def stub_arguments(schema: str | None, hints: dict | None = None) \
@@ -94,8 +102,7 @@ def stub_arguments(schema: str | None, hints: dict | None = None) \
         if base == "Tensor":
             if "!" in kind:
                 mutated.append(i)
-                exprs.append(_tensor(name, hints.get(name, {})).replace("torch.rand(",
-                                                                          "torch.zeros("))
+                exprs.append(f"torch.zeros_like({_tensor(name, hints.get(name, {}))})")
             else:
                 exprs.append(_tensor(name, hints.get(name, {})))
         elif base.startswith("Tensor["):
