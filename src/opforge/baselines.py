@@ -16,7 +16,7 @@ from opforge.errors import UsageError
 from opforge.files import FileLock, write_file
 
 KEY_FIELDS = ("op", "workload", "direction", "device", "reference")
-NUMBER_FIELDS = ("speedup", "ours_s", "best_s", "noise")
+NUMBER_FIELDS = ("speedup", "ours_s", "best_s", "noise", "pace", "yardstick_s")
 
 
 def _finite(value: object) -> bool:
