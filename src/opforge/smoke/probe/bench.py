@@ -5,7 +5,10 @@ forward and, where ``grad`` names arguments, forward + backward, against its ref
 recipe's: another library's function, or the op's own CPU kernel). A row first checks that the
 two sides agree (so a fast wrong kernel cannot pass), then times them with
 ``torch.utils.benchmark`` in alternating blocks: the speed-up is the median of the per-round
-ratios reference / ours, and the noise is the same measurement of ours against itself.
+ratios reference / ours, and the noise is the same measurement of ours against itself. A row
+whose reference is the op's own CPU kernel, on the CPU, has nothing else to pair with: it is
+timed alone, paired with a fixed plain-Python yardstick (its pace: yardstick time / ours),
+which ``--against`` compares with a saved run's.
 Standard library and torch only, like the rest of the probe; one JSON document out.
 """
 
