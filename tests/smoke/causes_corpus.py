@@ -19,6 +19,8 @@ too-new glibc, a file that is not ELF) are made with gcc from a few lines of C.
 | newglibc | newglibc | ``_C.so`` needs ``GLIBC_9.9.9`` |
 | notelf | notelf | ``_C.so`` is a text file |
 | oldpy | oldpy | ``_C.cpython-39-...so``: an extension module for another Python |
+| driftsym | driftsym | ``_C.so`` needs a c10 symbol torch does not export; the wheel pins torch 2.12.0 |
+| pinned | pinned | pure Python, the wheel pins torch 2.12.0 (installed beside another torch) |
 """
 
 from __future__ import annotations
@@ -240,3 +242,15 @@ def broken_binaries(work: Path) -> dict[str, bytes]:
         "oldpy/__init__.py": LOADING_INIT, "oldpy/_C.cpython-39-x86_64-linux-gnu.so": plain,
     }
     return files
+
+
+def drifted_binary(work: Path) -> bytes:
+    """A library calling a c10 function the running torch does not export (``undefined
+    symbol``), as one built against another torch release does when that function moved."""
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "drift.c").write_text("void _ZN3c1023opforge_planted_removedEv(void);\n"
+                                  "void call(void) { _ZN3c1023opforge_planted_removedEv(); }\n",
+                                  encoding="utf-8")
+    _gcc("-shared", "-fPIC", "-o", str(work / "drift.so"), str(work / "drift.c"))
+    return (work / "drift.so").read_bytes()
+

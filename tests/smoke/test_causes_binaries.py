@@ -13,7 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from causes_corpus import SOURCES, broken_binaries
+from causes_corpus import LOADING_INIT, SOURCES, broken_binaries, drifted_binary
 from causes_kit import first_lines, smoke, the_cause
 from smoke_wheelkit import linked_env, write_wheel
 
@@ -33,7 +33,9 @@ def python(tmp_path_factory) -> Path:
         files[f"{name}/__init__.py"] = textwrap.dedent(SOURCES[f"{name}/__init__.py"]).encode()
     broken = write_wheel(work / "broken_plants-1.0-cp311-cp311-linux_x86_64.whl", files,
                          dist="broken-plants", version="1.0")
-    pinned = write_wheel(work / "pinned_plant-1.0-py3-none-any.whl", {"pinned/__init__.py": PINNED},
+    pinned = write_wheel(work / "pinned_plant-1.0-cp311-cp311-linux_x86_64.whl",
+                         {"pinned/__init__.py": PINNED, "driftsym/__init__.py": LOADING_INIT,
+                          "driftsym/_C.so": drifted_binary(work / "gcc")},
                          dist="pinned-plant", version="1.0", requires=("torch==2.12.0",))
     return linked_env(work / "env", Path(sys.executable), broken, pinned)
 
@@ -87,6 +89,18 @@ def test_library_that_cannot_load_is_classified(python, tmp_path, capsys, packag
     assert "import" in cause["explains"]
     assert first_lines(out)[0].startswith("FAIL load error: ")
     assert "FAIL import:" not in out
+
+
+def test_undefined_symbol_names_it_demangled_with_both_torches(python, tmp_path, capsys):
+    rc, doc, out = smoke(capsys, python, "driftsym", json_path=tmp_path / "r.json")
+    assert rc == 1
+    cause = the_cause(doc, "load_error")
+    assert cause["kind"] == "abi_drift"
+    assert cause["title"].startswith("ABI drift: _C.so needs symbol "
+                                     "c10::opforge_planted_removed()")
+    assert "built against torch 2.12.0, running torch 2.13.0" in " ".join(cause["evidence"])
+    assert "pip install torch==2.12.0" in cause["fix"]
+    assert not [c for c in doc["causes"] if c["class"] == "wrong_torch"]  # said once
 
 
 def test_wheel_beside_another_torch_is_a_cause_that_keeps_its_warning(python, tmp_path, capsys):

@@ -130,3 +130,43 @@ def test_mps_that_reports_available_but_cannot_allocate_is_absent(allocates, pre
         assert mps["detail"].startswith("mps reports available but a 256-byte allocation and "
                                         "sum failed: RuntimeError: MPS backend out of memory")
     assert report.doc["devices"]["cuda"]["detail"] == "torch 2.13.0 has no cuda support"
+
+
+@pytest.mark.parametrize("error, kind, words", [
+    ("/lib/x86_64-linux-gnu/libstdc++.so.6: version `GLIBCXX_3.4.32' not found (required by "
+     "/x/_C.so)", "runtime_too_new", ["_C.so needs GLIBCXX_3.4.32", "manylinux_2_28"]),
+    ("/lib/x86_64-linux-gnu/libc.so.6: version `GLIBC_2.38' not found (required by /x/_C.so)",
+     "runtime_too_new", ["_C.so needs GLIBC_2.38"]),
+    ("/x/_C.so: invalid ELF header", "not_a_library", ["not a loadable library", "invalid ELF"]),
+    ("/x/_C.so: wrong ELF class: ELFCLASS32", "not_a_library", ["wrong ELF class"]),
+])
+def test_runtime_and_file_format_load_errors(error, kind, words):
+    d = classify_load_error("/x/_C.so", error, BUILT_213, CPU_TORCH)
+    assert d["kind"] == kind
+    for word in words:
+        assert word in d["message"]
+
+
+def test_extension_module_for_another_python_is_named_before_its_symbols():
+    d = classify_load_error("/x/_C.cpython-38-x86_64-linux-gnu.so",
+                            "/x/_C.cpython-38-x86_64-linux-gnu.so: undefined symbol: "
+                            "_PyThreadState_UncheckedGet", BUILT_213, CPU_TORCH)
+    assert d["kind"] == "other_python"
+    assert "an extension module for CPython 3.8" in d["message"]
+
+
+def test_orphan_kernels_are_not_ops_and_are_listed_with_their_key():
+    import torch
+
+    from opforge.smoke.probe.census import namespace_ops
+    from opforge.smoke.probe.registrations import op_names, orphan_kernels
+
+    lib = torch.library.Library("opforge_orphan_test", "IMPL")  # kernels, no schema
+    lib.impl("ghost", lambda x: x, "CPU")
+    try:
+        assert "opforge_orphan_test::ghost" in orphan_kernels(torch)
+        assert list(orphan_kernels(torch)["opforge_orphan_test::ghost"]) == ["CPU"]
+        assert "opforge_orphan_test::ghost" not in op_names(torch)
+        assert namespace_ops(torch, "opforge_orphan_test") == []
+    finally:
+        lib._destroy()

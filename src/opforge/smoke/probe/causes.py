@@ -5,7 +5,8 @@ an entry of the document's ``causes``: its class, a one-line title, evidence lin
 and the ids of the checks it explains (those checks carry ``explained_by``). The classes:
 
 namespace_mismatch, orphan_kernels, empty_namespace, library_not_loaded, load_error,
-duplicate_namespace, python_registration, missing_fake, device_code, wrong_torch.
+duplicate_namespace, python_registration, missing_fake, device_code, wrong_torch, and
+import_error (the import failed in Python before registering anything).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from .registrations import namespaces, op_names, orphan_kernels
 
 # causes after which every other failure is a consequence: nothing of the namespace works
 ROOT_CLASSES = ("load_error", "duplicate_namespace", "namespace_mismatch", "empty_namespace",
-                "python_registration")
+                "python_registration", "import_error")
 _DUPLICATE = re.compile(r"Only a single TORCH_LIBRARY can be used to register the namespace "
                         r"(\w+)")
 _WHERE = re.compile(r"Previous registration of TORCH_LIBRARY was registered at (.*?); latest "
@@ -310,9 +311,27 @@ class Diagnosis:
                       namespace=ns, orphans=sorted(names), nearest=sorted(affected),
                       explains=_problems(self.doc, ops=affected) if ns == self.ns else ())
 
+    def import_error(self) -> bool:
+        """The import failed in Python before anything was registered: that is the cause."""
+        diagnosis = self.info.get("diagnosis") or {}
+        if self.info.get("ok", True) or self.added_ops or diagnosis.get("kind") not in (
+                "python_error", "no_library", "not_installed"):
+            return False
+        if any(e.get("error") for e in self.reg.get("python") or []):
+            return False  # a registration for an undefined op: python_registration says it
+        head, fix = _fix_of(diagnosis.get("message", ""))
+        frames = [line.strip() for line in self.info.get("traceback") or []
+                  if line.strip().startswith("File ")][-1:]
+        add_cause(self.doc, "import_error", f"import {self.package} fails: {head}",
+                  [self.info.get("error", "")[:300], *frames],
+                  fix if " Fix: " in diagnosis.get("message", "") else
+                  "fix the error at the line above; nothing was registered before it",
+                  kind=diagnosis.get("kind"), explains=["import", *_problems(self.doc)])
+        return True
+
     def empty(self) -> None:
         if self.ns_counts.get(self.ns) or self.cause("load_error", "duplicate_namespace") \
-                or self.modules_only:
+                or self.modules_only or self.import_error():
             return
         added = namespaces(self.added_ops)
         others = {ns: n for ns, n in added.items() if ns != self.ns}

@@ -95,7 +95,8 @@ def classify_load_error(lib: str, error: str, build: dict, torch_mod) -> dict:
                 "error": error}
     if re.search(r"invalid ELF header|file too short|wrong ELF class|not a mach-o file|"
                  r"ELF file's phentsize|incompatible architecture", error):
-        message = (f"{name} is not a loadable library for this machine ({error.split(': ')[-1]}): "
+        why = error.split(": ", 1)[-1] if error.startswith(lib) else error
+        message = (f"{name} is not a loadable library for this machine ({why.strip()}): "
                    "a truncated or foreign file shipped in the wheel. Fix: rebuild the wheel "
                    f"on {os.uname().machine if hasattr(os, 'uname') else 'this platform'} and "
                    "check it with opforge inspect.")
@@ -168,7 +169,7 @@ def probe_import(report: Report, args, torch_mod) -> bool:
     info["package_dir"] = pkg_dir
     t0 = time.monotonic()
     exc_info = None
-    observer = Observer(torch_mod)
+    observer = Observer(torch_mod, pkg_dir)
     ops0, orphans0 = observer.snapshot()
     try:
         with warnings.catch_warnings(record=True) as caught, observer:

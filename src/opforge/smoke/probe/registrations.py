@@ -90,8 +90,11 @@ def _qualname(op) -> str | None:
 class Observer:
     """Records, during ``with observer:``, each library load and Python registration."""
 
-    def __init__(self, t):
+    def __init__(self, t, root: str | None = None):
         self.t = t
+        # loads outside ``root`` (the package) are not snapshotted one by one: importing a
+        # dependency's hundred extension modules must not cost a hundred listings
+        self.root = os.path.join(os.path.realpath(root), "") if root else None
         self.loads: list[dict] = []
         self.python: list[dict] = []
         self._depth = 0
@@ -103,7 +106,8 @@ class Observer:
 
     def around(self, path: str, via: str, call):
         """Run ``call`` (a load of ``path``) and record what it added to the dispatcher."""
-        if self._depth:
+        if self._depth or (self.root and via != "probe"
+                           and not os.path.realpath(path or "/").startswith(self.root)):
             return call()
         self._depth += 1
         ops0, orphans0 = self.snapshot()
