@@ -352,6 +352,9 @@ def _verdict_file(path: Path):
     """A state file of this bisect's probes (from --probe, or any run): read, or bad input."""
     from opforge.bisect import state as state_mod
 
+    if lookup(path, what="--verdicts") is None:
+        raise UsageError(f"--verdicts {path}: no such file or directory (give the state files "
+                         "of the --probe runs, or a directory of them)")
     try:
         return path, state_mod.load(path)
     except UsageError as exc:
