@@ -320,7 +320,9 @@ class Diagnosis:
         if any(e.get("error") for e in self.reg.get("python") or []):
             return False  # a registration for an undefined op: python_registration says it
         head, fix = _fix_of(diagnosis.get("message", ""))
-        frames = [line.strip() for line in self.info.get("traceback") or []
+        if diagnosis.get("kind") == "no_library":  # the error itself is the evidence below
+            head = head.split(") and its import fails", 1)[0] + ")"
+        frames = [line.strip().splitlines()[0] for line in self.info.get("traceback") or []
                   if line.strip().startswith("File ")][-1:]
         add_cause(self.doc, "import_error", f"import {self.package} fails: {head}",
                   [self.info.get("error", "")[:300], *frames],
