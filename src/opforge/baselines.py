@@ -10,6 +10,7 @@ whole (``files.write_file`` under ``files.FileLock``).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from opforge.errors import UsageError
@@ -48,7 +49,10 @@ def lock_of(path: Path) -> FileLock:
 
 
 def save(path: Path, doc: dict) -> None:
-    """Write the baseline whole, one writer at a time (a second waits up to a minute)."""
+    """Write the baseline whole, one writer at a time (a second waits up to a minute); a
+    --baseline FILE the user named as a link is written where it points."""
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     with lock_of(path).acquire(wait=60):
         write_file(path, json.dumps(doc, indent=1) + "\n", what="baseline", fsync=True)
