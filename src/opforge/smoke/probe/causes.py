@@ -256,6 +256,8 @@ class Diagnosis:
             module = re.sub(r"(\.cpython-[^.]*|\.abi3|\.cp\d+[^.]*)?\.(so|pyd|dylib)$", "",
                             rel).replace(os.sep, ".")
             ours = [q for q in added if q.startswith(self.ns + "::")]
+            if not ours and self.ns_counts.get(self.ns):
+                continue  # another namespace's library, loaded on demand: not this check's
             add_cause(self.doc, "library_not_loaded",
                       f"{os.path.basename(lib['path'])} is in the package but import "
                       f"{self.package} never loads it: its ops exist only if something loads it "
