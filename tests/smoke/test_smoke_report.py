@@ -170,3 +170,11 @@ def test_wheel_without_device_code_for_a_promised_arch_is_a_cause(tmp_path):
     fine = document(PASS)
     device_code_cause(fine, wheel, "8.0", "cu130")
     assert "causes" not in fine
+
+
+def test_annotations_are_the_causes_and_the_unexplained_problems():
+    doc = _with_cause(document(PASS, FAIL, WARN))
+    lines = report.annotations(doc)
+    assert len(lines) == 2
+    assert lines[0].startswith("::error title=opforge smoke pkg%3A cause%3Aorphan_kernels::")
+    assert lines[1].startswith("::warning title=opforge smoke pkg%3A torch-match::")

@@ -294,8 +294,10 @@ def _escape(text: str) -> str:
 
 
 def annotations(doc: dict) -> list[str]:
+    """One per cause and per failure or warning no cause explains (as the terminal shows)."""
     out = []
-    for c in doc.get("checks", []):
+    causes = [c for c in doc.get("checks", []) if c["category"] == "cause"]
+    for c in causes + unexplained(doc):
         if c["status"] in ("fail", "warn"):
             level = "error" if c["status"] == "fail" else "warning"
             title = _escape(f"opforge smoke {doc.get('package')}: {c['id']}").replace(",", "%2C") \
