@@ -161,17 +161,22 @@ def run_modules(report: Report, spec: dict, namespace: str) -> None:
 # --------------------------------------------------------------------------- FUNCTIONS
 
 def resolve(dotted: str):
-    """``pkg.mod.fn`` -> the callable (the longest importable module prefix, then attributes)."""
+    """``pkg.mod.fn`` -> the callable (the longest importable module prefix, then attributes);
+    an ImportError names the longest prefix that failed to import, if any."""
     parts = dotted.split(".")
+    failed = None
     for cut in range(len(parts) - 1, 0, -1):
         try:
             obj = importlib.import_module(".".join(parts[:cut]))
-        except ImportError:
+        except ImportError as exc:
+            failed = failed or f"import {'.'.join(parts[:cut])} fails: {first_line(exc)}"
             continue
         for attr in parts[cut:]:
-            obj = getattr(obj, attr)
+            obj = getattr(obj, attr, None)
+            if obj is None:
+                raise ImportError(failed or f"{dotted}: no attribute {attr!r}")
         return obj
-    raise ImportError(f"no module of {dotted!r} imports")
+    raise ImportError(failed or f"no module of {dotted!r} imports")
 
 
 def function_recipes(path: str | None) -> dict:
@@ -211,14 +216,16 @@ def run_functions(report: Report, t, devices: list[str], path: str | None,
                          "signature: it calls it once per device; edit it (known answers, "
                          "the package's own wrapper on every device) and drop \"stub\"",
                          reason="stub")
-        try:
-            fn = resolve(key)
-        except Exception as exc:  # noqa: BLE001
-            report.check(f"call:{key}", "run", "fail", f"{key} cannot be reached: "
-                         f"{first_line(exc)}")
-            continue
-        cpu_out = None
         wanted = list(recipe.get("devices") or ["cpu"])
+        fn = None
+        if any(device in devices for device in wanted):  # else every device is skipped below
+            try:
+                fn = resolve(key)
+            except Exception as exc:  # noqa: BLE001
+                report.check(f"call:{key}", "run", "fail", f"{key} cannot be reached: "
+                             f"{exc if isinstance(exc, ImportError) else first_line(exc)}")
+                continue
+        cpu_out = None
         for device in wanted:
             check_id = f"call:{key}:{device}"
             if device not in devices:
