@@ -623,7 +623,8 @@ def scan_python(scan: Scan, path: Path) -> None:
         torch_call = owner in libraries or owner in ("library", "torch") or \
             ast.unparse(node.func).startswith("torch.library.")
         if not isinstance(first, str):
-            if torch_call and kind in ("define", "custom_op", "register_kernel") and node.args:
+            if torch_call and kind in ("define", "custom_op", "register_kernel") and \
+                    node.args and not set(Path(rel).parts[:-1]) & _NOT_PACKAGES:
                 scan.by_hand.append(f"{rel}:{node.lineno}: {ast.unparse(node.func)}(...) names "
                                     "its op at run time: list the op under extension.ops in "
                                     "matrix.yaml by hand")
