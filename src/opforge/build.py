@@ -26,7 +26,7 @@ from opforge.errors import OpforgeError, UsageError
 from opforge.files import read_text
 from opforge.matrix import Matrix, Variant, load_matrix
 from opforge.stamp import BuildFacts, stamp_wheel
-from opforge.toolchain import Toolkit, nvcc_version  # noqa: F401  (nvcc_version: re-exported)
+from opforge.toolchain import Toolkit
 from opforge.torchsource import pip_index_args, resolve_index
 
 # Libraries torch's wheel provides: never vendored into our wheel (auditwheel / delocate).

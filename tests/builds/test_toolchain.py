@@ -37,6 +37,9 @@ extension:
   distribution: host-guessing
   namespace: host_guessing
   ops: [scale]
+  modules:
+    host_guessing._C: {{backend: cpu}}
+    host_guessing._cuda: {{backend: cuda, functions: [scale]}}
 
 torch:
   channel: stable
@@ -307,6 +310,15 @@ def _guesses(work: Path) -> str:
     return lines[-1].split("host_guessing guesses:", 1)[1].strip()
 
 
+def _smoke(project: Path, variant: str, tmp_path: Path) -> dict[str, str]:
+    """opforge smoke on dist/<variant>'s wheel: its checks but the recipe-less run's warnings."""
+    report = tmp_path / f"smoke-{variant}.json"
+    smoke = opforge_cli("smoke", "--variant", variant, "--json", str(report), cwd=project)
+    assert smoke.returncode == 0, smoke.stdout[-3000:] + smoke.stderr[-2000:]
+    checks = json.loads(report.read_text())["checks"]
+    return {c["id"]: c["status"] for c in checks if c["status"] != "warn"}
+
+
 def _modules(wheel: Path) -> set[str]:
     with zipfile.ZipFile(wheel) as zf:
         return {Path(n).name.split(".")[0] for n in zf.namelist() if n.endswith(".so")
@@ -352,6 +364,10 @@ def test_host_guessing_setup_py_builds_cpu_unedited(tmp_path, host_leaks):
     assert alone.returncode != 0
     assert "CUDA_HOME environment variable is not set" in alone.stdout + alone.stderr
 
+    assert _smoke(project, "cpu", tmp_path) == {
+        "import": "pass", "torch-match": "pass", "census:scale:CPU": "pass",
+        "module:host_guessing._C": "pass"}
+
 
 @pytest.mark.slow
 @pytest.mark.realtorch  # torch 2.14.1's CUDA build (about 5.5 GB) and nvcc: minutes
@@ -379,6 +395,12 @@ def test_host_guessing_setup_py_builds_cu130_unedited_and_a_cpu_only_guess_fails
     assert inspected.returncode == 0 and report["problems"] == [], report["problems"]
     assert report["build_info"]["backends"] == ["cpu", "cuda"]
     assert report["build_info"]["cuda_version"] == "13.0"
+
+    # beside torch 2.14.1 in a fresh environment: the CUDA kernel registered, _cuda imports
+    assert _smoke(project, "cu130", tmp_path) == {
+        "import": "pass", "torch-match": "pass", "census:scale:CPU": "pass",
+        "census:scale:CUDA": "pass", "module:host_guessing._C": "pass",
+        "module:host_guessing._cuda": "pass"}
 
     # planted: a guess no build environment answers (the driver), so no _cuda module;
     # the wheel's Python would import fine, the build refuses it
