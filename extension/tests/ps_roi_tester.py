@@ -110,6 +110,37 @@ class PsRoiOpTester:
             backend.call(self.backward, *self.backward_args(grad, rois, mapping, 1.0, 2, 2, 2, (1, 8, 5, 5)))
 
     # -------------------------------------------------- the CPU build only
+    @pytest.mark.parametrize("case", CASES[:2], ids=["fixed", "adaptive"])
+    def test_many_rois_match_one_roi_at_a_time_on_any_thread_count(self, case):
+        # A call goes plane by plane over all its rois (and over threads when it is large
+        # enough); one roi at a time is the same arithmetic per bin, so the same bits.
+        x, rois, scale, ph, pw, ratio = case_inputs(case, torch.float32, rois=800, channels_out=48)
+        op = getattr(torch.ops.opforge, self.op)
+        backward = getattr(torch.ops.opforge, self.backward)
+        one_by_one = [op(*self.forward_args(x, rois[i : i + 1], scale, ph, pw, ratio)) for i in range(len(rois))]
+        expected_out = torch.cat([o for o, _ in one_by_one])
+        expected_mapping = torch.cat([m for _, m in one_by_one])
+        grad = torch.randn(expected_out.shape)
+        # A mapping other than the forward's: the backward must follow the one it is given.
+        mapping = expected_mapping.flip(1).contiguous()
+        threads = torch.get_num_threads()
+        results = []
+        try:
+            for n in (1, 2):
+                torch.set_num_threads(n)
+                out, got_mapping = op(*self.forward_args(x, rois, scale, ph, pw, ratio))
+                torch.testing.assert_close(out, expected_out, rtol=0, atol=0)
+                assert torch.equal(got_mapping, expected_mapping)
+                results.append(backward(*self.backward_args(grad, rois, mapping, scale, ph, pw, ratio, x.shape)))
+        finally:
+            torch.set_num_threads(threads)
+        torch.testing.assert_close(results[1], results[0], rtol=0, atol=0)
+        by_roi = sum(
+            backward(*self.backward_args(grad[i : i + 1], rois[i : i + 1], mapping[i : i + 1], scale, ph, pw, ratio, x.shape))
+            for i in range(len(rois))
+        )
+        torch.testing.assert_close(results[0], by_roi, rtol=1e-5, atol=1e-5)
+
     def test_gradcheck(self):
         x, rois, scale, ph, pw, ratio = case_inputs(CASES[0], torch.float64, rois=5, channels_out=1)
         x = x[:, :, :7, :6].contiguous().requires_grad_()

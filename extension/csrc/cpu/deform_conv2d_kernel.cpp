@@ -4,7 +4,8 @@
 // column matrix of shape (channels * kh * kw, chunk * out_h * out_w), which one
 // batched GEMM per chunk multiplies with the (grouped) weight. The backward
 // reuses the same column layout. Every sampling loop runs under
-// parallel_for; tasks are split so that no two tasks ever write the same
+// parallel_for_work (cpu/parallel_policy.h: threads only where the work pays for
+// them); tasks are split so that no two tasks ever write the same
 // element (no atomics, no per-thread reduction buffers).
 //
 // Sampling semantics (shared with torchvision.ops.deform_conv2d): a point
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "../common.h"
+#include "parallel_policy.h"
 
 namespace opforge::ops {
 namespace {
@@ -131,7 +133,9 @@ void deformable_im2col(const Geometry& g, const scalar_t* input, const scalar_t*
   const int64_t blocks = ceil_div(out_size, kPositionBlock);
   const int64_t tasks = n_images * g.offset_groups * kk * blocks;
 
-  parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+  // A task samples one block of positions for every channel of its offset group.
+  cpu::parallel_for_work(tasks, 6 * cpg * std::min(out_size, kPositionBlock), [&](int64_t begin,
+                                                                               int64_t end) {
     std::vector<Corners<scalar_t>> corners(kPositionBlock);
     std::vector<scalar_t> masks(kPositionBlock);
     for (int64_t t = begin; t < end; ++t) {
@@ -185,7 +189,7 @@ void deformable_col2im(const Geometry& g, const scalar_t* grad_columns, const sc
   const int64_t per_split = ceil_div(cpg, splits);
   const int64_t tasks = base * splits;
 
-  parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+  cpu::parallel_for_work(tasks, 6 * per_split * kk * out_size, [&](int64_t begin, int64_t end) {
     std::vector<Corners<scalar_t>> corners(kPositionBlock);
     std::vector<scalar_t> masks(kPositionBlock);
     for (int64_t t = begin; t < end; ++t) {
@@ -239,7 +243,8 @@ void deformable_col2im_coord(const Geometry& g, const scalar_t* grad_columns, co
   const int64_t blocks = ceil_div(out_size, kPositionBlock);
   const int64_t tasks = n_images * g.offset_groups * kk * blocks;
 
-  parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+  cpu::parallel_for_work(tasks, 16 * cpg * std::min(out_size, kPositionBlock), [&](int64_t begin,
+                                                                                int64_t end) {
     std::vector<Corners<scalar_t>> corners(kPositionBlock);
     std::vector<scalar_t> masks(kPositionBlock);
     std::vector<scalar_t> acc_y(kPositionBlock), acc_x(kPositionBlock), acc_v(kPositionBlock);
@@ -307,7 +312,7 @@ bool is_reduced_float(ScalarType t) {
 template <typename scalar_t>
 void add_bias(scalar_t* output, const scalar_t* bias, const Geometry& g) {
   const int64_t out_size = g.out_size();
-  parallel_for(0, g.batch * g.out_channels, 16, [&](int64_t begin, int64_t end) {
+  cpu::parallel_for_work(g.batch * g.out_channels, out_size, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const scalar_t b = bias[i % g.out_channels];
       scalar_t* plane = output + i * out_size;

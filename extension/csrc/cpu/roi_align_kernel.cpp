@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "../common.h"
+#include "channels_last.h"
+#include "parallel_policy.h"
 #include "roi_grid.h"
 
 namespace opforge::cpu {
@@ -37,24 +39,23 @@ void pool_channels(const RoiGrid<acc_t>& grid, const scalar_t* plane, int64_t pl
   }
 }
 
+// Channels-first: output bins of `block` consecutive channels of one roi, each tap loaded
+// once and applied to every channel plane of the block.
 template <typename scalar_t>
-void roi_align_forward_impl(const Tensor& input, const Tensor& rois, Tensor& output,
-                            double spatial_scale, int64_t pooled_h, int64_t pooled_w,
-                            int64_t sampling_ratio, bool aligned) {
+void roi_align_forward_planes(const Tensor& input, const Tensor& rois, Tensor& output,
+                              double spatial_scale, int64_t pooled_h, int64_t pooled_w,
+                              int64_t sampling_ratio, bool aligned, int64_t samples) {
   using acc_t = opmath_t<scalar_t>;
   const int64_t num_rois = rois.size(0);
   const int64_t channels = input.size(1);
   const int64_t height = input.size(2);
   const int64_t width = input.size(3);
-  const scalar_t* in = input.mutable_data_ptr<scalar_t>();
-  const scalar_t* roi_p = rois.mutable_data_ptr<scalar_t>();
+  const scalar_t* in = input.const_data_ptr<scalar_t>();
+  const scalar_t* roi_p = rois.const_data_ptr<scalar_t>();
   scalar_t* out = output.mutable_data_ptr<scalar_t>();
   const int64_t bins = pooled_h * pooled_w;
-  // Enough work per chunk that a small call (a few rois) runs on one thread: waking the
-  // pool costs more than it saves there, and much more on a loaded machine.
-  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, bins * 4));
 
-  parallel_for(0, num_rois * channels, grain, [&](int64_t begin, int64_t end) {
+  parallel_for_work(num_rois * channels, 4 * samples, [&](int64_t begin, int64_t end) {
     RoiGrid<acc_t> grid;
     const int64_t plane_size = height * width;
     int64_t index = begin;
@@ -64,7 +65,7 @@ void roi_align_forward_impl(const Tensor& input, const Tensor& rois, Tensor& out
       compute_roi_grid<scalar_t, acc_t>("roi_align", grid, roi_p + n * 5,
                                         static_cast<acc_t>(spatial_scale), height, width, pooled_h,
                                         pooled_w, sampling_ratio, aligned);
-      // The channels of roi n that fall in this thread's range.
+      // The channels of roi n that fall in this chunk.
       const int64_t c_end = std::min(channels, c + (end - index));
       const scalar_t* plane = in + (grid.batch_index * channels + c) * plane_size;
       scalar_t* out_plane = out + index * bins;
@@ -78,6 +79,83 @@ void roi_align_forward_impl(const Tensor& input, const Tensor& rois, Tensor& out
       index += c_end - c;
     }
   });
+}
+
+// Channels-last: `in` is (N, H, W, C). A roi's bins are summed as vectors of channels into
+// a (bins, C) buffer, then written out channels-first.
+template <typename scalar_t, typename elem_t>
+void roi_align_forward_channels_last(const elem_t* in, const scalar_t* roi_p, scalar_t* out,
+                                     int64_t num_rois, int64_t channels, int64_t height,
+                                     int64_t width, double spatial_scale, int64_t pooled_h,
+                                     int64_t pooled_w, int64_t sampling_ratio, bool aligned,
+                                     int64_t samples) {
+  using acc_t = opmath_t<scalar_t>;
+  const int64_t bins = pooled_h * pooled_w;
+  // Vectors of channels: about one unit per sample and channel (four scalar ones: a quarter).
+  parallel_for_work(num_rois, samples * channels, [&](int64_t begin, int64_t end) {
+    RoiGrid<acc_t> grid;
+    std::vector<acc_t> sums(bins * channels);
+    for (int64_t n = begin; n < end; ++n) {
+      compute_roi_grid<scalar_t, acc_t>("roi_align", grid, roi_p + n * 5,
+                                        static_cast<acc_t>(spatial_scale), height, width, pooled_h,
+                                        pooled_w, sampling_ratio, aligned);
+      const elem_t* image = in + grid.batch_index * height * width * channels;
+      zero_fill(sums.data(), bins * channels);
+      for (int64_t bin = 0; bin < bins; ++bin) {
+        acc_t* sum = sums.data() + bin * channels;
+        for (int64_t t = grid.bin_begin[bin]; t < grid.bin_begin[bin + 1]; ++t) {
+          const Tap<acc_t>& tap = grid.taps[t];
+          add_bilinear(sum, image + tap.pos[0] * channels, image + tap.pos[1] * channels,
+                       image + tap.pos[2] * channels, image + tap.pos[3] * channels, tap.w,
+                       channels);
+        }
+      }
+      scalar_t* o = out + n * channels * bins;
+      for (int64_t c = 0; c < channels; ++c) {
+        for (int64_t bin = 0; bin < bins; ++bin) {
+          o[c * bins + bin] = static_cast<scalar_t>(sums[bin * channels + c] / grid.count);
+        }
+      }
+    }
+  });
+}
+
+template <typename scalar_t>
+void roi_align_forward_impl(const Tensor& input, const Tensor& rois, Tensor& output,
+                            double spatial_scale, int64_t pooled_h, int64_t pooled_w,
+                            int64_t sampling_ratio, bool aligned) {
+  using acc_t = opmath_t<scalar_t>;
+  const int64_t num_rois = rois.size(0);
+  const int64_t batch = input.size(0);
+  const int64_t channels = input.size(1);
+  const int64_t height = input.size(2);
+  const int64_t width = input.size(3);
+  const scalar_t* roi_p = rois.const_data_ptr<scalar_t>();
+  scalar_t* out = output.mutable_data_ptr<scalar_t>();
+  const int64_t samples =
+      samples_per_roi(roi_p, num_rois, spatial_scale, pooled_h, pooled_w, sampling_ratio);
+  const bool vector_wide = channels >= Vec<acc_t>::size();
+  if (vector_wide && is_channels_last(input)) {
+    roi_align_forward_channels_last(input.const_data_ptr<scalar_t>(), roi_p, out, num_rois,
+                                    channels, height, width, spatial_scale, pooled_h, pooled_w,
+                                    sampling_ratio, aligned, samples);
+    return;
+  }
+  const Tensor input_c = as_contiguous(input);
+  // Channels-first, a sample's four neighbours are four scattered loads per channel. When the
+  // rois sample the images more than a few times over, transposing them to channels-last once
+  // (one pass over the input) costs less than it saves.
+  if (vector_wide && total_work(num_rois, samples) >= batch * height * width / 2) {
+    std::vector<acc_t> transposed(batch * channels * height * width);
+    to_channels_last(input_c.const_data_ptr<scalar_t>(), transposed.data(), batch, channels,
+                     height * width);
+    roi_align_forward_channels_last<scalar_t>(transposed.data(), roi_p, out, num_rois, channels,
+                                              height, width, spatial_scale, pooled_h, pooled_w,
+                                              sampling_ratio, aligned, samples);
+    return;
+  }
+  roi_align_forward_planes<scalar_t>(input_c, rois, output, spatial_scale, pooled_h, pooled_w,
+                                     sampling_ratio, aligned, samples);
 }
 
 template <typename scalar_t>
@@ -94,8 +172,11 @@ void roi_align_backward_impl(const Tensor& grad, const Tensor& rois, Tensor& gra
   acc_t* gi = grad_input.mutable_data_ptr<acc_t>();
   const int64_t bins = pooled_h * pooled_w;
 
-  // Each thread owns a range of channels: every roi adds only into its own channel planes.
-  parallel_for(0, channels, 1, [&](int64_t c_begin, int64_t c_end) {
+  const int64_t samples =
+      samples_per_roi(roi_p, num_rois, spatial_scale, pooled_h, pooled_w, sampling_ratio);
+  // Each chunk owns a range of channels: every roi adds only into its own channel planes.
+  parallel_for_work(channels, 4 * total_work(num_rois, samples), [&](int64_t c_begin,
+                                                                     int64_t c_end) {
     RoiGrid<acc_t> grid;
     for (int64_t n = 0; n < num_rois; ++n) {
       compute_roi_grid<scalar_t, acc_t>("_roi_align_backward", grid, roi_p + n * 5,
@@ -127,12 +208,11 @@ Tensor roi_align_forward_kernel(const Tensor& input, const Tensor& rois, double 
   if (output.numel() == 0) {
     return output;
   }
-  const Tensor input_c = as_contiguous(input);
   const Tensor rois_c = as_contiguous(rois);
   OPFORGE_DISPATCH_FLOATING_TYPES(input.scalar_type(), "opforge_roi_align_forward_cpu", [&] {
     check_rois_values("roi_align", rois_c.mutable_data_ptr<scalar_t>(), rois_c.size(0),
                       input.size(0));
-    roi_align_forward_impl<scalar_t>(input_c, rois_c, output, spatial_scale, pooled_height,
+    roi_align_forward_impl<scalar_t>(input, rois_c, output, spatial_scale, pooled_height,
                                      pooled_width, sampling_ratio, aligned);
   });
   return output;

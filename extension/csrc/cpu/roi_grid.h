@@ -137,4 +137,40 @@ void compute_roi_grid(const char* op, RoiGrid<acc_t>& grid, const scalar_t* roi,
   }
 }
 
+// Sampled points per roi (valid or not), about: what one roi costs per channel.
+template <typename scalar_t>
+int64_t samples_per_roi(const scalar_t* roi_p, int64_t num_rois, double spatial_scale,
+                        int64_t pooled_h, int64_t pooled_w, int64_t sampling_ratio) {
+  const int64_t bins = pooled_h * pooled_w;
+  if (sampling_ratio > 0) {
+    return bins * sampling_ratio * sampling_ratio;
+  }
+  // Adaptive: ceil(roi / pooled) per side; the mean over the rois, capped so that it stays
+  // an int64 for any roi (the grid itself refuses oversized ones).
+  double total = 0;
+  for (int64_t n = 0; n < num_rois; ++n) {
+    const scalar_t* r = roi_p + n * 5;
+    const double h = std::abs(double(r[4]) - double(r[2])) * spatial_scale;
+    const double w = std::abs(double(r[3]) - double(r[1])) * spatial_scale;
+    total += std::max(1.0, std::ceil(h / pooled_h)) * std::max(1.0, std::ceil(w / pooled_w));
+  }
+  return static_cast<int64_t>(std::min(1e12, bins * total / std::max<int64_t>(num_rois, 1)));
+}
+
+// The input pixels a roi covers, clipped to the image, about (the mean over the rois): what
+// one roi costs per channel in the pooling kernels.
+template <typename scalar_t>
+int64_t pixels_per_roi(const scalar_t* roi_p, int64_t num_rois, double spatial_scale,
+                       int64_t height, int64_t width) {
+  double total = 0;
+  for (int64_t n = 0; n < num_rois; ++n) {
+    const scalar_t* r = roi_p + n * 5;
+    const double h = std::abs(double(r[4]) - double(r[2])) * spatial_scale + 1;
+    const double w = std::abs(double(r[3]) - double(r[1])) * spatial_scale + 1;
+    // NaN fails both comparisons and counts as the whole image.
+    total += (h < double(height) ? h : double(height)) * (w < double(width) ? w : double(width));
+  }
+  return static_cast<int64_t>(std::max(1.0, total / std::max<int64_t>(num_rois, 1)));
+}
+
 }  // namespace opforge::cpu

@@ -9,6 +9,9 @@
 #include <vector>
 
 #include "../common.h"
+#include "channels_last.h"
+#include "parallel_policy.h"
+#include "roi_grid.h"
 
 namespace opforge::cpu {
 namespace {
@@ -52,23 +55,25 @@ void compute_bins(RoiBins& bins, const scalar_t* roi, double spatial_scale, int6
   fill(bins.w_start, bins.w_end, pooled_w, bin_w, start_w, width);
 }
 
+// Channels-first: each (roi, channel) scans its plane's bins.
 template <typename scalar_t>
-void roi_pool_forward_impl(const Tensor& input, const Tensor& rois, Tensor& output, Tensor& argmax,
-                           double spatial_scale, int64_t pooled_h, int64_t pooled_w) {
+void roi_pool_forward_planes(const Tensor& input, const Tensor& rois, Tensor& output,
+                             Tensor& argmax, double spatial_scale, int64_t pooled_h,
+                             int64_t pooled_w) {
   const int64_t num_rois = rois.size(0);
   const int64_t channels = input.size(1);
   const int64_t height = input.size(2);
   const int64_t width = input.size(3);
-  const scalar_t* in = input.mutable_data_ptr<scalar_t>();
-  const scalar_t* roi_p = rois.mutable_data_ptr<scalar_t>();
+  const scalar_t* in = input.const_data_ptr<scalar_t>();
+  const scalar_t* roi_p = rois.const_data_ptr<scalar_t>();
   scalar_t* out = output.mutable_data_ptr<scalar_t>();
   int32_t* arg = argmax.mutable_data_ptr<int32_t>();
   const int64_t bins_per_plane = pooled_h * pooled_w;
-  // Enough work per chunk that a small call (a few rois) runs on one thread: waking the
-  // pool costs more than it saves there, and much more on a loaded machine.
-  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, bins_per_plane * 4));
+  // Each (roi, channel) compares the pixels of every bin once.
+  const int64_t pixels = pixels_per_roi(roi_p, num_rois, spatial_scale, height, width);
 
-  parallel_for(0, num_rois * channels, grain, [&](int64_t begin, int64_t end) {
+  parallel_for_work(num_rois * channels, pixels + bins_per_plane, [&](int64_t begin,
+                                                                     int64_t end) {
     RoiBins bins;
     int64_t current = -1;
     int64_t batch_index = 0;
@@ -107,6 +112,90 @@ void roi_pool_forward_impl(const Tensor& input, const Tensor& rois, Tensor& outp
   });
 }
 
+// Channels-last: `in` is (N, H, W, C). A bin's maximum is kept for a vector of channels at a
+// time, pixel by pixel in the channels-first order (rows, then columns; the first maximum
+// wins, NaN never does), then written out channels-first.
+template <typename scalar_t, typename elem_t>
+void roi_pool_forward_channels_last(const elem_t* in, const scalar_t* roi_p, scalar_t* out,
+                                    int32_t* arg, int64_t num_rois, int64_t channels,
+                                    int64_t height, int64_t width, double spatial_scale,
+                                    int64_t pooled_h, int64_t pooled_w, int64_t pixels) {
+  const int64_t bins = pooled_h * pooled_w;
+  parallel_for_work(num_rois, (pixels + bins) * channels, [&](int64_t begin, int64_t end) {
+    RoiBins rb;
+    std::vector<elem_t> best(channels);
+    std::vector<int32_t> best_index(channels);
+    for (int64_t n = begin; n < end; ++n) {
+      compute_bins(rb, roi_p + n * 5, spatial_scale, height, width, pooled_h, pooled_w);
+      const elem_t* image = in + static_cast<int64_t>(roi_p[n * 5]) * height * width * channels;
+      scalar_t* out_roi = out + n * channels * bins;
+      int32_t* arg_roi = arg + n * channels * bins;
+      for (int64_t ph = 0; ph < pooled_h; ++ph) {
+        for (int64_t pw = 0; pw < pooled_w; ++pw) {
+          const bool empty = rb.h_end[ph] <= rb.h_start[ph] || rb.w_end[pw] <= rb.w_start[pw];
+          std::fill(best.begin(), best.end(),
+                    empty ? elem_t(0) : std::numeric_limits<elem_t>::lowest());
+          std::fill(best_index.begin(), best_index.end(), -1);
+          elem_t* b = best.data();
+          int32_t* bi = best_index.data();
+          for (int64_t h = rb.h_start[ph]; h < rb.h_end[ph]; ++h) {
+            for (int64_t w = rb.w_start[pw]; w < rb.w_end[pw]; ++w) {
+              const elem_t* p = image + (h * width + w) * channels;
+              const int32_t i = static_cast<int32_t>(h * width + w);
+              for (int64_t c = 0; c < channels; ++c) {  // vectorized: selects, no branch
+                const bool greater = p[c] > b[c];
+                b[c] = greater ? p[c] : b[c];
+                bi[c] = greater ? i : bi[c];
+              }
+            }
+          }
+          const int64_t bin = ph * pooled_w + pw;
+          for (int64_t c = 0; c < channels; ++c) {
+            out_roi[c * bins + bin] = static_cast<scalar_t>(b[c]);
+            arg_roi[c * bins + bin] = bi[c];
+          }
+        }
+      }
+    }
+  });
+}
+
+template <typename scalar_t>
+void roi_pool_forward_impl(const Tensor& input, const Tensor& rois, Tensor& output, Tensor& argmax,
+                           double spatial_scale, int64_t pooled_h, int64_t pooled_w) {
+  using acc_t = opmath_t<scalar_t>;
+  const int64_t num_rois = rois.size(0);
+  const int64_t batch = input.size(0);
+  const int64_t channels = input.size(1);
+  const int64_t height = input.size(2);
+  const int64_t width = input.size(3);
+  const scalar_t* roi_p = rois.const_data_ptr<scalar_t>();
+  scalar_t* out = output.mutable_data_ptr<scalar_t>();
+  int32_t* arg = argmax.mutable_data_ptr<int32_t>();
+  const int64_t pixels = pixels_per_roi(roi_p, num_rois, spatial_scale, height, width);
+  const bool vector_wide = channels >= Vec<acc_t>::size();
+  if (vector_wide && is_channels_last(input)) {
+    roi_pool_forward_channels_last(input.const_data_ptr<scalar_t>(), roi_p, out, arg, num_rois,
+                                   channels, height, width, spatial_scale, pooled_h, pooled_w,
+                                   pixels);
+    return;
+  }
+  const Tensor input_c = as_contiguous(input);
+  // Where the rois cover the images more than a few times over, one transpose to
+  // channels-last (one pass over the input) costs less than the scattered scans save.
+  if (vector_wide && total_work(num_rois, pixels) >= batch * height * width * 2) {
+    std::vector<acc_t> transposed(batch * channels * height * width);
+    to_channels_last(input_c.const_data_ptr<scalar_t>(), transposed.data(), batch, channels,
+                     height * width);
+    roi_pool_forward_channels_last<scalar_t>(transposed.data(), roi_p, out, arg, num_rois,
+                                             channels, height, width, spatial_scale, pooled_h,
+                                             pooled_w, pixels);
+    return;
+  }
+  roi_pool_forward_planes<scalar_t>(input_c, rois, output, argmax, spatial_scale, pooled_h,
+                                    pooled_w);
+}
+
 template <typename scalar_t>
 void roi_pool_backward_impl(const Tensor& grad, const Tensor& rois, const Tensor& argmax,
                             Tensor& grad_input) {
@@ -120,7 +209,8 @@ void roi_pool_backward_impl(const Tensor& grad, const Tensor& rois, const Tensor
   const int32_t* arg = argmax.mutable_data_ptr<int32_t>();
   acc_t* gi = grad_input.mutable_data_ptr<acc_t>();
 
-  parallel_for(0, channels, 1, [&](int64_t c_begin, int64_t c_end) {
+  // Each chunk owns a range of channels: one add per grad entry.
+  parallel_for_work(channels, total_work(num_rois, bins), [&](int64_t c_begin, int64_t c_end) {
     for (int64_t n = 0; n < num_rois; ++n) {
       const int64_t batch_index = static_cast<int64_t>(roi_p[n * 5]);
       for (int64_t c = c_begin; c < c_end; ++c) {
@@ -150,12 +240,11 @@ std::tuple<Tensor, Tensor> roi_pool_forward_kernel(const Tensor& input, const Te
   if (output.numel() == 0) {
     return {output, argmax};
   }
-  const Tensor input_c = as_contiguous(input);
   const Tensor rois_c = as_contiguous(rois);
   OPFORGE_DISPATCH_FLOATING_TYPES(input.scalar_type(), "opforge_roi_pool_forward_cpu", [&] {
     check_rois_values("roi_pool", rois_c.mutable_data_ptr<scalar_t>(), rois_c.size(0),
                       input.size(0));
-    roi_pool_forward_impl<scalar_t>(input_c, rois_c, output, argmax, spatial_scale, pooled_height,
+    roi_pool_forward_impl<scalar_t>(input, rois_c, output, argmax, spatial_scale, pooled_height,
                                     pooled_width);
   });
   return {output, argmax};
