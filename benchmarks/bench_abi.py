@@ -2,6 +2,7 @@
 
     python benchmarks/bench_abi.py --a /path/legacy-venv/bin/python --b /path/stable-venv/bin/python \
         [--threads 1] [--cpus 1] [--min-run-time 1.0] [--rounds 3] [--only TEXT] [--json results.json]
+        [--labels before,after]
 
 Two builds register the same torch.ops.opforge namespace, so they cannot share a process: each
 runs in a worker (its own interpreter and environment) that stays up for the whole run, and
@@ -146,6 +147,9 @@ def main(argv=None):
     parser.add_argument("--tolerance", type=float, default=1.05)
     parser.add_argument("--only", default="")
     parser.add_argument("--json")
+    parser.add_argument("--labels", default="",
+                        help="column names of the two builds, A,B (default: their ABIs), e.g. "
+                             "before,after for two builds of one ABI")
     args = parser.parse_args(argv)
     if args.worker:
         return worker(args.threads, args.min_run_time)
@@ -157,7 +161,8 @@ def main(argv=None):
     if cpus:
         print(f"both builds pinned to CPU {','.join(map(str, sorted(cpus)))}")
     results, worst = [], 0.0
-    print(f"{'row':58} {a.abi:>10} {b.abi:>10}  ratio")
+    label_a, _, label_b = args.labels.partition(",")
+    print(f"{'row':58} {label_a or a.abi:>10} {label_b or b.abi:>10}  ratio")
     while True:
         name = a.ask("next")
         if b.ask("next") != name:

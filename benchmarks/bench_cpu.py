@@ -1,18 +1,40 @@
-"""CPU benchmarks: opforge_ops beside torchvision.ops, same process, same inputs, 2 threads.
+"""CPU benchmarks: opforge_ops beside torchvision.ops, same process, same inputs, 1 and 2 threads.
 
-    python benchmarks/bench_cpu.py [--threads 2] [--min-run-time 1.0] [--json results.json]
+    python benchmarks/bench_cpu.py [--threads 1,2] [--contended] [--min-speedup 2.0]
+        [--max-thread-cost 1.2] [--rounds 5] [--min-run-time 0.2] [--only TEXT] [--json FILE]
 
 Needs torchvision and an opforge_ops built against the same torch (CPU kernels suffice).
-The rows are the ops' "cpu" rows in extension/recipes.py (BENCHMARKS), op by op.
-Each row times the forward, or forward+backward, of one op with torch.utils.benchmark:
-the two libraries are measured in alternation for --rounds rounds and each keeps its best
-median, so load from other processes on a shared machine does not decide a row. "ratio" is
-opforge time / torchvision time (below 1: opforge is faster). Every row first checks that both libraries agree, so a fast wrong kernel cannot pass.
-Exit status 1 if any row is slower than torchvision by more than --tolerance.
+The rows are the ops' "cpu" rows in extension/recipes.py (BENCHMARKS), op by op. Each row
+times the forward, or forward+backward, of one op with torch.utils.benchmark at every thread
+count of --threads. A round measures, at each thread count, opforge then torchvision (the
+order alternates from round to round), so load from other processes on a shared machine hits
+both sides of a pair alike; a row reports medians over --rounds rounds:
+
+  ms@T      opforge's median time per call on T threads
+  x@T       speed-up on T threads: the median over rounds of torchvision time / opforge time
+  2t/1t     the median over rounds of opforge's time on the most threads / on one thread:
+            what a second thread costs (below 1) or gains; above 1, a call waited on a thread
+
+A row with a "baseline" (deform_conv2d beside a plain conv2d of the same shape) also times
+that baseline on one thread: "vs base" is opforge time / baseline time, which must not exceed
+the row's "floor".
+
+--contended runs every row while as many busy processes as this process may use CPUs (two
+on a 2-core machine) hold the cores: a call that waits on a second thread shows up as a
+2t/1t above 1.
+
+Every row first checks that both libraries agree, so a fast wrong kernel cannot pass. Exit
+status 1 if a row's one-thread speed-up is below --min-speedup, a row's 2t/1t is above
+--max-thread-cost (with --contended; without it, above 1 + 2 * (--max-thread-cost - 1): on an
+idle machine a second thread must not cost), or a row is slower than its baseline allows;
+2 for bad arguments or a missing library.
 """
 
 import argparse
 import json
+import os
+import statistics
+import subprocess
 import sys
 from functools import partial
 
@@ -55,15 +77,24 @@ def forward_backward(call, lib, inputs, grad):
 def cases(ours, tv):
     """(name, ours_fn, tv_fn) for each CPU row of extension/recipes.py's BENCHMARKS; a row's
     inputs are built when the generator reaches it."""
+    for name, ours_fn, tv_fn, _ in rows_with_baselines(ours, tv):
+        yield name, ours_fn, tv_fn
+
+
+def rows_with_baselines(ours, tv):
+    """As cases(), with each row's (baseline fn, floor), or None where it has no baseline."""
     for op, row in bench_rows.rows("cpu"):
         if not hasattr(ours, op):  # a build without the op (bench_abi.py compares two builds)
             continue
         inputs, call, grad = row["inputs"]("cpu"), row["call"], row.get("grad")
+        baseline = None
+        if "baseline" in row:
+            baseline = (partial(row["baseline"], *inputs), row["floor"])
         if grad:
             yield (row["label"], forward_backward(call, ours, inputs, grad),
-                   forward_backward(call, tv, inputs, grad))
+                   forward_backward(call, tv, inputs, grad), baseline)
         else:
-            yield row["label"], partial(call, ours, *inputs), partial(call, tv, *inputs)
+            yield row["label"], partial(call, ours, *inputs), partial(call, tv, *inputs), baseline
 
 
 def assert_agree(name, ours, theirs):
@@ -94,62 +125,123 @@ def build_label(info):
     return info.get("version") or info.get("variant", "?")
 
 
-def measure(fn, min_run_time):
-    timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
+def measure(fn, threads, min_run_time):
+    torch.set_num_threads(threads)
+    timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=threads)
     return timer.blocked_autorange(min_run_time=min_run_time).median
+
+
+def thread_counts(text):
+    try:
+        counts = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: thread counts such as 1,2") from None
+    if not counts or counts[0] < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: thread counts such as 1,2")
+    return counts
+
+
+class BusyCores:
+    """`count` processes that spin until closed: a machine whose cores are all taken."""
+
+    def __init__(self, count):
+        self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                      for _ in range(count)]
+
+    def close(self):
+        for proc in self.procs:
+            proc.kill()
+            proc.wait()
+
+
+def time_row(ours_fn, tv_fn, threads, rounds, min_run_time):
+    """{T: (opforge seconds per round, torchvision seconds per round)}, paired by round."""
+    times = {t: ([], []) for t in threads}
+    for r in range(rounds):
+        for t in threads:
+            pair = [(0, ours_fn), (1, tv_fn)]
+            for side, fn in pair if r % 2 == 0 else pair[::-1]:
+                times[t][side].append(measure(fn, t, min_run_time))
+    return times
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
-    parser.add_argument("--min-run-time", type=float, default=1.0, help="seconds per measurement")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating measurements per row")
-    parser.add_argument("--tolerance", type=float, default=1.05, help="largest acceptable ratio")
+    parser.add_argument("--threads", type=thread_counts, default=[1, 2],
+                        help="thread counts, comma-separated (default 1,2)")
+    parser.add_argument("--contended", action="store_true",
+                        help="run the rows while busy processes hold every core")
+    parser.add_argument("--min-run-time", type=float, default=0.2, help="seconds per measurement")
+    parser.add_argument("--rounds", type=int, default=5, help="paired measurements per row")
+    parser.add_argument("--min-speedup", type=float, default=2.0,
+                        help="smallest acceptable one-thread speed-up over torchvision")
+    parser.add_argument("--max-thread-cost", type=float, default=1.2,
+                        help="largest acceptable 2t/1t under --contended")
     parser.add_argument("--only", default="", help="run only rows whose name contains this text")
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args(argv)
+    if args.rounds < 1 or args.min_run_time <= 0:
+        parser.error("--rounds and --min-run-time must be positive")
 
     ours, tv = load_libraries()
-    torch.set_num_threads(args.threads)
-    print(
-        f"torch {torch.__version__}, opforge_ops {build_label(ours.build_info())}, "
-        f"threads {torch.get_num_threads()}",
-        flush=True,
-    )
-    rows = []
-    header = f"{'case':<44} {'opforge ms':>11} {'torchvision ms':>15} {'ratio':>7}"
-    print(header)
-    print("-" * len(header))
-    for name, ours_fn, tv_fn in cases(ours, tv):
-        if args.only not in name:
-            continue
-        assert_agree(name, ours_fn(), tv_fn())
-        ours_s = tv_s = float("inf")
-        for _ in range(args.rounds):
-            ours_s = min(ours_s, measure(ours_fn, args.min_run_time))
-            tv_s = min(tv_s, measure(tv_fn, args.min_run_time))
-        rows.append(
-            {
-                "case": name,
-                "opforge_ms": ours_s * 1e3,
-                "torchvision_ms": tv_s * 1e3,
-                "ratio": ours_s / tv_s,
-            }
-        )
-        print(
-            f"{name:<44} {ours_s * 1e3:>11.3f} {tv_s * 1e3:>15.3f} {ours_s / tv_s:>7.2f}",
-            flush=True,
-        )
+    threads = args.threads
+    cost_limit = args.max_thread_cost if args.contended else 1 + 2 * (args.max_thread_cost - 1)
+    busy = BusyCores(len(os.sched_getaffinity(0)) if args.contended else 0)
+    try:
+        load = os.getloadavg()[0]
+        print(f"torch {torch.__version__}, opforge_ops {build_label(ours.build_info())}, "
+              f"threads {','.join(map(str, threads))}"
+              f"{f', contended ({len(busy.procs)} busy processes)' if busy.procs else ''}, "
+              f"load {load:.2f}", flush=True)
+        columns = "".join(f" {f'ms@{t}':>9} {f'x@{t}':>6}" for t in threads)
+        header = f"{'case':<48}{columns} {'2t/1t':>6} {'vs base':>8}"
+        print(header)
+        print("-" * len(header))
+        rows, failures = [], []
+        for name, ours_fn, tv_fn, baseline in rows_with_baselines(ours, tv):
+            if args.only not in name:
+                continue
+            torch.set_num_threads(threads[-1])
+            assert_agree(name, ours_fn(), tv_fn())
+            times = time_row(ours_fn, tv_fn, threads, args.rounds, args.min_run_time)
+            row = {"case": name}
+            for t, (ours_s, tv_s) in times.items():
+                row[f"opforge_ms@{t}"] = statistics.median(ours_s) * 1e3
+                row[f"torchvision_ms@{t}"] = statistics.median(tv_s) * 1e3
+                row[f"speedup@{t}"] = statistics.median(b / a for a, b in zip(ours_s, tv_s))
+            if len(threads) > 1:
+                one, most = times[threads[0]][0], times[threads[-1]][0]
+                row["thread_cost"] = statistics.median(b / a for a, b in zip(one, most))
+            if baseline:
+                base_fn, floor = baseline
+                base_s = [measure(base_fn, 1, args.min_run_time) for _ in range(args.rounds)]
+                row["baseline_ms@1"] = statistics.median(base_s) * 1e3
+                row["vs_baseline"] = statistics.median(times[1][0]) / statistics.median(base_s) \
+                    if 1 in times else None
+                row["floor"] = floor
+            rows.append(row)
+            cells = "".join(f" {row[f'opforge_ms@{t}']:>9.3f} {row[f'speedup@{t}']:>6.2f}"
+                            for t in threads)
+            cost = f"{row['thread_cost']:>6.2f}" if "thread_cost" in row else f"{'':>6}"
+            base = f"{row['vs_baseline']:>8.2f}" if row.get("vs_baseline") else f"{'':>8}"
+            print(f"{name:<48}{cells} {cost} {base}", flush=True)
+            if 1 in times and row["speedup@1"] < args.min_speedup:
+                failures.append(f"{name}: {row['speedup@1']:.2f}x torchvision on one thread")
+            if row.get("thread_cost", 0) > cost_limit:
+                failures.append(f"{name}: {threads[-1]} threads take {row['thread_cost']:.2f}x "
+                                f"one thread's time")
+            if row.get("vs_baseline") and row["vs_baseline"] > row["floor"]:
+                failures.append(f"{name}: {row['vs_baseline']:.2f}x its baseline's time "
+                                f"(at most {row['floor']})")
+    finally:
+        busy.close()
     if args.json:
         with open(args.json, "w") as out:
-            json.dump(
-                {"torch": torch.__version__, "threads": args.threads, "rows": rows}, out, indent=2
-            )
-    slower = [row["case"] for row in rows if row["ratio"] > args.tolerance]
-    if slower:
-        print(f"slower than torchvision (ratio > {args.tolerance}): {', '.join(slower)}")
-        return 1
-    return 0
+            json.dump({"torch": torch.__version__, "threads": threads, "contended": args.contended,
+                       "load": load, "rows": rows}, out, indent=2)
+    for failure in failures:
+        print(f"below target: {failure}")
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

@@ -198,10 +198,13 @@ RECIPES = {
 #   call    (lib, *arguments) -> output: lib is the package (opforge_ops or torchvision.ops) in
 #           cpu rows, the op namespace (torch.ops.opforge or torch.ops.torchvision) in cuda rows
 #   grad    argument indices that get a gradient: a forward+backward row (absent: forward only)
+#   baseline, floor  (cpu rows) (*arguments) -> output of a plain torch op the row is also timed
+#           against on one thread (deform_conv2d: conv2d), and the largest time ratio it allows
 
 
-def _row(label, inputs, call, grad=None):
-    return {"label": label, "inputs": inputs, "call": call, **({"grad": grad} if grad else {})}
+def _row(label, inputs, call, grad=None, **baseline):
+    return {"label": label, "inputs": inputs, "call": call, **({"grad": grad} if grad else {}),
+            **baseline}
 
 
 def _draw(device, seed):
@@ -313,6 +316,17 @@ def _deform_rows(label, n, c, size, offset_groups, mask):
             _row(f"deform_conv2d fwd+bwd {label}", inputs, call, grad)]
 
 
+def _deform_vs_conv(label, n, c, size):
+    """deform_conv2d's forward beside a plain conv2d of the same shape, on one thread: the
+    sampling im2col on top of the same GEMM may cost at most half a conv2d more."""
+    def conv(x, offset, weight, bias):
+        return torch.nn.functional.conv2d(x, weight, bias, padding=1)
+    return _row(f"deform_conv2d fwd {label}, vs conv2d", _deform_inputs(n, c, size, 1, False),
+                lambda lib, x, offset, weight, bias: lib.deform_conv2d(x, offset, weight, bias,
+                                                                       padding=(1, 1)),
+                baseline=conv, floor=1.5)
+
+
 def _cuda_fwd_and_bwd(op, shape, inputs, call, grad=(0,)):
     return [_row(f"{op} fwd ({shape})", inputs, call),
             _row(f"{op} fwd+bwd", inputs, call, list(grad))]
@@ -386,7 +400,8 @@ BENCHMARKS = {
     "deform_conv2d": {
         "cpu": [*_deform_rows("b8 c64 56x56 mask", 8, 64, 56, 1, True),
                 *_deform_rows("b1 c256 28x28 mask", 1, 256, 28, 1, True),
-                *_deform_rows("b4 c128 28x28 og4", 4, 128, 28, 4, False)],
+                *_deform_rows("b4 c128 28x28 og4", 4, 128, 28, 4, False),
+                _deform_vs_conv("b8 c64 56x56", 8, 64, 56)],
         "cuda": _cuda_fwd_and_bwd("deform_conv2d", "8x64x56x56, 64x64x3x3",
                                   _cuda_deform_inputs,
                                   lambda ops, *t: ops.deform_conv2d(*t, 1, 1, 1, 1, 1, 1, 1, 1, True),
