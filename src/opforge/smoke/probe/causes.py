@@ -174,24 +174,21 @@ class Diagnosis:
                 cls = dup.pop("cls")
                 add_cause(self.doc, cls, explains=_problems(self.doc), **dup)
                 return
+        from .load import classify_load_error
+
         build = self.doc.get("build") or {}
         running = (self.doc.get("environment") or {}).get("torch_version")
         for lib in libs:
             if lib.get("loaded"):
                 continue
-            diag = next((d for d in [self.info.get("diagnosis") or {}]
-                         if d.get("library") == lib["path"]), None)
-            message = (diag or {}).get("message") or f"{os.path.basename(lib['path'])} fails " \
-                                                      f"to load: {lib.get('error')}"
-            head, fix = _fix_of(message.split("hid a load failure: ", 1)[-1])
-            evidence = [f"library {lib['path']}", f"dlopen: {lib.get('error', '').strip()[:300]}"]
-            if (diag or {}).get("demangled"):
-                evidence.append(f"symbol {diag['demangled']}")
-            if build.get("built_against_torch"):
-                evidence.append(f"built against torch {build['built_against_torch']}, running "
-                                f"torch {running}")
+            diag = classify_load_error(lib["path"], lib.get("error") or "", build, self.t)
+            head, fix = _fix_of(diag["message"])
+            evidence = [f"built against torch {build['built_against_torch']}, running torch "
+                        f"{running}" if build.get("built_against_torch") else None,
+                        f"library {lib['path']}",
+                        f"dlopen: {(lib.get('error') or '').strip()[:300]}"]
             add_cause(self.doc, "load_error", head.split("; built against")[0], evidence, fix,
-                      kind=lib.get("kind"), library=lib["path"],
+                      kind=diag["kind"], library=lib["path"], symbol=diag.get("demangled"),
                       explains=["import", *_problems(self.doc)])
 
     def other_pythons(self) -> None:
