@@ -324,6 +324,20 @@ def _write(site: Path, relative: str, data: bytes | None = None, source: Path | 
         raise
 
 
+def copy_pypi_clean(entries: list[Entry], out: Path) -> list[Path]:
+    """Copy the wheels PyPI accepts (no local version label: the ``pypi: true`` variant's)
+    into ``out``, for the trusted-publishing upload; the rest stay on the index only."""
+    from packaging.utils import parse_wheel_filename
+
+    chosen = [e for e in entries if parse_wheel_filename(e.filename)[1].local is None]
+    written = []
+    for e in chosen:
+        _refuse_links(out, e.filename)
+        _write(out, e.filename, source=e.source)
+        written.append(out / e.filename)
+    return written
+
+
 @dataclass(frozen=True)
 class IndexResult:
     added: list[Entry]        # wheels new to the tree

@@ -236,3 +236,14 @@ def test_merge_from_refuses_bytes_that_do_not_match_their_page(published, tmp_pa
                  f"{base}/tampered/"]) == 1
     err = capsys.readouterr().err
     assert "do not match the sha256" in err and not (tmp_path / "s" / "index.html").exists()
+
+
+def test_pypi_out_copies_only_the_wheels_pypi_accepts(tmp_path, capsys):
+    dist = tmp_path / "dist"
+    clean = _variant_wheel(dist, "cpu", "1.0", "2.13.0", local=False)
+    _variant_wheel(dist, "cu130", "1.0", "2.14.1")
+    assert main(["index", str(dist), "--out", str(tmp_path / "site"), "--pypi-out",
+                 str(tmp_path / "pypi")]) == 0
+    assert "1 PyPI-clean wheel(s) copied" in capsys.readouterr().out
+    assert [p.name for p in (tmp_path / "pypi").iterdir()] == [clean.name]
+    assert (tmp_path / "site" / "cpu" / NAME / clean.name).is_file()  # on its index too

@@ -370,12 +370,12 @@ def test_opforge_workflows_check_exit_codes(repo):
     cmd = [sys.executable, "-m", "opforge", "workflows", "check", "--root", str(repo.root)]
     ok = subprocess.run(cmd, capture_output=True, text=True)
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    assert "opforge workflows check: ok (6 workflow(s))" in ok.stderr
+    assert "opforge workflows check: ok (8 workflow(s))" in ok.stderr
     repo.replace(PIPE, UPLOAD_PIN, "actions/upload-artifact@v4")
     bad = subprocess.run(cmd, capture_output=True, text=True)
     assert bad.returncode == 1
     assert bad.stdout.startswith(".github/workflows/reusable-build-smoke.yml:")
-    assert "1 problem(s) in 6 workflow(s)" in bad.stderr
+    assert "1 problem(s) in 8 workflow(s)" in bad.stderr
     repo.replace("matrix.yaml", "pythons: [", "pythons: [\"2.7\", ")
     usage = subprocess.run(cmd, capture_output=True, text=True)
     assert usage.returncode == 2

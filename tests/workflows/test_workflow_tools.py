@@ -50,9 +50,9 @@ def offline(cmd: list[str]) -> subprocess.CompletedProcess:
 
 
 def test_the_callers_and_the_reusable_workflows_exist():
-    assert [p.name for p in WORKFLOWS] == ["bisect.yml", "ci.yml", "nightly.yml",
+    assert [p.name for p in WORKFLOWS] == ["bisect.yml", "ci.yml", "nightly.yml", "release.yml",
                                            "reusable-bisect.yml", "reusable-build-smoke.yml",
-                                           "reusable-nightly.yml"]
+                                           "reusable-nightly.yml", "reusable-release.yml"]
 
 
 def test_actionlint_accepts_the_callers_opforge_init_writes(tmp_path, capsys):

@@ -27,6 +27,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="first copy the wheels the index published at URL serves into --out "
                         "(checked against their pages' sha256), so nothing published is lost "
                         "when the tree is deployed anew (GitHub Pages); a 404 is an empty index")
+    p.add_argument("--pypi-out", type=Path, metavar="DIR",
+                   help="also copy DIST's wheels that carry no local label (the pypi: true "
+                        "variant's, which PyPI accepts) into DIR, for the PyPI upload")
     p.add_argument("--dry-run", action="store_true", help="say what would change; write nothing")
     p.set_defaults(func=run_index)
 
@@ -45,6 +48,12 @@ def run_index(args: argparse.Namespace) -> int:
         count = fetch_published(args.merge_from, args.out)
         print(f"opforge index: {count} published wheel(s) fetched from {args.merge_from}")
     result = build_index(args.dist, args.out, dry_run=args.dry_run)
+    if args.pypi_out is not None and not args.dry_run:
+        from opforge.index import collect_dist, copy_pypi_clean
+
+        lookup(args.pypi_out, what="--pypi-out")
+        copied = copy_pypi_clean(collect_dist(args.dist), args.pypi_out)
+        print(f"opforge index: {len(copied)} PyPI-clean wheel(s) copied to {args.pypi_out}")
     verb = "would add" if args.dry_run else "added"
     for entry in result.added:
         print(f"{verb} {entry.path}")

@@ -37,6 +37,11 @@ pinned by a test in tests/workflows/:
   ``cancel-in-progress`` (left to the caller in a reusable workflow); ``timeout-minutes`` on
   every job; actions pinned to a 40-hex commit with a ``# vX.Y.Z`` comment;
   ``persist-credentials: false`` on checkout; cache keys built from what the cache depends on.
+* Publishing (publishing.py): PyPI uploads by trusted publishing only (``id-token: write`` on
+  that job alone, a protected ``environment:``, no token), every published file attested
+  first (``actions/attest-build-provenance``), Pages deployed from its environment, write
+  scopes only where a step needs them, and a pin of opforge's workflows to the commit its
+  named release was cut from.
 * In opforge's own repository: the three reusable workflows and their callers (ci.yml,
   nightly.yml, bisect.yml) exist; each reusable workflow's ``opforge`` input defaults to this
   release (``opforge==<version>``); the nightly has a schedule; the nightly and the bisect run
@@ -66,6 +71,7 @@ from opforge.workflows.drift import (
 )
 from opforge.workflows.hygiene import check_hygiene
 from opforge.workflows.project import load_project
+from opforge.workflows.publishing import check_publishing, check_release_pins
 from opforge.workflows.workflow import Report, Workflow, line_of, load_yaml, steps_of
 from opforge.yamlsafe import MAX_YAML_BYTES
 
@@ -137,6 +143,8 @@ def check_repository(root: str | Path, matrix_file: str | Path | None = None,
     local = {wf.path.name: wf for wf in workflows}
     for wf in chosen:
         check_hygiene(wf, report)
+        check_publishing(wf, report)
+        check_release_pins(wf, report)
         check_run_steps(wf, project, report)
         check_calls(wf, project, local, report)
         if project.matrix is None:

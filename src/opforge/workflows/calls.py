@@ -19,7 +19,8 @@ from opforge.workflows.project import Project
 from opforge.workflows.workflow import Report, Workflow, line_of
 
 # opforge's reusable workflows (.github/workflows/ of opforge's repository)
-REUSABLE = ("reusable-build-smoke.yml", "reusable-nightly.yml", "reusable-bisect.yml")
+REUSABLE = ("reusable-build-smoke.yml", "reusable-nightly.yml", "reusable-bisect.yml",
+            "reusable-release.yml")
 _EXPRESSION_ONLY = re.compile(r"^\s*\$\{\{.*\}\}\s*$", re.S)
 
 

@@ -6,6 +6,7 @@ import re
 from typing import Any
 
 from opforge.workflows.expressions import expressions
+from opforge.workflows.publishing import allowed_writes
 from opforge.workflows.workflow import Report, Workflow, action_name, line_of, steps_of
 
 MAX_TIMEOUT = 360  # GitHub-hosted jobs are killed at 6 h anyway
@@ -37,7 +38,7 @@ def check_hygiene(wf: Workflow, report: Report) -> None:
         _timeout(wf, job, where, report)
         if "permissions" in job:
             _permissions(wf, job["permissions"], line_of(job, "permissions"),
-                         f"{where}.permissions", report)
+                         f"{where}.permissions", report, allowed_writes(job))
         if "uses" in job:
             _called(wf, job, where, report)
         for step, swhere in steps_of(job):
@@ -83,13 +84,15 @@ def _timeout(wf: Workflow, job: dict, where: str, report: Report) -> None:
                f"{timeout!r} is not a number of minutes in 1..{MAX_TIMEOUT}")
 
 
-def _permissions(wf: Workflow, perms: Any, line: int, where: str, report: Report) -> None:
+def _permissions(wf: Workflow, perms: Any, line: int, where: str, report: Report,
+                 writable: set[str] = frozenset()) -> None:
+    """Nothing above read, but the scopes the job's publishing steps need (publishing.py)."""
     if isinstance(perms, str):
         report(wf, line, where, f"{perms!r} grants every scope; list what is needed "
                                 "(contents: read)")
     elif isinstance(perms, dict):
         for scope, level in perms.items():
-            if level not in ("read", "none"):
+            if level not in ("read", "none") and not (level == "write" and scope in writable):
                 report(wf, line_of(perms, scope), f"{where}.{scope}",
                        f"{level!r}: nothing here needs more than read")
     elif perms is not None:
