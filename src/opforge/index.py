@@ -47,6 +47,7 @@ from packaging.utils import (
 )
 
 from opforge.errors import OpforgeError, UsageError
+from opforge.files import check_writable, lookup, open_regular
 from opforge.stamp import RECORD_NAME
 
 MAX_METADATA = 16 << 20
@@ -96,7 +97,7 @@ class Entry:
 
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as fh:
+    with open_regular(path, what="wheel") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
@@ -105,7 +106,7 @@ def _sha256(path: Path) -> str:
 def _read_wheel(path: Path) -> tuple[bytes, dict | None]:
     """METADATA and the opforge build record (None: not stamped) of a wheel."""
     try:
-        with zipfile.ZipFile(path) as archive:
+        with open_regular(path, what="wheel") as fh, zipfile.ZipFile(fh) as archive:
             names = archive.namelist()
             meta = [n for n in names if re.fullmatch(r"[^/]+\.dist-info/METADATA", n)]
             if len(meta) != 1:
@@ -173,7 +174,8 @@ def _check_variant(name: str, where: Path) -> str:
 def collect_dist(dist: Path) -> list[Entry]:
     """The wheels to add: ``dist/<variant>/*.whl`` (or, in ``dist`` itself, wheels whose build
     record names their variant)."""
-    if not dist.is_dir():
+    info = lookup(dist, what="DIST")
+    if info is None or not stat.S_ISDIR(info.st_mode):
         raise UsageError(f"{dist}: no such directory (give the folder holding <variant>/*.whl)")
     entries = []
     for path in sorted(dist.glob("*.whl")):
@@ -311,7 +313,7 @@ def _write(site: Path, relative: str, data: bytes | None = None, source: Path | 
             if data is not None:
                 out.write(data)
             else:
-                with open(source, "rb") as src:  # type: ignore[arg-type]
+                with open_regular(source, what="wheel") as src:  # type: ignore[arg-type]
                     for chunk in iter(lambda: src.read(1 << 20), b""):
                         out.write(chunk)
         os.chmod(scratch, 0o644)
@@ -422,9 +424,29 @@ def fetch_published(base_url: str, site: Path) -> int:
     return fetched
 
 
+def check_site(site: Path) -> None:
+    """``--out`` is a real directory, or a path where one can be made: exit 2 otherwise."""
+    info = lookup(site, what="--out")
+    if info is None:
+        try:
+            link = os.lstat(site)
+        except OSError:
+            link = None
+        if link is not None:  # a dangling link
+            raise UsageError(f"--out {site}: a symbolic link to nothing; give a directory")
+        check_writable(site / ".opforge-index", what="--out")
+        return
+    if os.path.islink(site):
+        raise UsageError(f"--out {site}: a symbolic link; give the directory itself")
+    if not stat.S_ISDIR(info.st_mode):
+        raise UsageError(f"--out {site}: not a directory")
+    check_writable(site / ".opforge-index", what="--out")
+
+
 def build_index(dist: Path, site: Path, *, dry_run: bool = False) -> IndexResult:
     """Add ``dist``'s wheels to the tree at ``site`` (created when missing)."""
     site = Path(site)
+    check_site(site)
     added = collect_dist(Path(dist))
     published = collect_published(site)
     entries = merge(published, added)

@@ -6,7 +6,6 @@ import argparse
 from pathlib import Path
 
 from opforge.errors import UsageError
-from opforge.files import lookup
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -35,9 +34,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_index(args: argparse.Namespace) -> int:
-    from opforge.index import build_index
+    from opforge.index import build_index, check_site
 
-    lookup(args.out, what="--out")  # an unusable path is a usage error, before any work
+    check_site(args.out)  # an unusable --out is a usage error, before any work
     if args.merge_from:
         if args.dry_run:
             raise UsageError("--merge-from writes the published wheels into --out; it does not "
@@ -51,7 +50,7 @@ def run_index(args: argparse.Namespace) -> int:
     if args.pypi_out is not None and not args.dry_run:
         from opforge.index import collect_dist, copy_pypi_clean
 
-        lookup(args.pypi_out, what="--pypi-out")
+        check_site(args.pypi_out)
         copied = copy_pypi_clean(collect_dist(args.dist), args.pypi_out)
         print(f"opforge index: {len(copied)} PyPI-clean wheel(s) copied to {args.pypi_out}")
     verb = "would add" if args.dry_run else "added"
