@@ -110,6 +110,10 @@ def test_rows_timed_alone_compare_their_pace_with_the_saved_run():
                             "yardstick: 10 ms, was 1 ms; allowed 1.5x beyond noise ±10%)")
     assert b["status"] == "pass" and "0.91x of base" in markdown(now)
     assert "Note:" not in markdown(now)  # same machine
+    now["saved"] = {"line": "not saved as baseline b: 1 row failed (a/small/forward/cpu)"}
+    summary = markdown(now)  # the job summary: op and factor, and what --save did
+    assert "- ❌ `a` small fwd on cpu: 10.00x slower than baseline base" in summary
+    assert "not saved as baseline b: 1 row failed (a/small/forward/cpu)" in summary
 
 
 def test_rows_alone_from_another_machine_are_compared_and_the_summary_says_so():
