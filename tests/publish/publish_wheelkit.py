@@ -125,3 +125,17 @@ def uv_install(tmp: Path, target: Path, *args: str) -> dict[str, str]:
         name, version = info.name[:-len(".dist-info")].rsplit("-", 1)
         found[name] = version
     return found
+
+
+def repo_copy(root: Path) -> Path:
+    """This repository's CI inputs (matrix, noxfile, pyproject, workflows) copied to ``root``,
+    src/ linked: a tree whose workflows a test may break."""
+    import shutil
+
+    source = Path(__file__).resolve().parents[2]
+    root.mkdir(parents=True)
+    for name in ("matrix.yaml", "noxfile.py", "pyproject.toml"):
+        shutil.copy(source / name, root / name)
+    shutil.copytree(source / ".github", root / ".github")
+    (root / "src").symlink_to(source / "src")
+    return root

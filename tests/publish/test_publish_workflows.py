@@ -3,11 +3,11 @@ provenance attested first, write access only where a step needs it, release pins
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 import yaml
+from publish_wheelkit import repo_copy
 
 from opforge import __version__, _release
 from opforge.workflows import check_repository
@@ -146,12 +146,7 @@ def test_the_reusable_release_workflow_checks_what_it_promises():
 
 
 def test_dropping_the_attestation_from_the_reusable_release_is_caught(tmp_path):
-    root = tmp_path / "repo"
-    root.mkdir()
-    for name in ("matrix.yaml", "noxfile.py", "pyproject.toml"):
-        shutil.copy(ROOT / name, root / name)
-    shutil.copytree(ROOT / ".github", root / ".github")
-    (root / "src").symlink_to(ROOT / "src")
+    root = repo_copy(tmp_path / "repo")
     wf = root / ".github/workflows/reusable-release.yml"
     wf.write_text(wf.read_text().replace("    needs: [index, attest]\n", "    needs: index\n"))
     found = check_repository(root).problems

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 import pytest
-from publish_wheelkit import make_wheel
+from publish_wheelkit import make_wheel, repo_copy
 
 from opforge.cli import main
 from opforge.matrix import load_matrix
@@ -147,13 +146,7 @@ def test_the_pypi_variants_wheel_passes_twine_check(tmp_path):
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
-    root = tmp_path / "repo"
-    root.mkdir()
-    for name in ("matrix.yaml", "noxfile.py", "pyproject.toml"):
-        shutil.copy(ROOT / name, root / name)
-    shutil.copytree(ROOT / ".github", root / ".github")
-    (root / "src").symlink_to(ROOT / "src")
-    return root
+    return repo_copy(tmp_path / "repo")
 
 
 def _problems(root: Path) -> list[str]:
