@@ -519,6 +519,9 @@ class FileLock:
             fd, self.fd = self.fd, None
             os.close(fd)  # closing drops the flock
 
+    def __del__(self) -> None:  # a lock nobody holds a reference to is let go
+        self.release()
+
     def __enter__(self) -> FileLock:
         if self.fd is None:
             self.acquire()

@@ -63,8 +63,9 @@ def leftovers(folder: Path) -> list[str]:
 
 def _probe_saves(path: Path, day: str) -> str:
     """What one `opforge bisect --probe` does with the state: claim it shared, save its step."""
-    state_mod.claim(path, shared=True)
+    lock = state_mod.claim(path, shared=True)
     state_mod.save(state_with(day), path, merge=True)
+    lock.release()
     return day
 
 
@@ -81,8 +82,9 @@ def test_probes_started_together_on_one_state_all_keep_their_steps(tmp_path):
 
 
 def _full_bisect_claims(path: Path) -> int:
-    state_mod.claim(path)  # exclusive: a full bisect, --plan, --resume
-    time.sleep(0.25)       # still running when the others try
+    lock = state_mod.claim(path)  # exclusive: a full bisect, --plan, --resume
+    time.sleep(0.25)              # still running when the others try
+    lock.release()
     return os.getpid()
 
 

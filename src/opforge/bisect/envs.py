@@ -196,6 +196,12 @@ class EnvCache:
                     env.actions.append("installed pip")
         return env
 
+    def close(self) -> None:
+        """Release the use locks (the process exiting does it too)."""
+        for lock in self._held.values():
+            lock.release()
+        self._held.clear()
+
     def _use(self, path: Path) -> None:
         """Mark the environment in use by this process (shared, until it exits): no other
         bisect's eviction or ``cache prune`` removes it meanwhile."""

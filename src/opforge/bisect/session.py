@@ -58,6 +58,13 @@ class Session(Levels):
         if self.lock is None:
             self.lock = state_mod.claim(self.state_path, shared=self.shared_state)
 
+    def close(self) -> None:
+        """Let go of the state and the environments (the process exiting does it too)."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+        self.envs.close()
+
     def save(self) -> None:
         if self.started:
             self.claim()

@@ -501,50 +501,53 @@ def run(args: argparse.Namespace) -> int:
 
         session.speed = SpeedJudge(params.slower_than, workloads_of(params.wheel),
                                    timeout=params.timeout)
-    if fan_out:
-        return _round(args, session, state, verdicts, display)
     try:
-        with display:
-            try:
-                outcome = session.run()
-            finally:
-                if session.speed is not None:
-                    session.speed.close()
-            commits = commit_range(outcome.last_good.git_version, outcome.first_bad.git_version,
-                                   repo)
-            if args.by_commit:
-                outcome = session.bisect_commits(outcome, commits)
-    except KeyboardInterrupt as exc:
-        if not session.started:
+        if fan_out:
+            return _round(args, session, state, verdicts, display)
+        try:
+            with display:
+                try:
+                    outcome = session.run()
+                finally:
+                    if session.speed is not None:
+                        session.speed.close()
+                commits = commit_range(outcome.last_good.git_version, outcome.first_bad.git_version,
+                                       repo)
+                if args.by_commit:
+                    outcome = session.bisect_commits(outcome, commits)
+        except KeyboardInterrupt as exc:
+            if not session.started:
+                raise
+            signame = exc.name if isinstance(exc, Interrupted) else "SIGINT"
+            state.stopped = "interrupted"
+            session.save()
+            display.note(f"interrupted ({signame}) after {len(state.steps)} finished steps; "
+                         "`opforge bisect --resume` continues without repeating them")
+            log.write("interrupted", signal=signame, steps_done=len(state.steps))
             raise
-        signame = exc.name if isinstance(exc, Interrupted) else "SIGINT"
-        state.stopped = "interrupted"
-        session.save()
-        display.note(f"interrupted ({signame}) after {len(state.steps)} finished steps; "
-                     "`opforge bisect --resume` continues without repeating them")
-        log.write("interrupted", signal=signame, steps_done=len(state.steps))
-        raise
-    except UsageError:
-        raise  # bad input or an unusable saved state: exit 2, nothing is written
-    except OpforgeError as exc:
-        if not session.started:  # nothing was tested: nothing is written
+        except UsageError:
+            raise  # bad input or an unusable saved state: exit 2, nothing is written
+        except OpforgeError as exc:
+            if not session.started:  # nothing was tested: nothing is written
+                raise
+            # CI attaches the report wherever the bisect ends: say what was tested and why it stopped
+            state.stopped = "error"
+            session.save()
+            log.write("error", message=str(exc), steps_done=len(state.steps))
+            emit_error(str(exc), list(state.steps.values()), json_to=args.json,
+                       markdown_to=args.markdown)
             raise
-        # CI attaches the report wherever the bisect ends: say what was tested and why it stopped
-        state.stopped = "error"
-        session.save()
-        log.write("error", message=str(exc), steps_done=len(state.steps))
-        emit_error(str(exc), list(state.steps.values()), json_to=args.json,
-                   markdown_to=args.markdown)
-        raise
-    data = result_json(outcome, commits, f"python{params.python}"
-                       if re.fullmatch(r"\d+\.\d+", params.python) else exe, envs,
-                       list(state.steps.values()))
-    data["probes_this_run"] = session.probed_now
-    if session.speed is not None:
-        data["speed"] = session.speed.report()
-    state.result = data
-    session.claim()
-    state_mod.save(state, state_path)
-    log.write("done", result=data)
-    emit(data, json_to=args.json, markdown_to=args.markdown)
-    return 0
+        data = result_json(outcome, commits, f"python{params.python}"
+                           if re.fullmatch(r"\d+\.\d+", params.python) else exe, envs,
+                           list(state.steps.values()))
+        data["probes_this_run"] = session.probed_now
+        if session.speed is not None:
+            data["speed"] = session.speed.report()
+        state.result = data
+        session.claim()
+        state_mod.save(state, state_path)
+        log.write("done", result=data)
+        emit(data, json_to=args.json, markdown_to=args.markdown)
+        return 0
+    finally:  # an in-process caller (tests, an embedding tool) may run another bisect
+        session.close()
