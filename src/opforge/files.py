@@ -520,7 +520,10 @@ class FileLock:
             os.close(fd)  # closing drops the flock
 
     def __del__(self) -> None:  # a lock nobody holds a reference to is let go
-        self.release()
+        try:
+            self.release()
+        except Exception:  # noqa: BLE001, S110 - at interpreter exit the fd goes anyway
+            pass
 
     def __enter__(self) -> FileLock:
         if self.fd is None:
