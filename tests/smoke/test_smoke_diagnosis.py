@@ -170,3 +170,23 @@ def test_orphan_kernels_are_not_ops_and_are_listed_with_their_key():
         assert namespace_ops(torch, "opforge_orphan_test") == []
     finally:
         lib._destroy()
+
+
+def test_declared_op_missing_beside_a_near_spelling_says_did_you_mean():
+    import torch
+
+    from opforge.smoke.probe import Report, parse_args, run_census
+
+    lib = torch.library.Library("opforge_near_test", "DEF")
+    lib.define("scaled_add(Tensor x) -> Tensor")
+    try:
+        args = parse_args(["--package", "p", "--namespace", "opforge_near_test", "--out", "x"])
+        report = Report(args)
+        run_census(report, {"op_keys": {"scaled_ad": ["CPU"]}}, "opforge_near_test", torch)
+        check = next(c for c in report.doc["checks"] if c["id"] == "census:scaled_ad")
+        assert check["status"] == "fail"
+        assert check["message"].startswith("opforge_near_test::scaled_ad is not registered "
+                                           "(opforge_near_test defines scaled_add: did you mean "
+                                           "it?)")
+    finally:
+        lib._destroy()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+
 from .common import BACKEND_KEYS, OBSERVED_KEYS, Report
 from .registrations import op_names
 
@@ -105,8 +107,11 @@ def run_census(report: Report, spec: dict, namespace: str, torch_mod) -> dict[st
             for key in keys:
                 row["keys"][key] = {"status": "missing" if key in expected else "absent"}
             status = "fail" if declared else "warn"
+            near = difflib.get_close_matches(op, found, n=1, cutoff=0.6)
             report.check(f"census:{op}", "census", status,
-                         f"{qualname} is not registered: torch.ops.{ns}.{op} fails with "
+                         f"{qualname} is not registered"
+                         + (f" ({ns} defines {near[0]}: did you mean it?)" if near else "")
+                         + f": torch.ops.{ns}.{op} fails with "
                          f"\"AttributeError: '_OpNamespace' '{ns}' object has no attribute "
                          f"'{op}'\" and a fake registration for it with \"operator {qualname} "
                          "does not exist\"", op=op)
