@@ -765,9 +765,10 @@ def scan_setup_py(scan: Scan, path: Path) -> None:
         name = _evaluate(name_node, env, scan.root) if name_node is not None else None
         sources = _evaluate(sources_node, env, scan.root) if sources_node is not None else None
         if not isinstance(name, str):
-            scan.by_hand.append(f"setup.py:{node.lineno}: a {_name(node.func)} whose name is "
-                                "computed at build time: list its module under "
-                                "extension.modules in matrix.yaml by hand")
+            shown = ast.unparse(name_node)[:80] if name_node is not None else "no name"
+            scan.by_hand.append(f"setup.py:{node.lineno}: {_name(node.func)}({shown}, ...) names "
+                                "its module at build time (an f-string, a loop): list the modules "
+                                "it builds under extension.modules in matrix.yaml by hand")
             continue
         if isinstance(sources, str):
             sources = [sources]

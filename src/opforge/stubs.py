@@ -94,11 +94,9 @@ def stub_arguments(schema: str | None, hints: dict | None = None) \
         kind, name = words[0], words[-1] if len(words) > 1 else f"arg{i}"
         default = _python_default(default.strip()) if default else None
         base = re.sub(r"\(.*?\)", "", kind)
-        if base.endswith("?"):
-            if default is not None:
-                exprs.append(default)
-                continue
-            base = base[:-1]
+        if base.endswith("?"):  # optional: its default, else None (an out= or size left out)
+            exprs.append(default if default is not None else "None")
+            continue
         if base == "Tensor":
             if "!" in kind:
                 mutated.append(i)
