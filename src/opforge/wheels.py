@@ -76,6 +76,11 @@ class WheelReport:
     integrity: list[str] = field(default_factory=list)
 
     @property
+    def pypi_clean(self) -> bool:
+        """No local version label: a wheel PyPI accepts (the PyPI variant's)."""
+        return self.local_version is None
+
+    @property
     def abi3(self) -> bool:
         return any(t.split("-")[1] == "abi3" for t in self.tags)
 
@@ -118,6 +123,7 @@ class WheelReport:
         data = asdict(self)
         data["cuda_archs"] = self.cuda_archs
         data["min_torch"] = self.min_torch
+        data["pypi_clean"] = self.pypi_clean
         return data
 
 
@@ -585,9 +591,11 @@ def check_against_variant(report: WheelReport, variant: Variant,
 
     ``pythons``: the matrix's, which a stable variant's abi3 wheel must all install on."""
     problems = []
-    if report.local_version != variant.local_version:
+    if report.local_version != variant.wheel_local_version:
+        expected = (f"+{variant.wheel_local_version}" if variant.wheel_local_version else
+                    f"none (variant {variant.name} goes to PyPI, which refuses local versions)")
         problems.append(f"local version is {report.local_version or 'missing'}, expected "
-                        f"+{variant.local_version}")
+                        f"{expected}")
     pinned = exact_pin(report.torch_requirement)
     if variant.stable:
         problems += check_stable_tags(report, variant, pythons)
