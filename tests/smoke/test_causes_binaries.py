@@ -113,3 +113,16 @@ def test_wheel_beside_another_torch_is_a_cause_that_keeps_its_warning(python, tm
     assert "pip install the torch the wheel pins (torch==2.12.0)" in cause["fix"]
     assert cause["explains"] == ["torch-match"]
     assert first_lines(out)[0].startswith("WARN wrong torch: torch 2.13.0")
+
+
+def test_healthy_torchvision_under_a_wrong_namespace_fails_naming_its_own(tmp_path, capsys):
+    """A census of zero ops never passes: torchvision's ops are named where they are."""
+    from smoke_wheelkit import torchvision_python
+
+    rc, doc, out = smoke(capsys, torchvision_python(), "torchvision", namespace="wrongns",
+                         json_path=tmp_path / "r.json")
+    assert rc == 1
+    cause = the_cause(doc, "namespace_mismatch")
+    assert cause["found"] == "torchvision" and {"nms", "roi_align"} <= set(cause["ops"])
+    assert first_lines(out)[0] == ("FAIL namespace mismatch: the package registered its ops "
+                                   "under torchvision, not wrongns: torch.ops.wrongns has none")
