@@ -112,8 +112,8 @@ class PsRoiOpTester:
     # -------------------------------------------------- the CPU build only
     @pytest.mark.parametrize("case", CASES[:2], ids=["fixed", "adaptive"])
     def test_many_rois_match_one_roi_at_a_time_on_any_thread_count(self, case):
-        # A call goes plane by plane over all its rois (and over threads when it is large
-        # enough); one roi at a time is the same arithmetic per bin, so the same bits.
+        # A call walks all its rois (ps_roi_pool's forward plane by plane, over threads when
+        # it is large enough); one roi at a time is the same arithmetic per bin: the same bits.
         x, rois, scale, ph, pw, ratio = case_inputs(case, torch.float32, rois=800, channels_out=48)
         op = getattr(torch.ops.opforge, self.op)
         backward = getattr(torch.ops.opforge, self.backward)

@@ -2,9 +2,8 @@
 // the mean of input channel c * PH * PW + b over the bin quantized to input pixels.
 // As in torchvision, forward bins end at row H - 1 / column W - 1 (the last row and
 // column are never pooled); the backward is the gradient of exactly that forward.
-// Both directions go plane by plane (cpu/plane_order.h): forward over (image, input
-// channel) planes, backward over input channels, so no two threads write the same
-// element.
+// Forward work is split over (roi, output channel) pairs; backward over input
+// channels, so no two threads add into the same gradient element.
 
 #include <algorithm>
 #include <cmath>
@@ -13,7 +12,6 @@
 
 #include "../common.h"
 #include "parallel_policy.h"
-#include "plane_order.h"
 #include "roi_grid.h"
 
 namespace opforge::cpu {
@@ -60,36 +58,11 @@ void compute_ps_bins(PsBins& bins, const scalar_t* roi, double spatial_scale, in
   fill(bins.w_start, bins.w_end, pooled_w, bin_w, start_w, width - 1);
 }
 
-// Every roi's bins, computed once per call: roi n's rows of bin row ph are
-// [h_start[n * PH + ph], h_end[...]), its columns likewise.
-struct AllBins {
-  std::vector<int64_t> batch_index, h_start, h_end, w_start, w_end;
-};
-
-template <typename scalar_t>
-AllBins compute_all_bins(const scalar_t* roi_p, int64_t num_rois, double spatial_scale,
-                         int64_t height, int64_t width, int64_t pooled_h, int64_t pooled_w) {
-  AllBins all;
-  all.batch_index.resize(num_rois);
-  PsBins b;
-  for (int64_t n = 0; n < num_rois; ++n) {
-    compute_ps_bins(b, roi_p + n * 5, spatial_scale, height, width, pooled_h, pooled_w);
-    all.batch_index[n] = b.batch_index;
-    all.h_start.insert(all.h_start.end(), b.h_start.begin(), b.h_start.end());
-    all.h_end.insert(all.h_end.end(), b.h_end.begin(), b.h_end.end());
-    all.w_start.insert(all.w_start.end(), b.w_start.begin(), b.w_start.end());
-    all.w_end.insert(all.w_end.end(), b.w_end.begin(), b.w_end.end());
-  }
-  return all;
-}
-
 template <typename scalar_t>
 void ps_roi_pool_forward_impl(const Tensor& input, const Tensor& rois, Tensor& output,
                               Tensor& channel_mapping, double spatial_scale, int64_t pooled_h,
                               int64_t pooled_w) {
   using acc_t = opmath_t<scalar_t>;
-  const int64_t num_rois = rois.size(0);
-  const int64_t batch = input.size(0);
   const int64_t channels = input.size(1);
   const int64_t height = input.size(2);
   const int64_t width = input.size(3);
@@ -99,39 +72,39 @@ void ps_roi_pool_forward_impl(const Tensor& input, const Tensor& rois, Tensor& o
   const scalar_t* roi_p = rois.const_data_ptr<scalar_t>();
   scalar_t* out = output.mutable_data_ptr<scalar_t>();
   int32_t* mapping = channel_mapping.mutable_data_ptr<int32_t>();
-  const AllBins all =
-      compute_all_bins(roi_p, num_rois, spatial_scale, height, width, pooled_h, pooled_w);
-  const Groups by_image = rois_by_image(roi_p, num_rois, batch);
-  // An (image, input channel) plane: each of the image's rois sums one bin's pixels in it.
-  const int64_t pixels = pixels_per_roi(roi_p, num_rois, spatial_scale, height, width);
-  const int64_t per_plane = (num_rois + batch - 1) / batch * (1 + pixels / bins);
+  // Each (roi, output channel) sums the pixels of every bin once. (Plane by plane, every roi
+  // of an image in one input channel at a time, measured no faster: 0.95x-1.27x.)
+  const int64_t pixels = pixels_per_roi(roi_p, rois.size(0), spatial_scale, height, width);
 
-  parallel_for_work(batch * channels, per_plane, [&](int64_t begin, int64_t end) {
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t image = item / channels;
-      const int64_t c_in = item % channels;
-      const int64_t c_out = c_in / bins;
-      const int64_t bin = c_in % bins;
-      const int64_t ph = bin / pooled_w;
-      const int64_t pw = bin % pooled_w;
-      const scalar_t* plane = in + item * height * width;
-      for (int64_t k = by_image.first[image]; k < by_image.first[image + 1]; ++k) {
-        const int64_t n = by_image.order[k];
-        const int64_t h0 = all.h_start[n * pooled_h + ph], h1 = all.h_end[n * pooled_h + ph];
-        const int64_t w0 = all.w_start[n * pooled_w + pw], w1 = all.w_end[n * pooled_w + pw];
-        acc_t sum = 0;
-        for (int64_t h = h0; h < h1; ++h) {
-          const scalar_t* row = plane + h * width;
-          for (int64_t w = w0; w < w1; ++w) {
-            sum += static_cast<acc_t>(row[w]);
+  parallel_for_work(rois.size(0) * channels_out, pixels + bins, [&](int64_t begin, int64_t end) {
+    PsBins b;
+    int64_t current = -1;
+    for (int64_t index = begin; index < end; ++index) {
+      const int64_t n = index / channels_out;
+      const int64_t c_out = index % channels_out;
+      if (n != current) {
+        compute_ps_bins(b, roi_p + n * 5, spatial_scale, height, width, pooled_h, pooled_w);
+        current = n;
+      }
+      for (int64_t ph = 0; ph < pooled_h; ++ph) {
+        for (int64_t pw = 0; pw < pooled_w; ++pw) {
+          const int64_t bin = ph * pooled_w + pw;
+          const int64_t c_in = c_out * bins + bin;
+          const scalar_t* plane = in + (b.batch_index * channels + c_in) * height * width;
+          const int64_t rows = b.h_end[ph] - b.h_start[ph];
+          const int64_t cols = b.w_end[pw] - b.w_start[pw];
+          acc_t sum = 0;
+          for (int64_t h = b.h_start[ph]; h < b.h_end[ph]; ++h) {
+            const scalar_t* row = plane + h * width;
+            for (int64_t w = b.w_start[pw]; w < b.w_end[pw]; ++w) {
+              sum += static_cast<acc_t>(row[w]);
+            }
           }
+          const bool empty = rows <= 0 || cols <= 0;
+          out[index * bins + bin] =
+              empty ? scalar_t(0) : static_cast<scalar_t>(sum / static_cast<acc_t>(rows * cols));
+          mapping[index * bins + bin] = static_cast<int32_t>(c_in);
         }
-        const int64_t rows = h1 - h0, cols = w1 - w0;
-        const int64_t index = (n * channels_out + c_out) * bins + bin;
-        out[index] = rows <= 0 || cols <= 0
-                         ? scalar_t(0)
-                         : static_cast<scalar_t>(sum / static_cast<acc_t>(rows * cols));
-        mapping[index] = static_cast<int32_t>(c_in);
       }
     }
   });
@@ -152,33 +125,38 @@ void ps_roi_pool_backward_impl(const Tensor& grad, const Tensor& rois,
   const scalar_t* roi_p = rois.const_data_ptr<scalar_t>();
   const int32_t* mapping = channel_mapping.const_data_ptr<int32_t>();
   acc_t* gi = grad_input.mutable_data_ptr<acc_t>();
-  const AllBins all =
-      compute_all_bins(roi_p, num_rois, spatial_scale, height, width, pooled_h, pooled_w);
-  // Each input channel takes the grad entries the mapping sends there, in entry order (the
-  // order a roi-major loop adds them in): its planes are written by nobody else.
-  const Groups by_channel = entries_by_channel(mapping, num_rois * per_roi, channels);
+
+  // Each chunk owns a range of input channels; a grad entry spreads over one bin's pixels and
+  // each chunk also reads every entry's mapping. (Plane by plane, over the inverted mapping,
+  // measured 1.2x slower here than this roi-major walk.)
   const int64_t pixels = pixels_per_roi(roi_p, num_rois, spatial_scale, height, width);
   const int64_t work = total_work(total_work(num_rois, per_roi), 1 + pixels / bins);
-
   parallel_for_work(channels, work / std::max<int64_t>(channels, 1),
                     [&](int64_t c_begin, int64_t c_end) {
-    for (int64_t c_in = c_begin; c_in < c_end; ++c_in) {
-      for (int64_t k = by_channel.first[c_in]; k < by_channel.first[c_in + 1]; ++k) {
-        const int64_t entry = by_channel.order[k];
-        const int64_t n = entry / per_roi;
-        const int64_t e = entry % per_roi;
+    PsBins b;
+    for (int64_t n = 0; n < num_rois; ++n) {
+      bool built = false;
+      for (int64_t e = 0; e < per_roi; ++e) {
+        const int64_t c_in = mapping[n * per_roi + e];
+        if (c_in < c_begin || c_in >= c_end) {
+          continue;
+        }
+        if (!built) {
+          compute_ps_bins(b, roi_p + n * 5, spatial_scale, height, width, pooled_h, pooled_w);
+          built = true;
+        }
         const int64_t ph = (e % bins) / pooled_w;
         const int64_t pw = e % pooled_w;
-        const int64_t h0 = all.h_start[n * pooled_h + ph], h1 = all.h_end[n * pooled_h + ph];
-        const int64_t w0 = all.w_start[n * pooled_w + pw], w1 = all.w_end[n * pooled_w + pw];
-        const int64_t rows = h1 - h0, cols = w1 - w0;
+        const int64_t rows = b.h_end[ph] - b.h_start[ph];
+        const int64_t cols = b.w_end[pw] - b.w_start[pw];
         if (rows <= 0 || cols <= 0) {
           continue;
         }
-        const acc_t value = static_cast<acc_t>(g[entry]) / static_cast<acc_t>(rows * cols);
-        acc_t* plane = gi + (all.batch_index[n] * channels + c_in) * height * width;
-        for (int64_t h = h0; h < h1; ++h) {
-          for (int64_t w = w0; w < w1; ++w) {
+        const acc_t value =
+            static_cast<acc_t>(g[n * per_roi + e]) / static_cast<acc_t>(rows * cols);
+        acc_t* plane = gi + (b.batch_index * channels + c_in) * height * width;
+        for (int64_t h = b.h_start[ph]; h < b.h_end[ph]; ++h) {
+          for (int64_t w = b.w_start[pw]; w < b.w_end[pw]; ++w) {
             plane[h * width + w] += value;
           }
         }
