@@ -96,6 +96,14 @@ def release(session: nox.Session) -> None:
 
 
 @nox.session(venv_backend=opforge.nox.VENV_BACKEND)
+def styles(session: nox.Session) -> None:
+    """init -> build -> smoke -> bench of every extension style under tests/adopt/styles (not in .ci/run)."""
+    opforge.nox.install(session, "-e", ".[test,build]")
+    session.run("pytest", "-m", "styles or not styles", "--durations=0", "tests/adopt/test_styles.py",
+                *session.posargs)
+
+
+@nox.session(venv_backend=opforge.nox.VENV_BACKEND)
 def lint(session: nox.Session) -> None:
     """ruff, clang-format on extension/csrc, matrix.yaml validation, the workflow checks."""
     opforge.nox.install(session, "-e", ".[lint]")

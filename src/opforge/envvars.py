@@ -75,7 +75,7 @@ def _channel(name: str, value: str) -> None:
     from opforge.matrix import CHANNELS
 
     if value not in CHANNELS:
-        raise UsageError(f"{name}={value!r}: expected one of {', '.join(CHANNELS)}")
+        raise UsageError(f"{name}={value!r} is not one of {', '.join(CHANNELS)}")
 
 
 CHECKS = {

@@ -13,7 +13,6 @@ compiles go through the compiler cache; each smoke still makes a fresh environme
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from pathlib import Path
@@ -58,18 +57,14 @@ INSTALLED = {"ctops": "ctops/_ops.py", "stabops": "stabops/__init__.py"}
 
 # Each style's whole path takes minutes on a 2-core machine (measured here, compiler cache
 # cold / warm): regops 166 s, pybops 376 / 330 s, stabops 142 s (these three compile against
-# torch's C++ headers), ctops 107 s (a C library). The suite runs ctops; every style when
-# OPFORGE_TEST_STYLES=all (`OPFORGE_TEST_STYLES=all nox -s tests -- tests/adopt/test_styles.py`).
-EVERY_STYLE = os.environ.get("OPFORGE_TEST_STYLES") == "all"
+# torch's C++ headers), ctops 107 s (a C library). The suite (.ci/run) runs ctops; the other
+# three carry the `styles` marker, which the default pytest options deselect, and run in
+# `nox -s styles` (every style), as the realtorch tests run in `nox -s realtorch`.
 IN_SUITE = ("ctops",)
 
 
 def _style(style: str):
-    if EVERY_STYLE or style in IN_SUITE:
-        return style
-    return pytest.param(style, marks=pytest.mark.skip(
-        reason=f"{style} compiles against torch's C++ headers (2-6 min on 2 cores), beyond the "
-               "suite's time budget: OPFORGE_TEST_STYLES=all runs it"))
+    return style if style in IN_SUITE else pytest.param(style, marks=pytest.mark.styles)
 
 
 @pytest.mark.slow
