@@ -142,11 +142,13 @@ def thread_counts(text):
 
 
 class BusyCores:
-    """`count` processes that spin until closed: a machine whose cores are all taken."""
+    """`count` processes that spin until closed: a machine whose cores are all taken. Each
+    also stops when this process is gone (killed, timed out), so none outlives the run."""
+
+    SPIN = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    pass\n"
 
     def __init__(self, count):
-        self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-                      for _ in range(count)]
+        self.procs = [subprocess.Popen([sys.executable, "-c", self.SPIN]) for _ in range(count)]
 
     def close(self):
         for proc in self.procs:
