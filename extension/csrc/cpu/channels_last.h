@@ -27,24 +27,29 @@ struct Lanes {
   T v[32 / sizeof(T)];
   Lanes() = default;
   Lanes(T value) {  // NOLINT(google-explicit-constructor): a broadcast, as Vectorized's
-    for (int64_t i = 0; i < size(); ++i) v[i] = value;
+    for (int64_t i = 0; i < size(); ++i)
+      v[i] = value;
   }
   static Lanes loadu(const T* p) {
     Lanes out;
-    for (int64_t i = 0; i < size(); ++i) out.v[i] = p[i];
+    for (int64_t i = 0; i < size(); ++i)
+      out.v[i] = p[i];
     return out;
   }
   void store(T* p) const {
-    for (int64_t i = 0; i < size(); ++i) p[i] = v[i];
+    for (int64_t i = 0; i < size(); ++i)
+      p[i] = v[i];
   }
   friend Lanes operator+(const Lanes& a, const Lanes& b) {
     Lanes out;
-    for (int64_t i = 0; i < size(); ++i) out.v[i] = a.v[i] + b.v[i];
+    for (int64_t i = 0; i < size(); ++i)
+      out.v[i] = a.v[i] + b.v[i];
     return out;
   }
   friend Lanes operator*(const Lanes& a, const Lanes& b) {
     Lanes out;
-    for (int64_t i = 0; i < size(); ++i) out.v[i] = a.v[i] * b.v[i];
+    for (int64_t i = 0; i < size(); ++i)
+      out.v[i] = a.v[i] * b.v[i];
     return out;
   }
 };

@@ -134,39 +134,41 @@ void deformable_im2col(const Geometry& g, const scalar_t* input, const scalar_t*
   const int64_t tasks = n_images * g.offset_groups * kk * blocks;
 
   // A task samples one block of positions for every channel of its offset group.
-  cpu::parallel_for_work(tasks, 6 * cpg * std::min(out_size, kPositionBlock), [&](int64_t begin,
-                                                                               int64_t end) {
-    std::vector<Corners<scalar_t>> corners(kPositionBlock);
-    std::vector<scalar_t> masks(kPositionBlock);
-    for (int64_t t = begin; t < end; ++t) {
-      int64_t rest = t;
-      const int64_t block = rest % blocks;
-      rest /= blocks;
-      const int64_t tap = rest % kk;
-      rest /= kk;
-      const int64_t og = rest % g.offset_groups;
-      const int64_t local = rest / g.offset_groups;
-      const int64_t image = first_image + local;
-      const int64_t p0 = block * kPositionBlock;
-      const int64_t p1 = std::min(out_size, p0 + kPositionBlock);
-      compute_block_corners(g, offset, mask, image, og, tap, p0, p1, corners.data(), masks.data());
-      for (int64_t c = og * cpg; c < (og + 1) * cpg; ++c) {
-        const scalar_t* in = input + (image * g.channels + c) * plane;
-        scalar_t* col = columns + (c * kk + tap) * n_cols + local * out_size;
-        for (int64_t p = p0; p < p1; ++p) {
-          const Corners<scalar_t>& cr = corners[p - p0];
-          scalar_t v = 0;
-          for (int q = 0; q < 4; ++q) {
-            if (cr.idx[q] >= 0) {
-              v += cr.w[q] * in[cr.idx[q]];
+  cpu::parallel_for_work(
+      tasks, 6 * cpg * std::min(out_size, kPositionBlock), [&](int64_t begin, int64_t end) {
+        std::vector<Corners<scalar_t>> corners(kPositionBlock);
+        std::vector<scalar_t> masks(kPositionBlock);
+        for (int64_t t = begin; t < end; ++t) {
+          int64_t rest = t;
+          const int64_t block = rest % blocks;
+          rest /= blocks;
+          const int64_t tap = rest % kk;
+          rest /= kk;
+          const int64_t og = rest % g.offset_groups;
+          const int64_t local = rest / g.offset_groups;
+          const int64_t image = first_image + local;
+          const int64_t p0 = block * kPositionBlock;
+          const int64_t p1 = std::min(out_size, p0 + kPositionBlock);
+          compute_block_corners(g, offset, mask, image, og, tap, p0, p1, corners.data(),
+                                masks.data());
+          for (int64_t c = og * cpg; c < (og + 1) * cpg; ++c) {
+            const scalar_t* in = input + (image * g.channels + c) * plane;
+            scalar_t* col = columns + (c * kk + tap) * n_cols + local * out_size;
+            for (int64_t p = p0; p < p1; ++p) {
+              const Corners<scalar_t>& cr = corners[p - p0];
+              scalar_t v = 0;
+              for (int q = 0; q < 4; ++q) {
+                if (cr.idx[q] >= 0) {
+                  v += cr.w[q] * in[cr.idx[q]];
+                }
+              }
+              col[p] = cr.inside
+                           ? masks[p - p0] * v
+                           : (cr.nan ? std::numeric_limits<scalar_t>::quiet_NaN() : scalar_t(0));
             }
           }
-          col[p] = cr.inside ? masks[p - p0] * v
-                             : (cr.nan ? std::numeric_limits<scalar_t>::quiet_NaN() : scalar_t(0));
         }
-      }
-    }
-  });
+      });
 }
 
 // grad_input[image, c] += sum over taps and positions of
@@ -243,65 +245,67 @@ void deformable_col2im_coord(const Geometry& g, const scalar_t* grad_columns, co
   const int64_t blocks = ceil_div(out_size, kPositionBlock);
   const int64_t tasks = n_images * g.offset_groups * kk * blocks;
 
-  cpu::parallel_for_work(tasks, 16 * cpg * std::min(out_size, kPositionBlock), [&](int64_t begin,
-                                                                                int64_t end) {
-    std::vector<Corners<scalar_t>> corners(kPositionBlock);
-    std::vector<scalar_t> masks(kPositionBlock);
-    std::vector<scalar_t> acc_y(kPositionBlock), acc_x(kPositionBlock), acc_v(kPositionBlock);
-    for (int64_t t = begin; t < end; ++t) {
-      int64_t rest = t;
-      const int64_t block = rest % blocks;
-      rest /= blocks;
-      const int64_t tap = rest % kk;
-      rest /= kk;
-      const int64_t og = rest % g.offset_groups;
-      const int64_t local = rest / g.offset_groups;
-      const int64_t image = first_image + local;
-      const int64_t p0 = block * kPositionBlock;
-      const int64_t p1 = std::min(out_size, p0 + kPositionBlock);
-      const int64_t n = p1 - p0;
-      compute_block_corners(g, offset, mask, image, og, tap, p0, p1, corners.data(), masks.data());
-      std::fill(acc_y.begin(), acc_y.begin() + n, scalar_t(0));
-      std::fill(acc_x.begin(), acc_x.begin() + n, scalar_t(0));
-      std::fill(acc_v.begin(), acc_v.begin() + n, scalar_t(0));
-      for (int64_t c = og * cpg; c < (og + 1) * cpg; ++c) {
-        const scalar_t* in = input + (image * g.channels + c) * plane;
-        const scalar_t* gcol = grad_columns + (c * kk + tap) * n_cols + local * out_size;
-        for (int64_t p = p0; p < p1; ++p) {
-          const Corners<scalar_t>& cr = corners[p - p0];
-          if (!cr.inside) {
-            continue;
+  cpu::parallel_for_work(
+      tasks, 16 * cpg * std::min(out_size, kPositionBlock), [&](int64_t begin, int64_t end) {
+        std::vector<Corners<scalar_t>> corners(kPositionBlock);
+        std::vector<scalar_t> masks(kPositionBlock);
+        std::vector<scalar_t> acc_y(kPositionBlock), acc_x(kPositionBlock), acc_v(kPositionBlock);
+        for (int64_t t = begin; t < end; ++t) {
+          int64_t rest = t;
+          const int64_t block = rest % blocks;
+          rest /= blocks;
+          const int64_t tap = rest % kk;
+          rest /= kk;
+          const int64_t og = rest % g.offset_groups;
+          const int64_t local = rest / g.offset_groups;
+          const int64_t image = first_image + local;
+          const int64_t p0 = block * kPositionBlock;
+          const int64_t p1 = std::min(out_size, p0 + kPositionBlock);
+          const int64_t n = p1 - p0;
+          compute_block_corners(g, offset, mask, image, og, tap, p0, p1, corners.data(),
+                                masks.data());
+          std::fill(acc_y.begin(), acc_y.begin() + n, scalar_t(0));
+          std::fill(acc_x.begin(), acc_x.begin() + n, scalar_t(0));
+          std::fill(acc_v.begin(), acc_v.begin() + n, scalar_t(0));
+          for (int64_t c = og * cpg; c < (og + 1) * cpg; ++c) {
+            const scalar_t* in = input + (image * g.channels + c) * plane;
+            const scalar_t* gcol = grad_columns + (c * kk + tap) * n_cols + local * out_size;
+            for (int64_t p = p0; p < p1; ++p) {
+              const Corners<scalar_t>& cr = corners[p - p0];
+              if (!cr.inside) {
+                continue;
+              }
+              scalar_t v[4];
+              for (int q = 0; q < 4; ++q) {
+                v[q] = cr.idx[q] >= 0 ? in[cr.idx[q]] : scalar_t(0);
+              }
+              const scalar_t gc = gcol[p];
+              const scalar_t hy = 1 - cr.ly, hx = 1 - cr.lx;
+              acc_y[p - p0] += gc * (hx * (v[2] - v[0]) + cr.lx * (v[3] - v[1]));
+              acc_x[p - p0] += gc * (hy * (v[1] - v[0]) + cr.ly * (v[3] - v[2]));
+              acc_v[p - p0] +=
+                  gc * (cr.w[0] * v[0] + cr.w[1] * v[1] + cr.w[2] * v[2] + cr.w[3] * v[3]);
+            }
           }
-          scalar_t v[4];
-          for (int q = 0; q < 4; ++q) {
-            v[q] = cr.idx[q] >= 0 ? in[cr.idx[q]] : scalar_t(0);
+          scalar_t* goff_y =
+              grad_offset + ((image * g.offset_groups + og) * 2 * kk + 2 * tap) * out_size;
+          scalar_t* goff_x = goff_y + out_size;
+          for (int64_t p = p0; p < p1; ++p) {
+            if (corners[p - p0].nan) {
+              acc_y[p - p0] = acc_x[p - p0] = acc_v[p - p0] =
+                  std::numeric_limits<scalar_t>::quiet_NaN();
+            }
+            goff_y[p] = masks[p - p0] * acc_y[p - p0];
+            goff_x[p] = masks[p - p0] * acc_x[p - p0];
           }
-          const scalar_t gc = gcol[p];
-          const scalar_t hy = 1 - cr.ly, hx = 1 - cr.lx;
-          acc_y[p - p0] += gc * (hx * (v[2] - v[0]) + cr.lx * (v[3] - v[1]));
-          acc_x[p - p0] += gc * (hy * (v[1] - v[0]) + cr.ly * (v[3] - v[2]));
-          acc_v[p - p0] += gc * (cr.w[0] * v[0] + cr.w[1] * v[1] + cr.w[2] * v[2] + cr.w[3] * v[3]);
+          if (g.use_mask) {
+            scalar_t* gmask = grad_mask + ((image * g.offset_groups + og) * kk + tap) * out_size;
+            for (int64_t p = p0; p < p1; ++p) {
+              gmask[p] = acc_v[p - p0];
+            }
+          }
         }
-      }
-      scalar_t* goff_y =
-          grad_offset + ((image * g.offset_groups + og) * 2 * kk + 2 * tap) * out_size;
-      scalar_t* goff_x = goff_y + out_size;
-      for (int64_t p = p0; p < p1; ++p) {
-        if (corners[p - p0].nan) {
-          acc_y[p - p0] = acc_x[p - p0] = acc_v[p - p0] =
-              std::numeric_limits<scalar_t>::quiet_NaN();
-        }
-        goff_y[p] = masks[p - p0] * acc_y[p - p0];
-        goff_x[p] = masks[p - p0] * acc_x[p - p0];
-      }
-      if (g.use_mask) {
-        scalar_t* gmask = grad_mask + ((image * g.offset_groups + og) * kk + tap) * out_size;
-        for (int64_t p = p0; p < p1; ++p) {
-          gmask[p] = acc_v[p - p0];
-        }
-      }
-    }
-  });
+      });
 }
 
 bool is_reduced_float(ScalarType t) {

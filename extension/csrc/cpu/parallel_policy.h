@@ -8,8 +8,8 @@
 // the calling thread: waking a second thread costs tens of microseconds on an idle
 // machine and, on a busy one, can cost a scheduler time slice (milliseconds) while
 // the caller waits for it. Above it, the items are handed out in chunks of about
-// kChunkWork units (at most 8 a thread) from a shared counter, so a thread that the scheduler holds back
-// takes fewer chunks instead of holding up the call with a fixed half of it.
+// kChunkWork units (at most 8 a thread) from a shared counter, so a thread that the scheduler holds
+// back takes fewer chunks instead of holding up the call with a fixed half of it.
 #pragma once
 
 #include <algorithm>
@@ -54,8 +54,8 @@ void parallel_for_work(int64_t items, int64_t item_work, const F& f) {
   const int64_t per_thread = (items + threads - 1) / threads;
   // At most 8 chunks a thread: a chunk may repeat per-call set-up (a roi's sampling grid).
   const int64_t fewest = (items + threads * 8 - 1) / (threads * 8);
-  const int64_t chunk = std::clamp<int64_t>(kChunkWork / std::max<int64_t>(item_work, 1),
-                                            fewest, per_thread);
+  const int64_t chunk =
+      std::clamp<int64_t>(kChunkWork / std::max<int64_t>(item_work, 1), fewest, per_thread);
   const int64_t chunks = (items + chunk - 1) / chunk;
   std::atomic<int64_t> next{0};
   parallel_for(0, std::min(threads, chunks), 1, [&](int64_t, int64_t) {

@@ -45,8 +45,8 @@ void ps_roi_align_forward_impl(const Tensor& input, const Tensor& rois, Tensor& 
   scalar_t* out = output.mutable_data_ptr<scalar_t>();
   int32_t* mapping = channel_mapping.mutable_data_ptr<int32_t>();
   // Each (roi, output channel) samples every bin once.
-  const int64_t samples = samples_per_roi(roi_p, rois.size(0), spatial_scale, pooled_h, pooled_w,
-                                          sampling_ratio);
+  const int64_t samples =
+      samples_per_roi(roi_p, rois.size(0), spatial_scale, pooled_h, pooled_w, sampling_ratio);
 
   parallel_for_work(rois.size(0) * channels_out, 4 * samples, [&](int64_t begin, int64_t end) {
     RoiGrid<acc_t> grid;
@@ -105,34 +105,34 @@ void ps_roi_align_backward_impl(const Tensor& grad, const Tensor& rois,
   const int64_t samples =
       samples_per_roi(roi_p, num_rois, spatial_scale, pooled_h, pooled_w, sampling_ratio);
   const int64_t work = total_work(total_work(num_rois, per_roi), 1 + 4 * samples / bins);
-  parallel_for_work(channels, work / std::max<int64_t>(channels, 1),
-                    [&](int64_t c_begin, int64_t c_end) {
-    RoiGrid<acc_t> grid;
-    for (int64_t n = 0; n < num_rois; ++n) {
-      bool built = false;
-      for (int64_t e = 0; e < per_roi; ++e) {
-        const int64_t c_in = mapping[n * per_roi + e];
-        if (c_in < c_begin || c_in >= c_end) {
-          continue;
-        }
-        if (!built) {
-          compute_roi_grid<scalar_t, acc_t>("_ps_roi_align_backward", grid, roi_p + n * 5,
-                                            static_cast<acc_t>(spatial_scale), height, width,
-                                            pooled_h, pooled_w, sampling_ratio, /*aligned=*/true);
-          built = true;
-        }
-        const int64_t bin = e % bins;
-        const acc_t value = static_cast<acc_t>(g[n * per_roi + e]) / grid.count;
-        acc_t* plane = gi + (grid.batch_index * channels + c_in) * plane_size;
-        for (int64_t t = grid.bin_begin[bin]; t < grid.bin_begin[bin + 1]; ++t) {
-          const Tap<acc_t>& tap = grid.taps[t];
-          for (int q = 0; q < 4; ++q) {
-            plane[tap.pos[q]] += tap.w[q] * value;
+  parallel_for_work(
+      channels, work / std::max<int64_t>(channels, 1), [&](int64_t c_begin, int64_t c_end) {
+        RoiGrid<acc_t> grid;
+        for (int64_t n = 0; n < num_rois; ++n) {
+          bool built = false;
+          for (int64_t e = 0; e < per_roi; ++e) {
+            const int64_t c_in = mapping[n * per_roi + e];
+            if (c_in < c_begin || c_in >= c_end) {
+              continue;
+            }
+            if (!built) {
+              compute_roi_grid<scalar_t, acc_t>(
+                  "_ps_roi_align_backward", grid, roi_p + n * 5, static_cast<acc_t>(spatial_scale),
+                  height, width, pooled_h, pooled_w, sampling_ratio, /*aligned=*/true);
+              built = true;
+            }
+            const int64_t bin = e % bins;
+            const acc_t value = static_cast<acc_t>(g[n * per_roi + e]) / grid.count;
+            acc_t* plane = gi + (grid.batch_index * channels + c_in) * plane_size;
+            for (int64_t t = grid.bin_begin[bin]; t < grid.bin_begin[bin + 1]; ++t) {
+              const Tap<acc_t>& tap = grid.taps[t];
+              for (int q = 0; q < 4; ++q) {
+                plane[tap.pos[q]] += tap.w[q] * value;
+              }
+            }
           }
         }
-      }
-    }
-  });
+      });
 }
 
 std::tuple<Tensor, Tensor> ps_roi_align_forward_kernel(const Tensor& input, const Tensor& rois,

@@ -131,38 +131,38 @@ void ps_roi_pool_backward_impl(const Tensor& grad, const Tensor& rois,
   // measured 1.2x slower here than this roi-major walk.)
   const int64_t pixels = pixels_per_roi(roi_p, num_rois, spatial_scale, height, width);
   const int64_t work = total_work(total_work(num_rois, per_roi), 1 + pixels / bins);
-  parallel_for_work(channels, work / std::max<int64_t>(channels, 1),
-                    [&](int64_t c_begin, int64_t c_end) {
-    PsBins b;
-    for (int64_t n = 0; n < num_rois; ++n) {
-      bool built = false;
-      for (int64_t e = 0; e < per_roi; ++e) {
-        const int64_t c_in = mapping[n * per_roi + e];
-        if (c_in < c_begin || c_in >= c_end) {
-          continue;
-        }
-        if (!built) {
-          compute_ps_bins(b, roi_p + n * 5, spatial_scale, height, width, pooled_h, pooled_w);
-          built = true;
-        }
-        const int64_t ph = (e % bins) / pooled_w;
-        const int64_t pw = e % pooled_w;
-        const int64_t rows = b.h_end[ph] - b.h_start[ph];
-        const int64_t cols = b.w_end[pw] - b.w_start[pw];
-        if (rows <= 0 || cols <= 0) {
-          continue;
-        }
-        const acc_t value =
-            static_cast<acc_t>(g[n * per_roi + e]) / static_cast<acc_t>(rows * cols);
-        acc_t* plane = gi + (b.batch_index * channels + c_in) * height * width;
-        for (int64_t h = b.h_start[ph]; h < b.h_end[ph]; ++h) {
-          for (int64_t w = b.w_start[pw]; w < b.w_end[pw]; ++w) {
-            plane[h * width + w] += value;
+  parallel_for_work(
+      channels, work / std::max<int64_t>(channels, 1), [&](int64_t c_begin, int64_t c_end) {
+        PsBins b;
+        for (int64_t n = 0; n < num_rois; ++n) {
+          bool built = false;
+          for (int64_t e = 0; e < per_roi; ++e) {
+            const int64_t c_in = mapping[n * per_roi + e];
+            if (c_in < c_begin || c_in >= c_end) {
+              continue;
+            }
+            if (!built) {
+              compute_ps_bins(b, roi_p + n * 5, spatial_scale, height, width, pooled_h, pooled_w);
+              built = true;
+            }
+            const int64_t ph = (e % bins) / pooled_w;
+            const int64_t pw = e % pooled_w;
+            const int64_t rows = b.h_end[ph] - b.h_start[ph];
+            const int64_t cols = b.w_end[pw] - b.w_start[pw];
+            if (rows <= 0 || cols <= 0) {
+              continue;
+            }
+            const acc_t value =
+                static_cast<acc_t>(g[n * per_roi + e]) / static_cast<acc_t>(rows * cols);
+            acc_t* plane = gi + (b.batch_index * channels + c_in) * height * width;
+            for (int64_t h = b.h_start[ph]; h < b.h_end[ph]; ++h) {
+              for (int64_t w = b.w_start[pw]; w < b.w_end[pw]; ++w) {
+                plane[h * width + w] += value;
+              }
+            }
           }
         }
-      }
-    }
-  });
+      });
 }
 
 std::tuple<Tensor, Tensor> ps_roi_pool_forward_kernel(const Tensor& input, const Tensor& rois,

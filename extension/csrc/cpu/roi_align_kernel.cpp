@@ -175,28 +175,28 @@ void roi_align_backward_impl(const Tensor& grad, const Tensor& rois, Tensor& gra
   const int64_t samples =
       samples_per_roi(roi_p, num_rois, spatial_scale, pooled_h, pooled_w, sampling_ratio);
   // Each chunk owns a range of channels: every roi adds only into its own channel planes.
-  parallel_for_work(channels, 4 * total_work(num_rois, samples), [&](int64_t c_begin,
-                                                                     int64_t c_end) {
-    RoiGrid<acc_t> grid;
-    for (int64_t n = 0; n < num_rois; ++n) {
-      compute_roi_grid<scalar_t, acc_t>("_roi_align_backward", grid, roi_p + n * 5,
-                                        static_cast<acc_t>(spatial_scale), height, width, pooled_h,
-                                        pooled_w, sampling_ratio, aligned);
-      for (int64_t c = c_begin; c < c_end; ++c) {
-        const scalar_t* g_plane = g + (n * channels + c) * bins;
-        acc_t* gi_plane = gi + (grid.batch_index * channels + c) * height * width;
-        for (int64_t bin = 0; bin < bins; ++bin) {
-          const acc_t value = static_cast<acc_t>(g_plane[bin]) / grid.count;
-          for (int64_t t = grid.bin_begin[bin]; t < grid.bin_begin[bin + 1]; ++t) {
-            const Tap<acc_t>& tap = grid.taps[t];
-            for (int q = 0; q < 4; ++q) {
-              gi_plane[tap.pos[q]] += tap.w[q] * value;
+  parallel_for_work(
+      channels, 4 * total_work(num_rois, samples), [&](int64_t c_begin, int64_t c_end) {
+        RoiGrid<acc_t> grid;
+        for (int64_t n = 0; n < num_rois; ++n) {
+          compute_roi_grid<scalar_t, acc_t>("_roi_align_backward", grid, roi_p + n * 5,
+                                            static_cast<acc_t>(spatial_scale), height, width,
+                                            pooled_h, pooled_w, sampling_ratio, aligned);
+          for (int64_t c = c_begin; c < c_end; ++c) {
+            const scalar_t* g_plane = g + (n * channels + c) * bins;
+            acc_t* gi_plane = gi + (grid.batch_index * channels + c) * height * width;
+            for (int64_t bin = 0; bin < bins; ++bin) {
+              const acc_t value = static_cast<acc_t>(g_plane[bin]) / grid.count;
+              for (int64_t t = grid.bin_begin[bin]; t < grid.bin_begin[bin + 1]; ++t) {
+                const Tap<acc_t>& tap = grid.taps[t];
+                for (int q = 0; q < 4; ++q) {
+                  gi_plane[tap.pos[q]] += tap.w[q] * value;
+                }
+              }
             }
           }
         }
-      }
-    }
-  });
+      });
 }
 
 Tensor roi_align_forward_kernel(const Tensor& input, const Tensor& rois, double spatial_scale,

@@ -72,8 +72,7 @@ void roi_pool_forward_planes(const Tensor& input, const Tensor& rois, Tensor& ou
   // Each (roi, channel) compares the pixels of every bin once.
   const int64_t pixels = pixels_per_roi(roi_p, num_rois, spatial_scale, height, width);
 
-  parallel_for_work(num_rois * channels, pixels + bins_per_plane, [&](int64_t begin,
-                                                                     int64_t end) {
+  parallel_for_work(num_rois * channels, pixels + bins_per_plane, [&](int64_t begin, int64_t end) {
     RoiBins bins;
     int64_t current = -1;
     int64_t batch_index = 0;
