@@ -131,10 +131,7 @@ def project(tmp_path_factory) -> Path:
 def bench(project: Path, *argv: str, slow: str = "", matrix: str = "matrix.yaml"):
     src = str(Path(opforge.__file__).resolve().parent.parent)
     env = {**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{project}", "SLOWOPS_SLOW": slow,
-           "OPFORGE_CACHE_DIR": str(project / "cache"),
-           # rich wraps a piped report at 80 columns: a long pytest tmp path split the lines
-           # the assertions read
-           "COLUMNS": "1000"}
+           "OPFORGE_CACHE_DIR": str(project / "cache")}
     env.pop("GITHUB_STEP_SUMMARY", None)
     out = project / "out.json"
     proc = subprocess.run([sys.executable, "-m", "opforge", "bench", "--python", sys.executable,

@@ -102,15 +102,15 @@ def render_terminal(doc: dict, console: Console | None = None) -> None:
                  f"{row.get('message', '')}",
                  style=STATUS_STYLE.get(row.get("status"), "")))
     console.print(table)
-    if baseline_line(doc):
-        console.print(baseline_line(doc))
+    if baseline_line(doc):  # one line however long its path: logs are read with grep
+        console.print(Text(baseline_line(doc)), soft_wrap=True)
     for row in doc.get("rows", []):
         if row.get("status") == "fail":  # op and factor, whatever the table's width
             console.print(Text(f"FAIL {row.get('op')} {_label(row)} on {row.get('device', '?')}"
-                               f": {row.get('message', '')}", style="bold red"))
+                               f": {row.get('message', '')}", style="bold red"), soft_wrap=True)
     for c in doc.get("checks", []):
         if c.get("status") == "fail":
-            console.print(Text(f"FAIL {c['id']}: {c['message']}", style="bold red"))
+            console.print(Text(f"FAIL {c['id']}: {c['message']}", style="bold red"), soft_wrap=True)
     if doc.get("probe_error"):
         console.print(Text("the benchmark itself failed: "
                            + doc["probe_error"].strip().splitlines()[-1], style="bold red"))
