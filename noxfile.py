@@ -55,7 +55,7 @@ NOT_EMULATED = "not (cuda_emu or cuda_stable_emu or metal_emu or metal_shim_emu 
 @nox.session(venv_backend=opforge.nox.VENV_BACKEND)
 def tests_stable(session: nox.Session) -> None:
     """Run the kernel tests on dist/cpu_stable's stable-ABI wheel beside the matrix's torch."""
-    wheels = sorted((ROOT / "dist" / "cpu_stable").glob("*.whl"))
+    wheels = sorted(MATRIX.dist_dir("cpu_stable").glob("*.whl"))
     if len(wheels) != 1:
         session.error("tests_stable needs the one wheel `nox -s build_cpu_stable` leaves in "
                       f"dist/cpu_stable, found {len(wheels)}")
@@ -70,7 +70,7 @@ def tests_stable(session: nox.Session) -> None:
 @nox.session(venv_backend=opforge.nox.VENV_BACKEND)
 def compat(session: nox.Session) -> None:
     """Run the torchvision compatibility suite on dist/cu130's wheel beside torchvision."""
-    wheels = sorted((ROOT / "dist" / "cu130").glob("*.whl"))
+    wheels = sorted(MATRIX.dist_dir("cu130").glob("*.whl"))
     if len(wheels) != 1:
         session.error(f"compat needs the one wheel `nox -s build_cu130` leaves in dist/cu130, found {len(wheels)}")
     # the wheel pins its torch; pip picks the torchvision release built for that torch

@@ -235,6 +235,10 @@ class Variant:
     def build_session(self) -> str:
         return f"build_{self.name}"
 
+    def dist_dir(self, root: Path) -> Path:
+        """Where its wheels go under the repository ``root``: ``dist/<variant>``."""
+        return Path(root) / "dist" / self.name
+
 
 @dataclass(frozen=True)
 class Job:
@@ -322,6 +326,17 @@ class Matrix:
                 return variant
         known = ", ".join(v.name for v in self.variants)
         raise UsageError(f"unknown variant {name!r} in {self.path.name} (known: {known})")
+
+    @property
+    def root(self) -> Path:
+        """The repository the matrix describes: the matrix file's directory."""
+        return self.path.parent
+
+    def dist_dir(self, variant: str | Variant) -> Path:
+        """Where ``variant``'s wheels go: ``dist/<variant>`` beside the matrix file."""
+        if isinstance(variant, str):
+            variant = self.variant(variant)
+        return variant.dist_dir(self.root)
 
     def torch_spec(self, variant: Variant) -> str:
         version = variant.torch_version or self.torch.version

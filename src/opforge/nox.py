@@ -78,7 +78,7 @@ def build(session: nox.Session, matrix: Matrix, variant: str, *args: str) -> Pat
     """Build ``variant``'s wheel in this session's environment; the wheel's path (None for a
     dry run). ``args`` go to ``opforge build`` (``--out``, ``--work-dir``, ``--dry-run``...)."""
     install_opforge(session)
-    out = Path(_option(args, "--out") or matrix.path.parent / "dist" / variant)
+    out = Path(_option(args, "--out") or matrix.dist_dir(variant))
     session.run("opforge", "build", "--file", str(matrix.path), "--variant", variant,
                 "--python", session_python(session), *args)
     if "--dry-run" in args:

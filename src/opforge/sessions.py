@@ -9,7 +9,7 @@ from opforge.matrix import Matrix
 
 
 def latest_wheel(matrix: Matrix, variant: str) -> Path:
-    out_dir = matrix.path.parent / "dist" / variant
+    out_dir = matrix.dist_dir(variant)
     wheels = sorted(out_dir.glob("*.whl"), key=lambda p: p.stat().st_mtime)
     if not wheels:
         raise UsageError(f"no wheel in {out_dir}: run `opforge build --variant {variant}` "
