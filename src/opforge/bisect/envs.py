@@ -39,19 +39,6 @@ MARKER = "opforge-env.json"
 SCHEMA = 1
 
 
-def cache_dir() -> Path:
-    """OPFORGE_CACHE_DIR, else XDG_CACHE_HOME/opforge, else the platform's user cache dir."""
-    override = os.environ.get("OPFORGE_CACHE_DIR")
-    if override:
-        return Path(override).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    if xdg:
-        return Path(xdg).expanduser() / "opforge"
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("opforge", appauthor=False))
-
-
 def env_python(env_dir: Path) -> Path:
     if os.name == "nt":
         return env_dir / "Scripts" / "python.exe"

@@ -170,7 +170,7 @@ def _silence_stdout() -> None:
 
 
 def crash_log_dir() -> Path:
-    from opforge.bisect.envs import cache_dir
+    from opforge.paths import cache_dir
 
     return cache_dir() / "logs"
 

@@ -59,7 +59,7 @@ def _factor(text: str) -> float:
 
 
 def baseline_dir() -> Path:
-    from opforge.bisect.envs import cache_dir
+    from opforge.paths import cache_dir
 
     return cache_dir() / "bench"
 

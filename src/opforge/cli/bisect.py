@@ -408,11 +408,12 @@ def _round(args, session, state, verdicts, display) -> int:
 def run(args: argparse.Namespace) -> int:
     from opforge.bisect import state as state_mod
     from opforge.bisect.commits import check_repo, commit_range
-    from opforge.bisect.envs import EnvCache, cache_dir
+    from opforge.bisect.envs import EnvCache
     from opforge.bisect.index import _is_local, load_index
     from opforge.bisect.releases import load_releases
     from opforge.bisect.report import Display, emit, emit_error, result_json
     from opforge.bisect.session import Session
+    from opforge.paths import cache_dir
 
     # everything is checked before the state, the log or an environment is touched
     if args.file:

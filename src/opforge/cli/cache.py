@@ -39,7 +39,7 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from opforge.bisect.cache import choose_evictions, human, list_envs, parse_size, remove
-    from opforge.bisect.envs import cache_dir
+    from opforge.paths import cache_dir
 
     root = cache_dir()
     if args.action == "list":
