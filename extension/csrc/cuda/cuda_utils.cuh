@@ -3,13 +3,9 @@
 // abi.h's names, so each file compiles for the legacy and the stable ABI.
 #pragma once
 
-// abi.h's CUDA part (stream, device guard, launch checks, atomics)
-#define OPFORGE_ABI_CUDA
+// the ABI's CUDA part (stream, device guard, launch checks, atomics)
+#include "../abi_cuda.h"
 #include "../common.h"
-
-#ifndef OPFORGE_CUDA_LAUNCH_CHECK
-#error "cuda_utils.cuh must be included before any other opforge header (abi.h's CUDA part)"
-#endif
 
 #include <algorithm>
 #include <cstdint>

@@ -30,7 +30,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "abi.h"
+#include "abi_mps.h"
 #include "common.h"
 #include "metal/dispatch.h"
 

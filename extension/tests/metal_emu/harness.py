@@ -425,7 +425,7 @@ def _build_host(stable: bool) -> Path:
     cflags, ldflags = _torch_build_flags()
     inputs = [u.encode() for u in units.values()]
     inputs += [p.read_bytes() for p in host_files + [MPS_DIR / "metal_host.h"]]
-    inputs += [(CSRC / n).read_bytes() for n in ("common.h", "abi.h")]
+    inputs += [p.read_bytes() for p in sorted(CSRC.glob("*.h"))]  # common.h, abi*.h
     inputs += [p.read_bytes() for p in metal_files] + _emu_sources()
     inputs += [(HERE / "shim_emu.h").read_bytes(), b"stable" if stable else b"legacy"]
     key = _digest(*inputs, torch.__version__.encode(), " ".join(cflags).encode())
