@@ -1,7 +1,10 @@
-"""Dispatch key names torch has (c10::DispatchKey, torch 2.13), for validating matrix.yaml.
+"""The dispatch-key vocabulary, in one place: the names torch has (c10::DispatchKey, torch
+2.13, for validating matrix.yaml), which of them are backends, which device each belongs to.
 
 opforge never imports torch; the smoke probe checks each name again against the torch it runs
-with (a key added after 2.13 is accepted by the matrix only once listed here).
+with (a key added after 2.13 is accepted by the matrix only once listed here). The probe cannot
+import opforge: ``smoke/probe/common.py`` holds its own copy of the few names it needs, and
+tests/matrix/test_dispatch_keys.py checks that the two agree.
 """
 
 from __future__ import annotations
@@ -36,8 +39,21 @@ DISPATCH_KEYS = frozenset((
     'AutogradHPU', 'AutogradVE', 'AutogradLazy', 'AutogradMTIA', 'AutogradMAIA',
     'AutogradPrivateUse1', 'AutogradPrivateUse2', 'AutogradPrivateUse3', 'AutogradMeta'
 ))
+# the backend keys: what a kernel for a device registers (a backward-only op's defaults, with Meta)
+BACKEND_KEYS = ("CPU", "CUDA", "MPS", "XPU", "HIP", "PrivateUse1")
+# a device (torch's device type) -> its backend key, and its autocast key
+DEVICE_KEY = {"cpu": "CPU", "cuda": "CUDA", "mps": "MPS", "xpu": "XPU"}
+AUTOCAST_KEY = {device: f"Autocast{key}" for device, key in DEVICE_KEY.items()}
+# the keys a census always shows, expected or not (and the order `opforge init` writes keys in)
+OBSERVED_KEYS = ("CPU", "CUDA", "MPS", "Meta", "Autograd", "AutocastCPU", "AutocastCUDA",
+                 "AutocastMPS")
 # keys of one device: in a variant that does not build that device, an op cannot have them
 DEVICE_WORDS = {"cuda": "CUDA", "mps": "MPS"}
+
+
+def backward_keys(keys) -> tuple[str, ...]:
+    """The keys a backward-only op must have by default: ``keys``' backend keys and Meta."""
+    return tuple(k for k in keys if k in BACKEND_KEYS or k == "Meta")
 
 
 def device_of(key: str) -> str | None:

@@ -1,16 +1,16 @@
-"""matrix.yaml: parsed once into frozen, typed objects, validated with file:line:key errors.
+"""matrix.yaml -> ``Matrix``: parsed once, validated with file:line:key errors.
 
-Everything after ``load_matrix`` receives objects, never dicts. A malformed file raises
-``MatrixError`` (a UsageError: exit 2) whose message is one line:
-``matrix.yaml:12: variants[2].cuda: CUDA variant 'cu130' cannot target macos-arm64``.
+Working on composed YAML nodes (not loaded dicts) gives every error its line and catches
+duplicate keys. A malformed file raises ``MatrixError`` (a UsageError: exit 2) whose message
+is one line: ``matrix.yaml:12: variants[2].cuda: CUDA variant 'cu130' cannot target
+macos-arm64``.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +21,25 @@ from opforge import fields as field_checks
 from opforge.dispatch_keys import DISPATCH_KEYS, device_of
 from opforge.errors import UsageError
 from opforge.files import read_text
+from opforge.matrix.model import (
+    CHANNELS,
+    COMPAT_WORDS,
+    MODULE_BACKENDS,
+    MODULE_LOADS,
+    Extension,
+    Matrix,
+    MatrixError,
+    Module,
+    Op,
+    Platform,
+    TorchChannel,
+    Variant,
+)
 from opforge.yamlsafe import compose as compose_yaml
 
 DEFAULT_MATRIX = "matrix.yaml"
-
-CHANNELS = ("stable", "test", "nightly")
 # Python versions PyTorch publishes wheels for in the releases this matrix format targets.
 KNOWN_PYTHONS = ("3.10", "3.11", "3.12", "3.13", "3.13t", "3.14", "3.14t")
-BACKEND_KEYS = ("CPU", "CUDA", "MPS", "XPU", "HIP", "PrivateUse1")
 # SM architectures each nvcc accepts (compute capability "X.Y"); PTX-only or family suffixes
 # ("a", "f") are checked separately. CUDA 13 dropped Maxwell, Pascal and Volta (< 7.5).
 NVCC_ARCHS = {
@@ -50,386 +61,6 @@ _NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
 _ARCH = re.compile(r"(\d+\.\d+)([af]?)(\+PTX)?\Z")
 _LOCAL_LABEL = re.compile(r"[a-z0-9]+(\.[a-z0-9]+)*\Z")
 
-
-class MatrixError(UsageError):
-    """matrix.yaml is malformed; the message is ``file:line: key: what is wrong``."""
-
-
-# --------------------------------------------------------------------------- typed objects
-
-
-@dataclass(frozen=True)
-class Op:
-    """One op of the namespace and how its expected keys differ from its variant's defaults.
-
-    ``keys`` replaces the defaults, ``add`` / ``remove`` edit them; a backward-only op
-    (``backward: true``) defaults to the variant's backend keys and Meta. In a variant that
-    does not build a device, that device's keys (CUDA, AutocastCUDA, ...) are dropped.
-    """
-
-    name: str
-    backward: bool = False
-    keys: tuple[str, ...] | None = None
-    add: tuple[str, ...] = ()
-    remove: tuple[str, ...] = ()
-    max_slowdown: float | None = None   # the smoke speed check's factor for this op
-
-    def expected_keys(self, variant: Variant) -> tuple[str, ...]:
-        if self.keys is not None:
-            keys = list(self.keys)
-        elif self.backward:
-            keys = list(variant.backend_keys)
-        else:
-            keys = list(variant.expected_keys)
-        keys += [k for k in self.add if k not in keys]
-        keys = [k for k in keys if k not in self.remove]
-        return tuple(k for k in keys if device_of(k) in (None, *variant.backends))
-
-
-@dataclass(frozen=True)
-class Module:
-    """A compiled module the package ships for one backend (``extension.modules``).
-
-    ``load: import``: a Python extension module (pybind11) that must import and export
-    ``functions``; ``load: library``: a library the package loads with
-    ``torch.ops.load_library`` that must register ``functions`` (its ops). A variant promises
-    the cpu modules and those of the backends it builds.
-    """
-
-    name: str                        # the dotted import name, e.g. mypkg._ext_cuda
-    backend: str = "cpu"
-    load: str = "import"
-    functions: tuple[str, ...] = ()
-
-
-MODULE_BACKENDS = ("cpu", "cuda", "mps")
-MODULE_LOADS = ("import", "library")
-
-
-@dataclass(frozen=True)
-class Extension:
-    path: str
-    package: str
-    distribution: str
-    namespace: str
-    op_specs: tuple[Op, ...]
-    recipes: str | None = None    # the recipes file, relative to the matrix file's directory
-    # smoke fails a device kernel more than this many times slower than the CPU's
-    max_slowdown: float = 10.0
-    # the ABI every variant builds for unless it says otherwise (see Variant)
-    abi: str = "legacy"
-    torch_floor: str | None = None
-    compat_torch: tuple[str, ...] = ()
-    modules: tuple[Module, ...] = ()
-
-    def modules_for(self, variant: Variant) -> tuple[Module, ...]:
-        """The compiled modules ``variant``'s wheel must hold: cpu ones and its backends'."""
-        return tuple(m for m in self.modules if m.backend in variant.backends)
-
-    def slowdown_factors(self) -> dict[str, float]:
-        """op -> its own max_slowdown, for the ops that override the extension's."""
-        return {op.name: op.max_slowdown for op in self.op_specs if op.max_slowdown is not None}
-
-    @property
-    def ops(self) -> tuple[str, ...]:
-        """The forward ops (each called by the smoke test when its recipe says how)."""
-        return tuple(op.name for op in self.op_specs if not op.backward)
-
-    @property
-    def internal_ops(self) -> tuple[str, ...]:
-        """Backward-only ops (reached through their forward op's backward)."""
-        return tuple(op.name for op in self.op_specs if op.backward)
-
-    def op_keys(self, variant: Variant) -> dict[str, tuple[str, ...]]:
-        """op name -> the keys its wheel must register in ``variant``."""
-        return {op.name: op.expected_keys(variant) for op in self.op_specs}
-
-
-@dataclass(frozen=True)
-class TorchChannel:
-    channel: str
-    version: str
-    index: str
-
-    def index_url(self, index_variant: str) -> str:
-        base = self.index.rstrip("/")
-        sub = {"stable": "", "test": "/test", "nightly": "/nightly"}[self.channel]
-        return f"{base}{sub}/{index_variant}"
-
-
-@dataclass(frozen=True)
-class Platform:
-    name: str
-    runner: str
-    # Linux: the image every cell of this platform builds in unless its variant names one
-    # (a manylinux_2_28 image: the wheel's glibc floor is the image's, not the runner's)
-    container: str | None = None
-
-    @property
-    def os(self) -> str:
-        return self.name.split("-", 1)[0]
-
-    @property
-    def arch(self) -> str:
-        return self.name.split("-", 1)[1]
-
-
-@dataclass(frozen=True)
-class Variant:
-    name: str
-    platforms: tuple[str, ...]
-    expected_keys: tuple[str, ...]
-    cuda: str | None = None
-    arch_list: str | None = None
-    container: str | None = None
-    torch_version: str | None = None
-    index_variant: str | None = None
-    macos_deployment_target: str | None = None
-    mps: bool = False
-    device_checks: bool = True
-    runner: str | None = None
-    abi: str = "legacy"                   # "stable": one abi3 wheel per platform, torch>=floor
-    torch_floor: str | None = None        # stable only: the oldest torch the wheel loads on
-    compat_torch: tuple[str, ...] = ()    # stable only: the torches its compat smoke runs on
-    # variables its build gets as written, after opforge's toolchain (CUDA_HOME for a cpu
-    # variant that needs a toolkit's headers, a switch of the project's own build)
-    build_env: tuple[tuple[str, str], ...] = ()
-    pypi: bool = False                    # its wheels go to PyPI: no local label (+cpu)
-
-    @property
-    def stable(self) -> bool:
-        return self.abi == "stable"
-
-    @property
-    def cuda_major(self) -> str | None:
-        return self.cuda.split(".")[0] if self.cuda else None
-
-    @property
-    def torch_requirement_floor(self) -> str | None:
-        """``torch>=2.10`` for a stable variant (None: legacy, pinned to its build torch)."""
-        return f"torch>={self.torch_floor}" if self.stable else None
-
-    @property
-    def backends(self) -> tuple[str, ...]:
-        extra = ("cuda",) if self.cuda else ("mps",) if self.mps else ()
-        return ("cpu", *extra)
-
-    @property
-    def backend_keys(self) -> tuple[str, ...]:
-        """The keys backward-only ops must register by default: backends plus Meta."""
-        return tuple(k for k in self.expected_keys if k in BACKEND_KEYS or k == "Meta")
-
-    @property
-    def local_version(self) -> str:
-        """The wheel's PEP 440 local label: the name, normalized (``cpu_stable`` ->
-        ``cpu.stable``, as pip and packaging spell it)."""
-        return self.name.replace("_", ".")
-
-    @property
-    def wheel_local_version(self) -> str | None:
-        """The label its wheels carry: none for the PyPI variant (PyPI refuses local
-        versions; its build record keeps the variant)."""
-        return None if self.pypi else self.local_version
-
-    @property
-    def build_session(self) -> str:
-        return f"build_{self.name}"
-
-    def dist_dir(self, root: Path) -> Path:
-        """Where its wheels go under the repository ``root``: ``dist/<variant>``."""
-        return Path(root) / "dist" / self.name
-
-
-@dataclass(frozen=True)
-class Job:
-    """One cell: a wheel for one variant, platform and Python."""
-
-    variant: Variant
-    platform: Platform
-    python: str
-    torch_spec: str
-    torch_index: str
-    distribution: str = "extension"
-
-    @property
-    def name(self) -> str:
-        return f"{self.variant.name}-{self.platform.name}-py{self.python}"
-
-    @property
-    def runner(self) -> str:
-        return self.variant.runner or self.platform.runner
-
-    @property
-    def artifact(self) -> str:
-        """The wheel's artifact: one per cell, or one per platform for a stable variant."""
-        if self.variant.stable:
-            return f"wheel-{self.variant.name}-{self.platform.name}-abi3"
-        return f"wheel-{self.name}"
-
-    @property
-    def container(self) -> str | None:
-        """The image the cell builds in: its variant's, else its Linux platform's."""
-        return self.variant.container or self.platform.container
-
-    @property
-    def torch_install(self) -> str:
-        pre = "--pre " if ".dev" in self.torch_spec or self.torch_spec == "torch" else ""
-        return f"pip install {pre}{self.torch_spec} --index-url {self.torch_index}"
-
-    def as_dict(self) -> dict[str, Any]:
-        v = self.variant
-        return {
-            "name": self.name,
-            "build_name": f"{self.distribution}-{v.name}-{self.platform.name}-py{self.python}",
-            "variant": v.name,
-            "platform": self.platform.name,
-            "os": self.platform.os,
-            "arch": self.platform.arch,
-            "python": self.python,
-            "runner": self.runner,
-            "container": self.container or "",
-            # the CPython inside a manylinux builder image (its PATH python is conda's)
-            "container_python": (f"/opt/python/cp{self.python.replace('.', '')}-"
-                                 f"cp{self.python.replace('.', '')}/bin/python"
-                                 if self.container else ""),
-            "pypi": v.pypi,
-            "cuda": v.cuda or "",
-            "arch_list": v.arch_list or "",
-            "mps": v.mps,
-            "macos_deployment_target": v.macos_deployment_target or "",
-            "torch_spec": self.torch_spec,
-            "torch_index": self.torch_index,
-            "torch_install": self.torch_install,
-            "build_session": v.build_session,
-            "artifact": self.artifact,
-            "expected_keys": ",".join(v.expected_keys),
-            "device_checks": v.device_checks,
-            "abi": v.abi,
-            "torch_floor": v.torch_floor or "",
-            "compat_torch": ",".join(v.compat_torch),
-        }
-
-
-@dataclass(frozen=True)
-class Matrix:
-    path: Path
-    extension: Extension
-    torch: TorchChannel
-    pythons: tuple[str, ...]
-    pr_python: str
-    platforms: dict[str, Platform] = field(hash=False)
-    variants: tuple[Variant, ...]
-
-    def variant(self, name: str) -> Variant:
-        for variant in self.variants:
-            if variant.name == name:
-                return variant
-        known = ", ".join(v.name for v in self.variants)
-        raise UsageError(f"unknown variant {name!r} in {self.path.name} (known: {known})")
-
-    @property
-    def root(self) -> Path:
-        """The repository the matrix describes: the matrix file's directory."""
-        return self.path.parent
-
-    def dist_dir(self, variant: str | Variant) -> Path:
-        """Where ``variant``'s wheels go: ``dist/<variant>`` beside the matrix file."""
-        if isinstance(variant, str):
-            variant = self.variant(variant)
-        return variant.dist_dir(self.root)
-
-    def torch_spec(self, variant: Variant) -> str:
-        version = variant.torch_version or self.torch.version
-        if self.torch.channel == "nightly" and version == "latest":
-            return "torch"
-        return f"torch=={version}"
-
-    def torch_index(self, variant: Variant) -> str:
-        return self.torch.index_url(variant.index_variant or _default_index_variant(variant))
-
-    def nightly_index(self, variant: Variant) -> str:
-        """Where the compat list's ``nightly`` comes from: the variant's nightly index."""
-        return replace(self.torch, channel="nightly").index_url(
-            variant.index_variant or _default_index_variant(variant))
-
-    def jobs(self, variant: str | None = None, platform: str | None = None,
-             python: str | None = None, pull_request: bool = False) -> list[Job]:
-        for value, known, what in ((variant, [v.name for v in self.variants], "variant"),
-                                   (platform, list(self.platforms), "platform"),
-                                   (python, list(self.pythons), "python")):
-            if value is not None and value not in known:
-                raise UsageError(f"unknown {what} {value!r} (known: {', '.join(known)})")
-        jobs = []
-        for v in self.variants:
-            if variant is not None and v.name != variant:
-                continue
-            for plat in v.platforms:
-                if platform is not None and plat != platform:
-                    continue
-                for py in self.pythons:
-                    if python is not None and py != python:
-                        continue
-                    if pull_request and py != self.pr_python:
-                        continue
-                    jobs.append(Job(v, self.platforms[plat], py, self.torch_spec(v),
-                                    self.torch_index(v), self.extension.distribution))
-        return jobs
-
-    def github_matrix(self, **filters: Any) -> dict[str, list[dict[str, Any]]]:
-        return {"include": [job.as_dict() for job in self.jobs(**filters)]}
-
-    def compat_torches(self, variant: Variant, entries: Sequence[str] | None = None) -> list[str]:
-        """A stable variant's compat list (or ``entries``, e.g. from the command line) with
-        its words resolved: ``floor`` -> the floor (``2.10`` -> ``2.10.0``), ``matrix`` -> the
-        variant's build torch; ``latest`` (the newest release the index serves) and
-        ``nightly`` stay words."""
-        out: list[str] = []
-        for entry in variant.compat_torch if entries is None else entries:
-            if entry == "floor":
-                value = str(Version(variant.torch_floor or "0"))
-                value += ".0" * (2 - value.count("."))
-            elif entry == "matrix":
-                value = self.torch_spec(variant).removeprefix("torch==")
-            else:
-                value = entry
-            if value not in out:
-                out.append(value)
-        return out
-
-
-def _default_index_variant(variant: Variant) -> str:
-    """A variant's PyTorch index: its name (cpu, cu130), or for a stable variant, whose name
-    says more (cpu_stable), its accelerator's: cpu, cu<major><minor>."""
-    if variant.stable:
-        return f"cu{variant.cuda.replace('.', '')}" if variant.cuda else "cpu"
-    return variant.name
-
-
-def build_jobs(jobs: list[Job], pr_python: str | None = None) -> list[Job]:
-    """The cells that compile: every legacy cell; one cell per platform for a stable variant
-    (its abi3 wheel serves every Python), the one on ``pr_python`` when it is among them."""
-    chosen: dict[tuple[str, str], Job] = {}
-    out: list[Job] = []
-    for job in jobs:
-        if not job.variant.stable:
-            out.append(job)
-            continue
-        key = (job.variant.name, job.platform.name)
-        if key not in chosen:
-            chosen[key] = job
-            out.append(job)
-        elif job.python == pr_python and chosen[key].python != pr_python:
-            out[out.index(chosen[key])] = job
-            chosen[key] = job
-    return out
-
-
-def compat_jobs(jobs: list[Job], pr_python: str | None = None) -> list[Job]:
-    """One torch-compat cell per stable variant and platform (the build cell's Python)."""
-    return [job for job in build_jobs(jobs, pr_python) if job.variant.stable]
-
-
-# --------------------------------------------------------------------------- loading
 
 
 def _compose(text: str, filename: str) -> yaml.Node | None:
@@ -695,8 +326,6 @@ def _modules(r: _Reader, node: yaml.Node) -> tuple[Module, ...]:
 
 
 ABIS = ("legacy", "stable")
-# the words a compat_torch list may hold beside release versions
-COMPAT_WORDS = ("floor", "matrix", "latest", "nightly")
 DEFAULT_COMPAT = ("floor", "matrix", "latest")
 # the LibTorch stable ABI (the C shim with TORCH_TARGET_VERSION) starts with torch 2.9
 STABLE_ABI_SINCE = Version("2.9")
@@ -871,9 +500,7 @@ def _platforms(r: _Reader, node: yaml.Node) -> dict[str, Platform]:
         if "container" in pm:
             container = r.scalar(pm["container"], f"{key}.container")
             r.check(pm["container"], f"{key}.container", field_checks.image_reference(container))
-            if not name.startswith("linux-"):
-                raise r.fail(pm["container"], f"{key}.container",
-                             "only Linux platforms build in a container image")
+        _check_platform_rules(r, key, pm, [(name, names[name])])
         platforms[name] = Platform(name=name, runner=runner, container=container)
     return platforms
 
@@ -912,6 +539,30 @@ def _build_env(r: _Reader, node: yaml.Node, key: str, cuda: str | None
                                            f"version ({cuda}): opforge sets {name} to it")
         out[name] = r.scalar(value_node, child)
     return tuple(out.items())
+
+
+def _check_platform_rules(r: _Reader, key: str, fields: dict[str, yaml.Node],
+                          platforms: list[tuple[str, yaml.Node]], *, variant: str | None = None,
+                          cuda: str | None = None, mps: bool = False) -> None:
+    """The rules that depend on a platform's OS, in one place (the platform backends take
+    them over): a platform block (``variant`` None) or a variant and the platforms it targets,
+    each with its node for the error line."""
+    if variant is None:
+        if "container" in fields and not all(p.startswith("linux-") for p, _ in platforms):
+            raise r.fail(fields["container"], f"{key}.container",
+                         "only Linux platforms build in a container image")
+        return
+    for plat, pnode in platforms:
+        if cuda is not None and not plat.startswith("linux-"):
+            raise r.fail(pnode, f"{key}.platforms", f"CUDA variant {variant!r} cannot target "
+                                                    f"{plat} (CUDA wheels are Linux-only here)")
+        if mps and not plat.startswith("macos-"):
+            raise r.fail(pnode, f"{key}.platforms",
+                         f"MPS variant {variant!r} cannot target {plat} (MPS needs macOS)")
+    if "macos_deployment_target" in fields and \
+            not all(p.startswith("macos-") for p, _ in platforms):
+        raise r.fail(fields["macos_deployment_target"], f"{key}.macos_deployment_target",
+                     "only macOS variants take a deployment target")
 
 
 def _variants(r: _Reader, node: yaml.Node, platforms: dict[str, Platform],
@@ -966,10 +617,8 @@ def _variants(r: _Reader, node: yaml.Node, platforms: dict[str, Platform],
                                                        f"(known: {', '.join(NVCC_ARCHS)})")
             if mps:
                 raise r.fail(m["mps"], f"{key}.mps", f"variant {name!r} cannot be both CUDA and MPS")
-            for plat, pnode in plats:
-                if not plat.startswith("linux-"):
-                    raise r.fail(pnode, f"{key}.platforms",
-                                 f"CUDA variant {name!r} cannot target {plat} (CUDA wheels are Linux-only here)")
+        _check_platform_rules(r, key, m, plats, variant=name, cuda=cuda, mps=mps)
+        if cuda is not None:
             if "arch_list" not in opt:
                 raise r.fail(vnode, f"{key}.arch_list", f"CUDA variant {name!r} needs arch_list")
             _check_arch_list(r, m["arch_list"], f"{key}.arch_list", opt["arch_list"], cuda)
@@ -982,21 +631,13 @@ def _variants(r: _Reader, node: yaml.Node, platforms: dict[str, Platform],
                 raise r.fail(m["expected_keys"], f"{key}.expected_keys",
                              f"variant {name!r} expects {cuda_keys[0]} kernels but sets no "
                              "cuda version")
-        if mps:
-            for plat, pnode in plats:
-                if not plat.startswith("macos-"):
-                    raise r.fail(pnode, f"{key}.platforms",
-                                 f"MPS variant {name!r} cannot target {plat} (MPS needs macOS)")
-        elif any(device_of(k) == "mps" for k in keys):
+        if not mps and any(device_of(k) == "mps" for k in keys):
             raise r.fail(m["expected_keys"], f"{key}.expected_keys",
                          f"variant {name!r} expects MPS kernels but does not set mps: true")
         if "macos_deployment_target" in opt:
             if not re.match(r"\d+(\.\d+)?\Z", opt["macos_deployment_target"]):
                 raise r.fail(m["macos_deployment_target"], f"{key}.macos_deployment_target",
                              f"{opt['macos_deployment_target']!r} is not a macOS version like 12.3")
-            if not all(p.startswith("macos-") for p, _ in plats):
-                raise r.fail(m["macos_deployment_target"], f"{key}.macos_deployment_target",
-                             "only macOS variants take a deployment target")
         if "torch_version" in opt:
             _check_torch_version(r, m["torch_version"], f"{key}.torch_version",
                                  opt["torch_version"], "stable")
@@ -1035,3 +676,4 @@ def _check_arch_list(r: _Reader, node: yaml.Node, key: str, arch_list: str, cuda
                                     f"({entry}); it accepts {', '.join(NVCC_ARCHS[cuda])}")
         if suffix and suffix not in _ARCH_SUFFIXES.get(arch, ()):
             raise r.fail(node, key, f"{entry!r}: sm_{arch.replace('.', '')} has no '{suffix}' variant")
+
