@@ -1,5 +1,6 @@
 """``opforge bisect``: the PyTorch nightly (and commit range) where a regression appeared.
 
+app.py      the application: what was asked checked, then a bisect, a --resume or a round run
 search.py   the pure search (good / bad / skip like git bisect; rounds of K for --plan; no I/O)
 index.py    the nightly index (PEP 503 / 691, https, file://, a directory), wheel choice, downloads
 releases.py released versions (and release candidates) on a release index
@@ -14,5 +15,4 @@ state.py    the atomic state file (--resume) and the JSON-lines step log
 commits.py  nightly commits -> main-branch commits (--pytorch-repo)
 report.py   progress display and the final report (rich, --json, --markdown)
 extension.py  the glue to `opforge build` / `opforge smoke` (default and --wheel modes)
-cli.py      the subcommand's arguments
 """

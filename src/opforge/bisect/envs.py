@@ -334,9 +334,9 @@ class EnvCache:
 
 
 def _local_dir(url: str) -> Path:
-    from .index import _local_path
+    from .index import local_path
 
-    return _local_path(url).parent
+    return local_path(url).parent
 
 
 class Prefetcher:

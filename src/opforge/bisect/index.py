@@ -133,11 +133,13 @@ class _Anchors(HTMLParser):
             self.base = attrs["href"]
 
 
-def _is_local(index: str) -> bool:
+def is_local(index: str) -> bool:
+    """A directory or a file:// URL (read from disk), not a server."""
     return "://" not in index or index.startswith("file://")
 
 
-def _local_path(location: str) -> Path:
+def local_path(location: str) -> Path:
+    """The path a local index location (a directory or a file:// URL) names."""
     if location.startswith("file://"):
         return Path(urllib.request.url2pathname(urllib.parse.urlparse(location).path))
     return Path(location).expanduser()
@@ -211,8 +213,8 @@ def _read_remote(index: str, project: str = PROJECT) -> list[_Link]:
 
 
 def read_links(index: str, project: str = PROJECT) -> list[_Link]:
-    if _is_local(index):
-        return _read_local(_local_path(index), project)
+    if is_local(index):
+        return _read_local(local_path(index), project)
     return _read_remote(index, project)
 
 
@@ -289,7 +291,7 @@ def load_index(index: str, python: str, platforms: Sequence[str] | None = None,
 
 def _exists(url: str) -> bool:
     if url.startswith("file://"):
-        return _local_path(url).is_file()
+        return local_path(url).is_file()
     request = urllib.request.Request(url, method="HEAD")
     try:
         with urllib.request.urlopen(request, timeout=_TIMEOUT) as response:
@@ -365,7 +367,7 @@ def download(nightly: Nightly, dest_dir: Path) -> tuple[Path, str]:
         try:
             with os.fdopen(fd, "wb") as out:
                 if nightly.url.startswith("file://"):
-                    with open(_local_path(nightly.url), "rb") as src:
+                    with open(local_path(nightly.url), "rb") as src:
                         shutil.copyfileobj(src, out)
                 else:
                     with urllib.request.urlopen(nightly.url, timeout=_TIMEOUT) as response:

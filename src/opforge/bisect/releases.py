@@ -21,7 +21,7 @@ from packaging.version import Version
 
 from opforge.errors import OpforgeError, UsageError
 
-from .index import PROJECT, Nightly, _is_local, installable_wheels, read_links, target_tags
+from .index import PROJECT, Nightly, installable_wheels, is_local, read_links, target_tags
 
 DEFAULT_RELEASE_INDEX = "https://download.pytorch.org/whl"
 PYPI = "pypi"
@@ -155,7 +155,7 @@ def load_releases(index: str, python: str, platforms: Sequence[str] | None = Non
             "--index", "--release-index")) from None
     releases = choose_releases(links, target_tags(python, platforms), index)
     if not releases:
-        where = url if _is_local(url) else f"{url} ({index})"
+        where = url if is_local(url) else f"{url} ({index})"
         raise UsageError(f"--release-index {where}: no torch release for Python {python} on "
                          "this platform")
     return ReleaseIndex(index, tuple(releases))

@@ -249,9 +249,9 @@ def emit(data: dict, *, json_to: str | None, markdown_to: str | None) -> None:
     """Rich to the terminal unless --json/--markdown go to stdout; files get written as asked."""
     to_stdout = json_to == "-" or markdown_to == "-"
     if json_to:
-        _write(json_to, json.dumps(data, indent=2) + "\n")
+        write_output(json_to, json.dumps(data, indent=2) + "\n")
     if markdown_to:
-        _write(markdown_to, markdown(data))
+        write_output(markdown_to, markdown(data))
     print_rich(data, Console(stderr=to_stdout, highlight=False, soft_wrap=True))
 
 
@@ -264,7 +264,7 @@ def emit_error(message: str, steps: list[StepRecord], *, json_to: str | None,
     for t in tested:
         t.setdefault("date", None)
     if json_to:
-        _write(json_to, json.dumps({"schema": 1, "status": "error", "error": message,
+        write_output(json_to, json.dumps({"schema": 1, "status": "error", "error": message,
                                     "tested": tested}, indent=2) + "\n")
     if markdown_to:
         lines = [f"### opforge bisect stopped: {message}", ""]
@@ -272,10 +272,11 @@ def emit_error(message: str, steps: list[StepRecord], *, json_to: str | None,
             lines += ["| probe | version | outcome | reason |", "|---|---|---|---|"]
             lines += [f"| {t['label']} | `{t['version']}` | {t['outcome']} | {t['reason']} |"
                       for t in tested]
-        _write(markdown_to, "\n".join(lines) + "\n")
+        write_output(markdown_to, "\n".join(lines) + "\n")
 
 
-def _write(target: str, text: str) -> None:
+def write_output(target: str, text: str) -> None:
+    """Write a report to ``target``: a file (atomically), or stdout for ``-``."""
     if target == "-":
         sys.stdout.write(text)
         sys.stdout.flush()
