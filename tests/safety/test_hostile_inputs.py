@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from test_races import DAYS, PARAMS, nightly, step
 
 from opforge import envvars, yamlsafe
-from opforge.cli.bench import read_baseline
+from opforge.bench.baselines import read_baseline
 from opforge.errors import UsageError
 
 MATRIX = Path(__file__).resolve().parents[2] / "matrix.yaml"

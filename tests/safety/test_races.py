@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 from racing import race
 
-from opforge import baselines, compiler_cache
+from opforge import compiler_cache
+from opforge.bench import baselines
 from opforge.bisect import cache as cache_mod
 from opforge.bisect import state as state_mod
 from opforge.bisect.envs import MARKER, EnvCache, NightlyEnv, env_python

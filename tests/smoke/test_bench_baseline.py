@@ -7,8 +7,8 @@ import json
 
 import pytest
 
+from opforge.bench.report import baseline_rows, compare_to_baseline, markdown
 from opforge.errors import UsageError
-from opforge.smoke.benchreport import baseline_rows, compare_to_baseline, markdown
 
 
 def _doc(*rows) -> dict:
@@ -46,7 +46,7 @@ def test_rows_the_baseline_lacks_are_left_alone():
 
 
 def test_a_baseline_that_shares_no_row_with_the_run_is_not_a_pass():
-    from opforge.smoke.benchreport import exit_code
+    from opforge.bench.report import exit_code
 
     now = _doc(("new", 2.0, 0.0))
     compare_to_baseline(now, baseline_rows(_doc(("old", 2.0, 0.05)), "base"), "base", 1.5)
@@ -63,7 +63,7 @@ def test_a_file_that_is_not_a_bench_run_is_refused(doc):
 
 
 def test_save_then_against_by_name(tmp_path, monkeypatch):
-    from opforge.cli.bench import baseline_dir, load_baseline
+    from opforge.bench.baselines import baseline_dir, load_baseline
 
     monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path))
     baseline_dir().mkdir(parents=True)
@@ -99,7 +99,7 @@ def _run(*rows, cpu="CPU A") -> dict:
 
 
 def test_rows_timed_alone_compare_their_pace_with_the_saved_run():
-    from opforge.smoke.benchreport import machine
+    from opforge.bench.report import machine
 
     saved = _run(_alone("a", 1e-3), _alone("b", 1e-3))
     now = _run(_alone("a", 10e-3), _alone("b", 1.1e-3))
@@ -117,7 +117,7 @@ def test_rows_timed_alone_compare_their_pace_with_the_saved_run():
 
 
 def test_rows_alone_from_another_machine_are_compared_and_the_summary_says_so():
-    from opforge.smoke.benchreport import machine
+    from opforge.bench.report import machine
 
     saved = _run(_alone("a", 1e-3), cpu="CPU A")
     now = _run(_alone("a", 1e-3), _alone("new", 1e-3), cpu="CPU B")
@@ -129,7 +129,7 @@ def test_rows_alone_from_another_machine_are_compared_and_the_summary_says_so():
 
 
 def test_a_run_that_timed_nothing_is_not_a_pass_and_says_why():
-    from opforge.smoke.benchreport import exit_code, headline, nothing_timed
+    from opforge.bench.report import exit_code, headline, nothing_timed
 
     skipped = {"kind": "bench", "package": "p", "devices": ["cpu"], "rows": [
         {"op": op, "workload": "small", "device": "cpu", "status": "skip",
@@ -146,7 +146,7 @@ def test_a_run_that_timed_nothing_is_not_a_pass_and_says_why():
 
 
 def test_save_says_what_it_did_in_one_line(tmp_path):
-    from opforge.cli.bench import store
+    from opforge.bench.run import store
 
     target = tmp_path / "b.json"
     passing = _run(_alone("a", 1e-3))

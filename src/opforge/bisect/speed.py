@@ -97,7 +97,7 @@ class WorkloadServer:
 
     def __init__(self, python: Path, env: dict[str, str], workloads: Workloads,
                  timeout: float | None):
-        from opforge.smoke.runner import probe_archive
+        from opforge.smoke.archive import probe_archive
 
         self.scratch = Path(tempfile.mkdtemp(prefix="opforge-speed-"))
         self.block_timeout = timeout or BLOCK_TIMEOUT_S

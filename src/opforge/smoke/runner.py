@@ -16,7 +16,6 @@ import signal
 import subprocess
 import tempfile
 import time
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,10 +23,8 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import Version
 
 from opforge.errors import OpforgeError, UsageError
+from opforge.smoke.archive import probe_archive
 
-PROBE_PACKAGE = Path(__file__).with_name("probe")
-# the name the probe package has inside its archive (not one a user's package would have)
-PROBE_NAME = "_opforge_probe"
 # The probe imports torch and compiles a few ops; anything slower than this is hung.
 PROBE_TIMEOUT_S = 900
 # Variables that would let the checkout or a user's site leak into a fresh environment.
@@ -74,22 +71,6 @@ class ProbeRequest:
         return ["--package", self.package, "--namespace", self.namespace,
                 "--spec", str(spec_path), "--device-checks", self.device_checks,
                 "--out", str(out)]
-
-
-def probe_archive(target: Path) -> Path:
-    """The probe package as one runnable zip archive (``python probe.pyz ARGS``)."""
-    with zipfile.ZipFile(target, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-        # `probe.pyz ARGS` runs the smoke probe, `probe.pyz bench ARGS` the benchmark,
-        # `probe.pyz serve ARGS` the workload server of bisect by speed
-        archive.writestr("__main__.py", "import sys\nif sys.argv[1:2] in (['bench'], ['serve']):\n"
-                                        f"    from importlib import import_module\n"
-                                        f"    main = import_module('{PROBE_NAME}.' + sys.argv[1]).main\n"
-                                        "    sys.exit(main(sys.argv[2:]))\n"
-                                        f"from {PROBE_NAME}.main import main\n"
-                                        "sys.exit(main())\n")
-        for source in sorted(PROBE_PACKAGE.glob("*.py")):
-            archive.write(source, f"{PROBE_NAME}/{source.name}")
-    return target
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import subprocess
 import sys
 
 from .common import Report, err_text, first_line
-from .recipes import RecipeError, _fields_and_inputs, where
+from .recipes import RecipeError, check_fields, where
 
 FUNCTION_FIELDS = {"inputs", "dtypes", "devices", "expected", "atol", "rtol", "stub", "skip"}
 # A fresh interpreter per library: import torch and load one library, print its new ops.
@@ -194,7 +194,7 @@ def function_recipes(path: str | None) -> dict:
 
 def run_functions(report: Report, t, devices: list[str], path: str | None,
                   import_ok: bool) -> None:
-    from .runs import _outputs, _to, compare
+    from .runs import compare, outputs_of, to_device
 
     try:
         functions = function_recipes(path)
@@ -202,7 +202,7 @@ def run_functions(report: Report, t, devices: list[str], path: str | None,
         report.check("recipes:FUNCTIONS", "run", "fail", str(exc), recipe_error=True)
         return
     for key, recipe in functions.items():
-        problem = _fields_and_inputs(f"{path}: FUNCTIONS[{key!r}]", recipe, FUNCTION_FIELDS) \
+        problem = check_fields(f"{path}: FUNCTIONS[{key!r}]", recipe, FUNCTION_FIELDS) \
             if isinstance(recipe, dict) else f"{path}: FUNCTIONS[{key!r}] must be a dict"
         if problem:
             report.check(f"call:{key}", "run", "fail", problem, recipe_error=True)
@@ -245,20 +245,20 @@ def run_functions(report: Report, t, devices: list[str], path: str | None,
                 report.check(check_id, "run", "fail", f"recipe {key!r} inputs raised "
                              f"{first_line(exc)} at {where(exc, path or '')}", recipe_error=True)
                 break
-            args = [_to(t, a, device) for a in args]
+            args = [to_device(t, a, device) for a in args]
             try:
                 out = fn(*args)
             except Exception as exc:  # noqa: BLE001 - the call-time failure is the finding
                 report.check(check_id, "run", "fail", f"{key} on {device} raised "
                              f"{first_line(exc)}", device=device)
                 continue
-            got = [o.cpu() if isinstance(o, t.Tensor) else o for o in _outputs(out)]
+            got = [o.cpu() if isinstance(o, t.Tensor) else o for o in outputs_of(out)]
             problem = None
             if device == "cpu" or cpu_out is None:
                 cpu_out = got if device == "cpu" else cpu_out
                 if "expected" in recipe and device == "cpu":
                     want = recipe["expected"]
-                    problem = compare(t, _outputs(want), got, recipe.get("atol", 1e-4),
+                    problem = compare(t, outputs_of(want), got, recipe.get("atol", 1e-4),
                                       recipe.get("rtol", 1e-3))
             else:
                 problem = compare(t, cpu_out, got, recipe.get("atol", 1e-4),

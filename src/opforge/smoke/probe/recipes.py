@@ -75,7 +75,7 @@ def validate(op: str, recipe, path: str) -> str | None:
     """What is wrong with one recipe's shape, or None."""
     if not isinstance(recipe, dict):
         return f"{path}: RECIPES[{op!r}] is {type(recipe).__name__}, expected a dict"
-    problem = _fields_and_inputs(f"{path}: RECIPES[{op!r}]", recipe, FIELDS)
+    problem = check_fields(f"{path}: RECIPES[{op!r}]", recipe, FIELDS)
     if problem:
         return problem
     skip = recipe.get("skip") or {}
@@ -90,7 +90,8 @@ def validate(op: str, recipe, path: str) -> str | None:
         _validate_workloads(op, recipe.get("workloads"), path)
 
 
-def _fields_and_inputs(where_: str, mapping: dict, known: set[str]) -> str | None:
+def check_fields(where_: str, mapping: dict, known: set[str]) -> str | None:
+    """Unknown fields, or no callable 'inputs', in a recipe or a workload (or None)."""
     unknown = sorted(set(mapping) - known)
     if unknown:
         return (f"{where_} has unknown field(s) {', '.join(unknown)} "
@@ -122,7 +123,7 @@ def _validate_workloads(op: str, workloads, path: str) -> str | None:
     for name, load in workloads.items():
         if not isinstance(name, str) or not isinstance(load, dict):
             return f"{where_} maps a shape name to a dict, got {name!r}: {type(load).__name__}"
-        problem = _fields_and_inputs(f"{where_}[{name!r}]", load, WORKLOAD_FIELDS)
+        problem = check_fields(f"{where_}[{name!r}]", load, WORKLOAD_FIELDS)
         if problem:
             return problem
         if not _indices(load.get("grad")):

@@ -15,7 +15,8 @@ SPEED_BLOCK_S = 0.005
 SPEED_BUDGET_S = 0.1
 
 
-def _to(t, value, device, dtype=None):
+def to_device(t, value, device, dtype=None):
+    """A tensor argument on ``device`` (floating ones in ``dtype`` when given); others as is."""
     if isinstance(value, t.Tensor):
         value = value.to(device)
         if dtype is not None and value.is_floating_point():
@@ -23,7 +24,8 @@ def _to(t, value, device, dtype=None):
     return value
 
 
-def _outputs(out) -> list:
+def outputs_of(out) -> list:
+    """An op's result as a list of outputs (none, one, or a tuple's)."""
     if out is None:
         return []
     return list(out) if isinstance(out, (tuple, list)) else [out]
@@ -102,7 +104,7 @@ class OpRunner:
         return list(args)
 
     def results(self, recipe: dict, args: list, out) -> list:
-        values = [args[i] for i in recipe["mutates"]] if recipe.get("mutates") else _outputs(out)
+        values = [args[i] for i in recipe["mutates"]] if recipe.get("mutates") else outputs_of(out)
         if recipe.get("outputs") is not None:
             values = [values[i] for i in recipe["outputs"] if i < len(values)]
         return values
@@ -243,7 +245,7 @@ class OpRunner:
             if self.skipped(op, recipe, "run", check_id, "run", device=device):
                 continue
             cpu_args = self.inputs(op, recipe, dtype)
-            args = [_to(t, a, device) for a in cpu_args]
+            args = [to_device(t, a, device) for a in cpu_args]
             try:
                 out = fn(*args)
                 got = [o.cpu() if isinstance(o, t.Tensor) else o
@@ -283,7 +285,7 @@ class OpRunner:
             self.report.check(check_id, "backward", "skip", "no Autograd kernel registered and "
                               "none expected", op=op, device=device, reason="no-kernel")
             return None
-        args = [_to(t, a, device) for a in self.inputs(op, recipe, dtype)]
+        args = [to_device(t, a, device) for a in self.inputs(op, recipe, dtype)]
         leaves = []
         for i in recipe["grad"]:
             if i >= len(args) or not isinstance(args[i], t.Tensor) or \
@@ -378,7 +380,7 @@ class OpRunner:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 out = compiled(*tensors)
-            got = _outputs(out)
+            got = outputs_of(out)
             if recipe.get("outputs") is not None:
                 got = [got[i] for i in recipe["outputs"] if i < len(got)]
             problem = compare(t, cpu_out, got, recipe.get("atol", 1e-4),
@@ -408,8 +410,8 @@ class OpRunner:
             if self.skipped(op, recipe, "autocast", check_id, "autocast", device=device):
                 continue
             low = t.bfloat16 if device == "cpu" else t.float16
-            ref_args = [_to(t, a, device) for a in self.inputs(op, recipe, t.float32)]
-            args = [_to(t, a, device) for a in self.inputs(op, recipe, t.float32)]
+            ref_args = [to_device(t, a, device) for a in self.inputs(op, recipe, t.float32)]
+            args = [to_device(t, a, device) for a in self.inputs(op, recipe, t.float32)]
             for i in recipe["autocast"]:
                 args[i] = args[i].to(low)
             try:
@@ -459,7 +461,7 @@ class OpRunner:
             if not self.runnable(op, key):
                 continue
             cpu_args = self._recipe_call(op, "workload inputs", make, dtype)
-            args = [_to(t, a, device) for a in cpu_args]
+            args = [to_device(t, a, device) for a in cpu_args]
             try:
                 self.time_against_cpu(op, fn, device, cpu_args, args, factor, check_id)
             except Exception as exc:  # noqa: BLE001

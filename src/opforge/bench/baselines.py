@@ -1,4 +1,4 @@
-"""Bench baselines on disk: rows checked for type and range when read, writes under a lock.
+"""Bench baselines on disk: where they live, rows checked for type and range when read, writes under a lock.
 
 A baseline is a file anyone can edit (or a run of another opforge wrote): a row whose number
 is ``1e999`` (JSON reads it as infinity), a string, a list as a key or a negative noise would
@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 from opforge.errors import UsageError
 from opforge.files import FileLock, write_file
 
+# a baseline's name (``--save NAME``, ``--against NAME``): a file name under baseline_dir()
+NAME = re.compile(r"[A-Za-z0-9._-]{1,64}\Z")
 KEY_FIELDS = ("op", "workload", "direction", "device", "reference")
 NUMBER_FIELDS = ("speedup", "ours_s", "best_s", "noise", "pace", "yardstick_s")
 
@@ -56,3 +59,47 @@ def save(path: Path, doc: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with lock_of(path).acquire(wait=60):
         write_file(path, json.dumps(doc, indent=1) + "\n", what="baseline", fsync=True)
+
+
+def baseline_dir() -> Path:
+    from opforge.paths import cache_dir
+
+    return cache_dir() / "bench"
+
+
+def read_baseline(path: Path, label: str) -> tuple[dict, str | None]:
+    """(the saved run's rows by key, the machine it ran on) of the baseline at ``path``."""
+    from opforge.bench.report import baseline_rows, machine
+    from opforge.files import read_json
+
+    doc = read_json(path, what=label)
+    if isinstance(doc, dict) and isinstance(doc.get("rows"), list):
+        # 1e999, a string, a list as a key: one line, before any row is used
+        check_rows([r for r in doc["rows"] if isinstance(r, dict)], label)
+    return baseline_rows(doc, label), machine(doc)
+
+
+def load_baseline(text: str) -> tuple[str, dict, str | None]:
+    """(the name shown, the saved rows by key, the machine it ran on) of ``--against
+    NAME|FILE`` (UsageError if there is none)."""
+    saved = baseline_dir() / f"{text}.json"
+    if NAME.match(text) and saved.is_file():
+        return (text, *read_baseline(saved, f"baseline {text}"))
+    if text.endswith(".json"):
+        return (text, *read_baseline(Path(text), f"--against {text}"))
+    known = sorted(p.stem for p in baseline_dir().glob("*.json")) if baseline_dir().is_dir() \
+        else []
+    raise UsageError(f"--against {text!r}: no such baseline (saved: "
+                     f"{', '.join(known) or 'none'}; a baseline is saved with --save NAME, "
+                     "or give an earlier run's --json FILE)")
+
+
+def baseline_target(text: str) -> tuple[str, Path]:
+    """(the name shown, the file) of ``--baseline NAME|FILE``: a path (it ends in .json or
+    names a folder) as given, else a name under the baseline folder."""
+    if text.endswith(".json") or "/" in text or os.sep in text:
+        return text, Path(text)
+    if not NAME.match(text):
+        raise UsageError(f"--baseline {text!r}: a baseline name is letters, digits, '.', '_' "
+                         "and '-' (at most 64), or a path ending in .json")
+    return text, baseline_dir() / f"{text}.json"

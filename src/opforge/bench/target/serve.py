@@ -23,10 +23,10 @@ import os
 import sys
 import warnings
 
-from . import recipes as recipes_file
+from ...smoke.probe import recipes as recipes_file
+from ...smoke.probe.common import first_line
+from ...smoke.probe.speed import block_timer, calls_per_block
 from .bench import Bench, Row
-from .common import first_line
-from .speed import block_timer, calls_per_block
 
 # calls per block: about this long, so a block outlasts the request's round trip many times
 BLOCK_S = 0.01

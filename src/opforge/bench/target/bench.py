@@ -26,10 +26,10 @@ import time
 import traceback
 import warnings
 
-from . import recipes as recipes_file
-from .common import DEVICES, first_line
-from .runs import _outputs, _to, compare
-from .speed import paired, synchronizer, yardstick
+from ...smoke.probe import recipes as recipes_file
+from ...smoke.probe.common import DEVICES, first_line
+from ...smoke.probe.runs import compare, outputs_of, to_device
+from ...smoke.probe.speed import paired, synchronizer, yardstick
 
 SCHEMA = 1
 ALONE_BLOCK_S = 0.002  # a block of an op timed alone, and of its yardstick
@@ -91,7 +91,7 @@ class Bench:
         """A zero-argument call (forward, or forward + backward of ``grad``'s arguments) and
         a function returning what it computed, for the agreement check."""
         t = self.t
-        args = [_to(t, a, device) for a in cpu_args]
+        args = [to_device(t, a, device) for a in cpu_args]
         leaves = []
         for i in grad:
             if i >= len(args) or not isinstance(args[i], t.Tensor) or \
@@ -103,7 +103,7 @@ class Bench:
         sync = synchronizer(t, device)
 
         def run():
-            out = _outputs(fn(*args))
+            out = outputs_of(fn(*args))
             if not leaves:
                 return out
             floats = [o for o in out if isinstance(o, t.Tensor) and o.requires_grad]
