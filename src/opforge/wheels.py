@@ -30,6 +30,8 @@ from opforge import abi, floor
 from opforge.errors import UsageError
 from opforge.files import open_regular
 from opforge.matrix import Variant
+from opforge.platforms import backend_of
+from opforge.platforms.cuda import expected_archs as _expected_archs  # noqa: F401 (smoke)
 from opforge.stamp import RECORD_NAME, library_backends
 
 _FATBIN_MAGIC = 0xBA55ED50
@@ -509,19 +511,6 @@ def fatbin_archs(data: bytes) -> list[str]:
     return sorted(archs, key=_arch_sort_key)
 
 
-def _expected_archs(arch_list: str) -> tuple[set[str], set[str]]:
-    sass, ptx = set(), set()
-    for entry in re.split(r"[;\s]+", arch_list.strip()):
-        if not entry:
-            continue
-        base = entry.replace("+PTX", "")
-        number = base.replace(".", "")
-        sass.add(f"sm_{number}")
-        if entry.endswith("+PTX"):
-            ptx.add(f"compute_{number}")
-    return sass, ptx
-
-
 def _specifiers(requirement: str | None) -> list:
     """A requirement's version specifiers ([] for nothing or an unparsable requirement)."""
     if not requirement:
@@ -633,40 +622,7 @@ def check_against_variant(report: WheelReport, variant: Variant,
     problems += [f"{lib.path}: {lib.note}" for lib in compiled if lib.note]
     problems += report.abi_problems(stable=variant.stable, torch_floor=variant.torch_floor,
                                     cuda_major=variant.cuda_major or "")
-    # backends come from the code itself; a pure-Python wheel (custom_op kernels) has none
-    found = {b for lib in compiled for b in lib.backends}
-    for backend in variant.backends:
-        if backend != "cpu" and backend not in found:
-            problems.append(f"no {backend} device code in any compiled library "
-                            f"({', '.join(lib.path for lib in compiled) or 'none'})")
-    tags = " ".join(report.tags)
-    if variant.cuda:
-        sass, ptx = _expected_archs(variant.arch_list or "")
-        found = set(report.cuda_archs)
-        if not found:
-            problems.append("no CUDA fat binary embedded: the CUDA kernels are missing")
-        else:
-            missing = sorted((sass | ptx) - found, key=_arch_sort_key)
-            extra = sorted({a for a in found if a.startswith("sm_")} - sass, key=_arch_sort_key)
-            if missing:
-                problems.append(f"CUDA architectures missing: {', '.join(missing)} "
-                                f"(embedded: {', '.join(sorted(found, key=_arch_sort_key))})")
-            if extra:
-                problems.append(f"CUDA architectures not requested: {', '.join(extra)}")
-        if info and info.get("cuda_version") and info["cuda_version"] != variant.cuda:
-            problems.append(f"built with CUDA {info['cuda_version']}, expected {variant.cuda}")
-    elif report.cuda_archs:
-        problems.append(f"variant {variant.name} is not CUDA but the wheel embeds "
-                        f"{', '.join(report.cuda_archs)}")
-    if variant.mps:
-        if not (report.metal_sources or report.metallibs
-                or any(lib.embedded_metal for lib in compiled)):
-            problems.append("no Metal shaders (sources, metallib or embedded source) in the wheel")
-        if "macosx" not in tags or "arm64" not in tags:
-            problems.append(f"MPS wheel has platform tags {tags}, expected macosx_*_arm64")
-    if compiled and all(p.startswith("linux-") for p in variant.platforms) and "linux" not in tags:
-        problems.append(f"platform tags {tags} are not Linux")
-    if "linux_x86_64" in tags or "linux_aarch64" in tags:
-        problems.append(f"platform tag {tags} is not manylinux: the wheel was not repaired "
-                        "with auditwheel")
+    # the platform backend's rules: device code (from the code itself; a pure-Python wheel
+    # of custom_op kernels has none), toolkit and architectures, platform tags
+    problems += backend_of(variant).check_wheel(report, variant, info)
     return problems

@@ -15,6 +15,7 @@ from opforge import build
 from opforge.cli import main
 from opforge.errors import OpforgeError
 from opforge.matrix import load_matrix
+from opforge.platforms import toolchain
 
 ROOT = Path(__file__).resolve().parents[2]
 MATRIX = load_matrix(ROOT / "matrix.yaml")
@@ -94,7 +95,7 @@ def test_mps_refused_on_linux_with_where_it_runs():
 
 
 def test_cuda_refused_without_nvcc(tmp_path, monkeypatch):
-    monkeypatch.setattr(build.toolchain, "find_toolkits", lambda env, cuda=None: [])
+    monkeypatch.setattr(toolchain, "find_toolkits", lambda env, cuda=None: [])
     with pytest.raises(OpforgeError) as info:
         build.check_host(MATRIX, MATRIX.variant("cu128"), host="linux-x86_64", env={})
     assert "build_cu128 needs nvcc 12.8" in str(info.value)

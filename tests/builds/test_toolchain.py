@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 
 import opforge
-from opforge import build, toolchain
+from opforge import build
 from opforge.cli import main
 from opforge.errors import OpforgeError, UsageError
 from opforge.matrix import load_matrix
+from opforge.platforms import toolchain
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = ROOT / "tests" / "adopt" / "styles" / "host_guessing"

@@ -49,9 +49,8 @@ def run_build(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(plan.describe())
         return 0
-    wheel = build.build_wheel(args.variant, matrix=matrix, python=args.python,
-                              out_dir=args.out, work_dir=args.work_dir, torch_spec=args.torch,
-                              torch_index=args.torch_index, extra_env=extra_env,
+    # the plan printed by --dry-run is the one built: made once, here
+    wheel = build.build_wheel(args.variant, matrix=matrix, python=args.python, plan=plan,
                               install=not args.no_install,
                               compiler_cache=not args.no_compiler_cache,
                               verbose=args.verbose)

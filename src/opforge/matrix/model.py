@@ -214,6 +214,10 @@ class Variant:
     # variant that needs a toolkit's headers, a switch of the project's own build)
     build_env: tuple[tuple[str, str], ...] = ()
     pypi: bool = False                    # its wheels go to PyPI: no local label (+cpu)
+    # its platform backend (opforge.platforms): cpu, cuda, mps, rocm, xpu or one registered;
+    # toolkit: a non-CUDA backend's toolkit version (ROCm 6.4, oneAPI 2025.1)
+    backend: str = "cpu"
+    toolkit: str | None = None
 
     @property
     def stable(self) -> bool:
@@ -230,8 +234,10 @@ class Variant:
 
     @property
     def backends(self) -> tuple[str, ...]:
-        extra = ("cuda",) if self.cuda else ("mps",) if self.mps else ()
-        return ("cpu", *extra)
+        from opforge.platforms import get
+
+        device = get(self.backend).device
+        return ("cpu", device) if device else ("cpu",)
 
     @property
     def backend_keys(self) -> tuple[str, ...]:

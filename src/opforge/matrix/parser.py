@@ -18,6 +18,7 @@ import yaml
 from packaging.version import InvalidVersion, Version
 
 from opforge import fields as field_checks
+from opforge import platforms
 from opforge.dispatch_keys import DISPATCH_KEYS, device_of
 from opforge.errors import UsageError
 from opforge.files import read_text
@@ -35,30 +36,16 @@ from opforge.matrix.model import (
     TorchChannel,
     Variant,
 )
+from opforge.platforms import cuda as cuda_backend
+from opforge.platforms.base import Backend, VariantFields
 from opforge.yamlsafe import compose as compose_yaml
 
 DEFAULT_MATRIX = "matrix.yaml"
 # Python versions PyTorch publishes wheels for in the releases this matrix format targets.
 KNOWN_PYTHONS = ("3.10", "3.11", "3.12", "3.13", "3.13t", "3.14", "3.14t")
-# SM architectures each nvcc accepts (compute capability "X.Y"); PTX-only or family suffixes
-# ("a", "f") are checked separately. CUDA 13 dropped Maxwell, Pascal and Volta (< 7.5).
-NVCC_ARCHS = {
-    "11.8": ("3.5", "3.7", "5.0", "5.2", "5.3", "6.0", "6.1", "6.2", "7.0", "7.2", "7.5",
-             "8.0", "8.6", "8.7", "8.9", "9.0"),
-    "12.6": ("5.0", "5.2", "5.3", "6.0", "6.1", "6.2", "7.0", "7.2", "7.5", "8.0", "8.6",
-             "8.7", "8.9", "9.0"),
-    "12.8": ("5.0", "5.2", "5.3", "6.0", "6.1", "6.2", "7.0", "7.2", "7.5", "8.0", "8.6",
-             "8.7", "8.9", "9.0", "10.0", "10.1", "12.0"),
-    "12.9": ("5.0", "5.2", "5.3", "6.0", "6.1", "6.2", "7.0", "7.2", "7.5", "8.0", "8.6",
-             "8.7", "8.9", "9.0", "10.0", "10.1", "10.3", "12.0", "12.1"),
-    "13.0": ("7.5", "8.0", "8.6", "8.7", "8.8", "8.9", "9.0", "10.0", "10.3", "11.0", "12.0",
-             "12.1"),
-}
-_ARCH_SUFFIXES = {"9.0": ("a",), "10.0": ("a", "f"), "10.3": ("a", "f"), "11.0": ("a", "f"),
-                  "12.0": ("a", "f"), "12.1": ("a", "f"), "10.1": ("a", "f")}
+NVCC_ARCHS = cuda_backend.NVCC_ARCHS  # the CUDA backend's table (opforge.platforms.cuda)
 # \Z, not $: "$" also matches before a final newline ("cpu\n" would pass)
 _NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
-_ARCH = re.compile(r"(\d+\.\d+)([af]?)(\+PTX)?\Z")
 _LOCAL_LABEL = re.compile(r"[a-z0-9]+(\.[a-z0-9]+)*\Z")
 
 
@@ -509,18 +496,17 @@ _VARIANT_KEYS = {"name": True, "platforms": True, "expected_keys": True, "cuda":
                  "arch_list": False, "container": False, "torch_version": False,
                  "index_variant": False, "macos_deployment_target": False, "mps": False,
                  "device_checks": False, "runner": False, "abi": False, "torch_floor": False,
-                 "compat_torch": False, "pypi": False, "build_env": False}
+                 "compat_torch": False, "pypi": False, "build_env": False,
+                 "backend": False, "toolkit": False}
 # what opforge passes from the variant itself: a variant's build_env cannot name it
 _OPFORGE_BUILD_VARIABLES = ("FORCE_CUDA", "FORCE_MPS", "TORCH_CUDA_ARCH_LIST",
                             "MACOSX_DEPLOYMENT_TARGET", "PYTHONPATH", "PATH",
                             "DIST_EXTRA_CONFIG", "SKBUILD_BUILD_DIR")
-_CUDA_TOOLKIT_VARIABLES = ("CUDA_HOME", "CUDA_PATH", "CUDA_ROOT", "CUDA_BIN_PATH", "CUDACXX",
-                           "CUDAToolkit_ROOT", "CUDA_TOOLKIT_ROOT_DIR", "CUDA_NVCC_EXECUTABLE")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
-def _build_env(r: _Reader, node: yaml.Node, key: str, cuda: str | None
-               ) -> tuple[tuple[str, str], ...]:
+def _build_env(r: _Reader, node: yaml.Node, key: str, backend: Backend,
+               toolkit: str | None) -> tuple[tuple[str, str], ...]:
     """A variant's ``build_env:`` mapping of NAME: value."""
     if not isinstance(node, yaml.MappingNode):
         raise r.fail(node, key, f"expected a mapping of NAME: value, got {_kind(node)}")
@@ -532,35 +518,81 @@ def _build_env(r: _Reader, node: yaml.Node, key: str, cuda: str | None
             raise r.fail(name_node, child, f"{name!r} is not a variable name")
         if name in out:
             raise r.fail(name_node, child, "duplicate key")
-        if name.startswith("OPFORGE_") or name in _OPFORGE_BUILD_VARIABLES:
+        if name in backend.toolkit_variables:
+            raise r.fail(name_node, child, backend.owned_variable(
+                name, VariantFields(name=key, platforms=(), toolkit=toolkit)))
+        if name.startswith("OPFORGE_") or name in _OPFORGE_BUILD_VARIABLES \
+                or name in backend.variables:
             raise r.fail(name_node, child, f"opforge sets {name} from the variant itself")
-        if cuda and name in _CUDA_TOOLKIT_VARIABLES:
-            raise r.fail(name_node, child, f"a CUDA variant builds with the toolkit of its cuda "
-                                           f"version ({cuda}): opforge sets {name} to it")
         out[name] = r.scalar(value_node, child)
     return tuple(out.items())
 
 
+def _backend(r: _Reader, m: dict[str, yaml.Node], key: str, name: str, cuda: str | None,
+             mps: bool) -> Backend:
+    """The variant's platform backend: ``backend:``, else cuda: / mps: true, else cpu."""
+    implied = "cuda" if cuda is not None else "mps" if mps else None
+    if cuda is not None and mps:
+        raise r.fail(m["mps"], f"{key}.mps", f"variant {name!r} cannot be both CUDA and MPS")
+    if "backend" not in m:
+        return platforms.get(implied or "cpu")
+    chosen = r.scalar(m["backend"], f"{key}.backend")
+    if chosen not in platforms.names():
+        raise r.fail(m["backend"], f"{key}.backend", f"unknown backend {chosen!r} (known: "
+                                                     f"{', '.join(platforms.names())})")
+    if implied and chosen != implied:
+        spelled = "cuda" if cuda is not None else "mps"
+        raise r.fail(m[spelled], f"{key}.{spelled}",
+                     f"{spelled}: makes variant {name!r} a {implied} variant, but it says "
+                     f"backend: {chosen}")
+    return platforms.get(chosen)
+
+
 def _check_platform_rules(r: _Reader, key: str, fields: dict[str, yaml.Node],
-                          platforms: list[tuple[str, yaml.Node]], *, variant: str | None = None,
-                          cuda: str | None = None, mps: bool = False) -> None:
-    """The rules that depend on a platform's OS, in one place (the platform backends take
-    them over): a platform block (``variant`` None) or a variant and the platforms it targets,
-    each with its node for the error line."""
-    if variant is None:
-        if "container" in fields and not all(p.startswith("linux-") for p, _ in platforms):
+                          platform_nodes: list[tuple[str, yaml.Node]], *,
+                          variant: str | None = None, backend: Backend | None = None,
+                          keys: list[str] | None = None, vnode: yaml.Node | None = None) -> None:
+    """The rules that depend on a platform or a backend, asked of the backend's module
+    (opforge.platforms): a platform block (``variant`` None) or a variant and the platforms it
+    targets, each with its node for the error line."""
+    if variant is None or backend is None:
+        if "container" in fields and not all(p.startswith("linux-") for p, _ in platform_nodes):
             raise r.fail(fields["container"], f"{key}.container",
                          "only Linux platforms build in a container image")
         return
-    for plat, pnode in platforms:
-        if cuda is not None and not plat.startswith("linux-"):
-            raise r.fail(pnode, f"{key}.platforms", f"CUDA variant {variant!r} cannot target "
-                                                    f"{plat} (CUDA wheels are Linux-only here)")
-        if mps and not plat.startswith("macos-"):
-            raise r.fail(pnode, f"{key}.platforms",
-                         f"MPS variant {variant!r} cannot target {plat} (MPS needs macOS)")
+    toolkit_node = fields.get(backend.toolkit_field)
+    spec = VariantFields(
+        name=variant, platforms=tuple(p for p, _ in platform_nodes),
+        expected_keys=tuple(keys or ()),
+        toolkit=r.scalar(toolkit_node, f"{key}.{backend.toolkit_field}")
+        if toolkit_node is not None else None,
+        arch_list=r.scalar(fields["arch_list"], f"{key}.arch_list")
+        if "arch_list" in fields else None)
+    if backend.toolkit_field != "toolkit" and "toolkit" in fields:
+        raise r.fail(fields["toolkit"], f"{key}.toolkit", f"a {backend.name} variant names its "
+                                                          f"toolkit with {backend.toolkit_field}:")
+    for field_name, message in backend.check_variant(spec):
+        if field_name == "platforms":
+            oses = backend.oses
+            node = next((n for p, n in platform_nodes if p.split("-", 1)[0] not in oses),
+                        fields["platforms"])
+        else:
+            node = fields.get(field_name.split(".", 1)[0], vnode)
+        raise r.fail(node, f"{key}.{field_name}", message)
+    if "container" in fields and not backend.needs_toolkit:
+        raise r.fail(fields["container"], f"{key}.container",
+                     f"container needs cuda: set (variant {variant!r} is not CUDA)")
+    for k in keys or ():
+        device = device_of(k)
+        if device is None or device == backend.device:
+            continue
+        if device == "cuda":
+            raise r.fail(fields["expected_keys"], f"{key}.expected_keys",
+                         f"variant {variant!r} expects {k} kernels but sets no cuda version")
+        raise r.fail(fields["expected_keys"], f"{key}.expected_keys",
+                     f"variant {variant!r} expects MPS kernels but does not set mps: true")
     if "macos_deployment_target" in fields and \
-            not all(p.startswith("macos-") for p, _ in platforms):
+            not all(p.startswith("macos-") for p, _ in platform_nodes):
         raise r.fail(fields["macos_deployment_target"], f"{key}.macos_deployment_target",
                      "only macOS variants take a deployment target")
 
@@ -592,7 +624,7 @@ def _variants(r: _Reader, node: yaml.Node, platforms: dict[str, Platform],
         keys = _keys(r, m["expected_keys"], f"{key}.expected_keys")
         opt = {k: r.scalar(m[k], f"{key}.{k}") for k in
                ("cuda", "arch_list", "container", "torch_version", "index_variant",
-                "macos_deployment_target", "runner") if k in m}
+                "macos_deployment_target", "runner", "toolkit") if k in m}
         for k, check in (("runner", field_checks.runner_label),
                          ("container", field_checks.image_reference),
                          ("index_variant", field_checks.index_variant)):
@@ -611,29 +643,9 @@ def _variants(r: _Reader, node: yaml.Node, platforms: dict[str, Platform],
                                  "Python, so at most one variant per platform sets pypi: true")
                 pypi_by_platform[plat] = name
         cuda = opt.get("cuda")
-        if cuda is not None:
-            if cuda not in NVCC_ARCHS:
-                raise r.fail(m["cuda"], f"{key}.cuda", f"unknown CUDA version {cuda!r} "
-                                                       f"(known: {', '.join(NVCC_ARCHS)})")
-            if mps:
-                raise r.fail(m["mps"], f"{key}.mps", f"variant {name!r} cannot be both CUDA and MPS")
-        _check_platform_rules(r, key, m, plats, variant=name, cuda=cuda, mps=mps)
-        if cuda is not None:
-            if "arch_list" not in opt:
-                raise r.fail(vnode, f"{key}.arch_list", f"CUDA variant {name!r} needs arch_list")
-            _check_arch_list(r, m["arch_list"], f"{key}.arch_list", opt["arch_list"], cuda)
-        else:
-            for k in ("arch_list", "container"):
-                if k in opt:
-                    raise r.fail(m[k], f"{key}.{k}", f"{k} needs cuda: set (variant {name!r} is not CUDA)")
-            cuda_keys = [k for k in keys if device_of(k) == "cuda"]
-            if cuda_keys:
-                raise r.fail(m["expected_keys"], f"{key}.expected_keys",
-                             f"variant {name!r} expects {cuda_keys[0]} kernels but sets no "
-                             "cuda version")
-        if not mps and any(device_of(k) == "mps" for k in keys):
-            raise r.fail(m["expected_keys"], f"{key}.expected_keys",
-                         f"variant {name!r} expects MPS kernels but does not set mps: true")
+        backend = _backend(r, m, key, name, cuda, mps)
+        _check_platform_rules(r, key, m, plats, variant=name, backend=backend, keys=keys,
+                              vnode=vnode)
         if "macos_deployment_target" in opt:
             if not re.match(r"\d+(\.\d+)?\Z", opt["macos_deployment_target"]):
                 raise r.fail(m["macos_deployment_target"], f"{key}.macos_deployment_target",
@@ -653,27 +665,11 @@ def _variants(r: _Reader, node: yaml.Node, platforms: dict[str, Platform],
             raise r.fail(m["torch_version"], f"{key}.torch_version",
                          f"builds against torch {opt['torch_version']}, below its torch_floor "
                          f"{floor}")
-        build_env = _build_env(r, m["build_env"], f"{key}.build_env", cuda) \
-            if "build_env" in m else ()
+        build_env = _build_env(r, m["build_env"], f"{key}.build_env", backend,
+                               cuda or opt.get("toolkit")) if "build_env" in m else ()
         variants.append(Variant(name=name, platforms=tuple(p for p, _ in plats),
-                                expected_keys=tuple(keys), mps=mps,
+                                expected_keys=tuple(keys), mps=mps, backend=backend.name,
                                 device_checks=device_checks, abi=abi, torch_floor=floor,
                                 compat_torch=compat, pypi=pypi, build_env=build_env, **opt))
     return variants
-
-
-def _check_arch_list(r: _Reader, node: yaml.Node, key: str, arch_list: str, cuda: str) -> None:
-    entries = [e for e in re.split(r"[;\s]+", arch_list.strip()) if e]
-    if not entries:
-        raise r.fail(node, key, "must list at least one architecture")
-    for entry in entries:
-        match = _ARCH.match(entry)
-        if not match:
-            raise r.fail(node, key, f"{entry!r} is not an architecture like 8.0, 9.0a or 12.0+PTX")
-        arch, suffix, _ = match.groups()
-        if arch not in NVCC_ARCHS[cuda]:
-            raise r.fail(node, key, f"nvcc {cuda} does not accept sm_{arch.replace('.', '')} "
-                                    f"({entry}); it accepts {', '.join(NVCC_ARCHS[cuda])}")
-        if suffix and suffix not in _ARCH_SUFFIXES.get(arch, ()):
-            raise r.fail(node, key, f"{entry!r}: sm_{arch.replace('.', '')} has no '{suffix}' variant")
 

@@ -37,16 +37,21 @@ CUDA_VARIABLES = ("CUDA_HOME", "CUDA_PATH", "CUDA_ROOT", "CUDA_BIN_PATH", "CUDAC
 CUDA_PROGRAMS = frozenset({"nvcc", "ptxas", "nvlink", "fatbinary", "cudafe++", "cuobjdump",
                            "nvdisasm", "nvprune", "cicc"})
 SITE_DIR = "toolchain-site"
-MODE_VARIABLE = "OPFORGE_BUILD_TOOLCHAIN"  # read by toolchain_site.py: cpu, cuda or mps
+MODE_VARIABLE = "OPFORGE_BUILD_TOOLCHAIN"  # read by toolchain_site.py: cpu, cuda, mps, rocm, xpu
 
 
 @dataclass(frozen=True)
 class Toolkit:
-    """A CUDA toolkit found on the build host."""
+    """An accelerator toolkit found on the build host (CUDA; ROCm and oneAPI alike)."""
 
     home: Path
     version: str | None
     found_by: str  # CUDA_HOME, CUDA_PATH, /usr/local/cuda-13.0, PATH ...
+    compiler: str = "nvcc"  # what a build of its backend compiles device code with
+
+    @property
+    def bin(self) -> Path:
+        return self.home / "bin"
 
     @property
     def nvcc(self) -> Path:
@@ -131,10 +136,10 @@ def _toolkit_bin(folder: Path) -> bool:
 
 
 def build_path(path: str, toolkit: Toolkit | None, shadow_root: Path) -> str:
-    """PATH for the build: the variant's toolkit's bin first (cuda), every other folder that
-    holds nvcc left out (a toolkit's bin) or replaced by a copy of it without the CUDA
-    programs (a shared folder such as /usr/bin), everything else as it was."""
-    keep = toolkit.home / "bin" if toolkit else None
+    """PATH for the build: the variant's toolkit's bin first (cuda, rocm, xpu), every other
+    folder that holds nvcc left out (a toolkit's bin) or replaced by a copy of it without the
+    CUDA programs (a shared folder such as /usr/bin), everything else as it was."""
+    keep = toolkit.bin if toolkit else None
     entries = [str(keep)] if keep else []
     shutil.rmtree(shadow_root, ignore_errors=True)
     for i, entry in enumerate(path.split(os.pathsep)):

@@ -1,7 +1,7 @@
 """opforge's build-time sitecustomize: torch answers the variant's questions, not the host's.
 
 ``opforge build`` copies this file into the build's PYTHONPATH as ``sitecustomize.py`` (see
-opforge.toolchain). It imports the standard library only (the build environment need not
+opforge.platforms.toolchain). It imports the standard library only (the build environment need not
 have opforge). $OPFORGE_BUILD_TOOLCHAIN says what the variant is:
 
 - cpu:  torch.cuda.is_available() and torch.backends.mps.is_available() are False, and
@@ -9,6 +9,8 @@ have opforge). $OPFORGE_BUILD_TOOLCHAIN says what the variant is:
         unless the variant's build_env gave CUDA_HOME
 - cuda: torch.cuda.is_available() is True (the build machine needs no GPU)
 - mps:  torch.backends.mps.is_available() is True, torch.cuda.is_available() False, CUDA_HOME None
+- rocm: torch.cuda.is_available() is True (a ROCm torch's HIP devices are torch.cuda's)
+- xpu:  torch.xpu.is_available() is True, torch.cuda.is_available() False, CUDA_HOME None
 
 Then the environment's own sitecustomize, if it has one, runs as it would have.
 """
@@ -30,8 +32,11 @@ def _answer(value):
 
 def _patch_torch(module):
     cuda = getattr(module, "cuda", None)
-    if cuda is not None:
-        cuda.is_available = _answer(_MODE == "cuda")
+    if cuda is not None:  # a ROCm torch's HIP devices are torch.cuda's
+        cuda.is_available = _answer(_MODE in ("cuda", "rocm"))
+    xpu = getattr(module, "xpu", None)
+    if xpu is not None:
+        xpu.is_available = _answer(_MODE == "xpu")
 
 
 def _patch_mps(module):
@@ -40,7 +45,8 @@ def _patch_mps(module):
 
 def _patch_cpp_extension(module):
     # a cpu/mps build has no toolkit, unless its matrix entry gave one (build_env: CUDA_HOME)
-    if _MODE != "cuda" and not (os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")):
+    if _MODE not in ("cuda", "rocm") and \
+            not (os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")):
         module.CUDA_HOME = None
 
 
@@ -85,6 +91,6 @@ def _run_next_sitecustomize():
         spec.loader.exec_module(module)
 
 
-if _MODE in ("cpu", "cuda", "mps"):
+if _MODE in ("cpu", "cuda", "mps", "rocm", "xpu"):
     sys.meta_path.insert(0, _VariantAnswers())
 _run_next_sitecustomize()

@@ -1,0 +1,63 @@
+"""Platform backends: one module each (cpu, cuda, mps, rocm, xpu), one interface (base.Backend).
+
+A variant names its backend (``backend: rocm`` in matrix.yaml; ``cuda: "13.0"`` and
+``mps: true`` are the CUDA and MPS spellings); everything that depends on it — the matrix
+rules, the build's toolchain world, the host check, the wheel repair, the wheel check, the
+description — is asked of ``backend_of(variant)``. Adding a backend is one module that
+registers a ``Backend`` (imported before the matrix is read) plus matrix entries using it.
+"""
+
+from __future__ import annotations
+
+import platform as _platform
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from opforge.matrix import Variant
+    from opforge.platforms.base import Backend
+
+_BACKENDS: dict[str, Backend] = {}
+
+
+def register(backend: Backend) -> Backend:
+    """Make ``backend`` known by its name (a second one of the same name replaces it)."""
+    if not backend.name or not backend.name.isidentifier() or backend.name != backend.name.lower():
+        raise ValueError(f"a backend's name is a lower-case identifier, got {backend.name!r}")
+    _BACKENDS[backend.name] = backend
+    return backend
+
+
+def unregister(name: str) -> None:
+    """Forget a backend (tests that register a fake one clean up with it)."""
+    _BACKENDS.pop(name, None)
+
+
+def names() -> tuple[str, ...]:
+    return tuple(_BACKENDS)
+
+
+def get(name: str) -> Backend:
+    try:
+        return _BACKENDS[name]
+    except KeyError:
+        raise KeyError(f"unknown backend {name!r} (known: {', '.join(_BACKENDS)})") from None
+
+
+def backend_of(variant: Variant) -> Backend:
+    return get(variant.backend)
+
+
+def host_platform() -> str:
+    """This machine as a matrix platform name: linux-x86_64, macos-arm64, windows-amd64..."""
+    system = {"linux": "linux", "darwin": "macos", "win32": "windows"}.get(sys.platform,
+                                                                             sys.platform)
+    machine = _platform.machine().lower()
+    machine = {"amd64": "x86_64", "aarch64": "aarch64", "arm64": "arm64"}.get(machine, machine)
+    if system == "linux" and machine == "arm64":
+        machine = "aarch64"
+    return f"{system}-{machine}"
+
+
+# the built-in backends register themselves (after register() exists: they import it)
+from opforge.platforms import cpu, cuda, mps, rocm, xpu  # noqa: E402,F401

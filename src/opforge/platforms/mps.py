@@ -1,0 +1,62 @@
+"""The MPS backend: macOS arm64 wheels with Metal kernels, built with Xcode's toolchain.
+
+Validation keeps it on macos-* platforms; the build gets FORCE_MPS=1 and the variant's
+MACOSX_DEPLOYMENT_TARGET, and torch answers torch.backends.mps.is_available() True (hosted
+macOS runners have no usable Metal device); the wheel must carry Metal shaders and a
+macosx_*_arm64 tag. Not buildable on this Linux host: its build is exercised on the macOS
+runner in CI.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+from opforge.errors import OpforgeError
+from opforge.platforms import register, toolchain
+from opforge.platforms.base import Backend, BuildEnv
+
+
+class MpsBackend(Backend):
+    name = "mps"
+    device = "mps"
+    device_code = "mps"
+    oses = ("macos",)
+    toolchain_mode = "mps"
+    variables = ("FORCE_MPS", "MACOSX_DEPLOYMENT_TARGET")
+
+    def wrong_platform(self, variant: str, plat: str) -> str:
+        return f"MPS variant {variant!r} cannot target {plat} (MPS needs macOS)"
+
+    def describe(self, variant) -> str:
+        target = variant.macos_deployment_target or "the SDK's default"
+        return (f"{variant.name}: CPU + MPS (Metal) kernels, macOS {target} and newer "
+                f"({', '.join(variant.platforms)})")
+
+    def build_env(self, variant, env, site_dir) -> BuildEnv:
+        given = {toolchain.MODE_VARIABLE: self.toolchain_mode, "PYTHONPATH": str(site_dir),
+                 "CUDA_VISIBLE_DEVICES": "", "FORCE_MPS": "1"}
+        if variant.macos_deployment_target:
+            given["MACOSX_DEPLOYMENT_TARGET"] = variant.macos_deployment_target
+        return BuildEnv(given, toolchain.CUDA_VARIABLES)
+
+    def check_host(self, variant, host, env, where) -> None:
+        if host != "macos-arm64":
+            raise OpforgeError(f"{variant.build_session} needs macOS on Apple silicon with "
+                               f"Xcode command-line tools (this host is {host}); {where}")
+        if shutil.which("xcrun", path=env.get("PATH")) is None:
+            raise OpforgeError(f"{variant.build_session} needs Xcode command-line tools "
+                               f"(xcrun not found: run xcode-select --install); {where}")
+
+    def check_wheel(self, report, variant, info) -> list[str]:
+        problems = super().check_wheel(report, variant, info)
+        compiled = report.libraries
+        if not (report.metal_sources or report.metallibs
+                or any(lib.embedded_metal for lib in compiled)):
+            problems.append("no Metal shaders (sources, metallib or embedded source) in the wheel")
+        tags = " ".join(report.tags)
+        if "macosx" not in tags or "arm64" not in tags:
+            problems.append(f"MPS wheel has platform tags {tags}, expected macosx_*_arm64")
+        return problems
+
+
+BACKEND = register(MpsBackend())
