@@ -2,9 +2,10 @@
 
 What is built is chosen explicitly, never guessed from the build host:
 
-  OPFORGE_VARIANT       cpu | cu126 | cu128 | cu130 | mps | cpu_stable | mps_stable | cu130_stable
-                        (default cpu),
-                        recorded in build info; the *_stable variants need OPFORGE_ABI=stable
+  OPFORGE_BACKEND       cpu | cuda | mps: what is compiled (default: cuda with FORCE_CUDA=1, mps with
+                        FORCE_MPS=1, else cpu). opforge build passes it from the variant's backend;
+                        this file keeps no list of variants
+  OPFORGE_VARIANT       the variant's name, recorded only (opforge stamps it into the build record)
   OPFORGE_ABI           legacy (default: ATen/torch::Library, one wheel per torch and Python)
                         | stable (LibTorch stable ABI + CPython limited API: one abi3 wheel that
                         loads on every torch from the floor up)
@@ -40,7 +41,8 @@ from torch.utils import cpp_extension
 ROOT = Path(__file__).resolve().parent
 CSRC = ROOT / "csrc"
 BASE_VERSION = "0.1.0"
-VARIANTS = ("cpu", "cu126", "cu128", "cu130", "mps", "cpu_stable", "mps_stable", "cu130_stable")
+# what this extension has kernels for (csrc/cpu, csrc/cuda, csrc/mps)
+BACKENDS = ("cpu", "cuda", "mps")
 ABIS = ("legacy", "stable")
 # The stable kernels call torch_parallel_for, torch_call_dispatcher, torch_library_impl and the
 # typed data pointers of torch::stable::Tensor, all new in torch 2.10's shim. The CUDA kernels
@@ -149,28 +151,34 @@ class BuildConfig:
     """Everything the environment asks for, validated once."""
 
     def __init__(self):
-        self.variant = os.environ.get("OPFORGE_VARIANT", "cpu").strip() or "cpu"
-        if self.variant not in VARIANTS:
-            raise BuildConfigError(
-                f"OPFORGE_VARIANT must be one of {', '.join(VARIANTS)}, got {self.variant!r}"
-            )
         self.abi = os.environ.get("OPFORGE_ABI", "legacy").strip() or "legacy"
         if self.abi not in ABIS:
             raise BuildConfigError(f"OPFORGE_ABI must be one of {', '.join(ABIS)}, got {self.abi!r}")
         self.stable = self.abi == "stable"
-        if self.variant.endswith("_stable") and not self.stable:
-            raise BuildConfigError(
-                f"OPFORGE_VARIANT={self.variant} with OPFORGE_ABI={self.abi}: the {self.variant} variant "
-                "is a stable-ABI wheel; set OPFORGE_ABI=stable (opforge build does)"
-            )
         floor_text = os.environ.get("OPFORGE_TORCH_FLOOR", "").strip()
         if floor_text and not self.stable:
             raise BuildConfigError(
-                f"OPFORGE_TORCH_FLOOR={floor_text} applies to OPFORGE_ABI=stable builds only; a legacy "
-                "wheel runs on exactly the torch it was built against"
+                f"OPFORGE_TORCH_FLOOR={floor_text} with OPFORGE_ABI={self.abi}: a torch floor is a "
+                "stable-ABI wheel's; set OPFORGE_ABI=stable (opforge build does for a variant with "
+                "abi: stable), a legacy wheel runs on exactly the torch it was built against"
             )
-        self.cuda = env_flag("FORCE_CUDA")
-        self.mps = env_flag("FORCE_MPS")
+        force_cuda, force_mps = env_flag("FORCE_CUDA"), env_flag("FORCE_MPS")
+        if force_cuda and force_mps:
+            raise BuildConfigError("FORCE_CUDA=1 and FORCE_MPS=1 cannot be combined in one wheel")
+        implied = "cuda" if force_cuda else "mps" if force_mps else "cpu"
+        self.backend = os.environ.get("OPFORGE_BACKEND", "").strip() or implied
+        if self.backend not in BACKENDS:
+            raise BuildConfigError(
+                f"OPFORGE_BACKEND={self.backend}: this extension has kernels for "
+                f"{', '.join(BACKENDS)} only"
+            )
+        if implied != "cpu" and implied != self.backend:
+            raise BuildConfigError(
+                f"OPFORGE_BACKEND={self.backend} with FORCE_{implied.upper()}=1: one wheel holds "
+                "one backend's kernels"
+            )
+        self.cuda = self.backend == "cuda"
+        self.mps = self.backend == "mps"
         least = MIN_STABLE_MPS_FLOOR if self.mps else MIN_STABLE_FLOOR
         self.floor = parse_torch_floor(floor_text or "{}.{}".format(*least)) if self.stable else None
         if self.stable and self.mps and self.floor < MIN_STABLE_MPS_FLOOR:
@@ -181,8 +189,6 @@ class BuildConfig:
             )
         self.metallib = False
         self.omitted = parse_omitted_kernels(os.environ.get("OPFORGE_OMIT_KERNELS", ""))
-        if self.cuda and self.mps:
-            raise BuildConfigError("FORCE_CUDA=1 and FORCE_MPS=1 cannot be combined in one wheel")
         if self.cuda:
             if cpp_extension.CUDA_HOME is None:
                 raise BuildConfigError(
@@ -196,15 +202,6 @@ class BuildConfig:
             raise BuildConfigError(
                 f"FORCE_MPS=1 needs macOS with Xcode's Metal toolchain; this host is {platform.system()}. "
                 "In CI the MPS wheel is built on the macOS runner."
-            )
-        wants = {"cpu": (False, False), "cpu_stable": (False, False), "mps": (False, True),
-                 "mps_stable": (False, True)}.get(
-            self.variant, (True, False)
-        )
-        if (self.cuda, self.mps) != wants:
-            raise BuildConfigError(
-                f"OPFORGE_VARIANT={self.variant} needs FORCE_CUDA={int(wants[0])} and FORCE_MPS={int(wants[1])}, "
-                f"got FORCE_CUDA={int(self.cuda)} FORCE_MPS={int(self.mps)}: the variant names what the wheel holds"
             )
 
     def sources(self):

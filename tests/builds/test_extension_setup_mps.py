@@ -29,8 +29,22 @@ def test_stable_mps_below_214_names_the_shim_function_that_sets_the_floor():
     assert "Traceback" not in result.stderr
 
 
-def test_mps_stable_variant_needs_the_stable_abi():
-    result = _setup(FORCE_MPS="1", OPFORGE_VARIANT="mps_stable")
+def test_mps_stable_request_needs_the_stable_abi():
+    # setup.py keeps no variant list: a stable request is a torch floor, and it needs the ABI
+    result = _setup(FORCE_MPS="1", OPFORGE_VARIANT="mps_stable", OPFORGE_TORCH_FLOOR="2.14")
     assert result.returncode != 0
-    assert "mps_stable variant is a stable-ABI wheel; set OPFORGE_ABI=stable" in result.stderr
+    assert "a torch floor is a stable-ABI wheel's; set OPFORGE_ABI=stable" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_setup_compiles_what_the_backend_says_not_the_variant_name(tmp_path):
+    # any variant name builds; the backend (or FORCE_*) decides, a contradiction is refused
+    result = _setup(OPFORGE_VARIANT="anything_new", OPFORGE_BACKEND="cpu")
+    assert result.returncode == 0, result.stderr
+    result = _setup(OPFORGE_BACKEND="cuda", FORCE_MPS="1")
+    assert result.returncode != 0
+    assert "OPFORGE_BACKEND=cuda with FORCE_MPS=1" in result.stderr
+    result = _setup(OPFORGE_BACKEND="rocm")
+    assert result.returncode != 0
+    assert "has kernels for cpu, cuda, mps only" in result.stderr
     assert "Traceback" not in result.stderr
