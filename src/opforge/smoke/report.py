@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from opforge.files import write_atomic
+from opforge.smoke.probe import runs
 
 CELL = {  # census cell status -> (terminal text, style, markdown)
     "ok": ("ok", "green", "✅"),
@@ -96,16 +97,20 @@ def cause_lines(doc: dict) -> list[Text]:
 # --------------------------------------------------------------------------- terminal
 
 
-RUN_CATEGORIES = ("run", "backward", "fake", "compile", "autocast", "speed")
 SKIP_LABEL = {"no-device": "no device", "no-kernel": "no kernel", "import-failed": "not run",
               "disabled": "disabled",
               "no-recipe": "census only"}
 
 
-def _run_column(check: dict) -> str:
-    """Forward and backward on a device share its column; autocast is one column."""
+def run_categories() -> dict[str, str | None]:
+    """The op checks of the probe's check table, each with its column (``device`` or None)."""
+    return {check.name: check.column for check in runs.CHECKS}
+
+
+def _run_column(check: dict, columns: dict[str, str | None]) -> str:
+    """Forward and backward on a device share its column; every other check has one column."""
     cat = check["category"]
-    if cat in ("run", "backward"):
+    if columns.get(cat) == "device":
         return check.get("device") or "run"
     return cat
 
@@ -183,12 +188,13 @@ def render_terminal(doc: dict, console: Console | None = None) -> None:
 
     grid: dict[str, dict[str, list[dict]]] = {}
     census_only = []
+    columns = run_categories()
     for c in doc.get("checks", []):
-        if c["category"] in RUN_CATEGORIES and c.get("op"):
+        if c["category"] in columns and c.get("op"):
             if c.get("reason") == "no-recipe":
                 census_only.append(c["op"])
                 continue
-            grid.setdefault(c["op"], {}).setdefault(_run_column(c), []).append(c)
+            grid.setdefault(c["op"], {}).setdefault(_run_column(c, columns), []).append(c)
     if grid:
         cols = list(dict.fromkeys(col for cells in grid.values() for col in cells))
         table = Table(title="runs (device columns: forward, +grad = backward too; compared with "

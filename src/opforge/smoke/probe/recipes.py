@@ -13,7 +13,8 @@ name to a dict with these fields (docs/adopt.md has the full reference):
   mutates    argument indices whose values after the call are the result (in-place / out= ops)
   outputs    result indices compared across devices (default: all)
   atol, rtol, grad_atol, grad_rtol, autocast_atol   tolerances against the CPU (float32)
-  skip       {check: reason}: checks that do not apply (run, backward, fake, compile, autocast)
+  skip       {check: reason}: checks that do not apply (run, backward, fake, compile, autocast:
+             the skippable rows of runs.CHECKS)
   overload   the overload to call (default "default")
   workloads  {name: {inputs, grad?, devices?, reference?}}: benchmark shapes (small, medium,
              large) for `opforge bench`; the smoke speed check times the first one
@@ -34,7 +35,6 @@ import traceback
 
 from .common import first_line
 
-CHECKS = ("run", "backward", "fake", "compile", "autocast")
 FIELDS = {"inputs", "dtypes", "expected", "check", "grad", "autocast", "mutates", "outputs",
           "atol", "rtol", "grad_atol", "grad_rtol", "autocast_atol", "skip", "overload",
           "workloads", "reference", "stub"}
@@ -52,6 +52,13 @@ def where(exc: BaseException, path: str) -> str:
     own = [f for f in frames if os.path.realpath(f.filename) == real]
     frame = (own or frames)[-1:]
     return f"{frame[0].filename}:{frame[0].lineno}" if frame else path
+
+
+def skippable_checks() -> tuple[str, ...]:
+    """The checks a recipe's ``skip`` may name, from the check table."""
+    from .runs import CHECKS  # imported here: runs.py imports this module
+
+    return tuple(check.name for check in CHECKS if check.skippable)
 
 
 def load(path: str) -> dict:
@@ -79,8 +86,9 @@ def validate(op: str, recipe, path: str) -> str | None:
     if problem:
         return problem
     skip = recipe.get("skip") or {}
-    if not isinstance(skip, dict) or set(skip) - set(CHECKS):
-        return (f"{path}: RECIPES[{op!r}]['skip'] maps checks ({', '.join(CHECKS)}) to the "
+    checks = skippable_checks()
+    if not isinstance(skip, dict) or set(skip) - set(checks):
+        return (f"{path}: RECIPES[{op!r}]['skip'] maps checks ({', '.join(checks)}) to the "
                 "reason they do not apply")
     for name in ("grad", "autocast", "mutates", "outputs"):
         value = recipe.get(name)

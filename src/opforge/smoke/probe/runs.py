@@ -1,10 +1,19 @@
 """Call each op the way its recipe says: on every present device, backward, fake, compile,
-autocast. The probe knows no op: everything op-specific comes from the recipes file."""
+autocast, speed. The probe knows no op: everything op-specific comes from the recipes file.
+
+Each check is one row of ``CHECKS`` (its name, the dispatch keys whose absence explains its
+failure, the method that runs it) plus that method, which takes the op's ``Call``. Adding a
+check is one method and one row: the driver runs it, a failure gets its census explanation, a
+recipe's ``skip`` may name it (the method asks ``self.skipped``), and the report gives it a
+column in the runs table.
+"""
 
 from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from .common import AUTOCAST_KEY, DEVICE_KEY, DEVICES, Report, first_line
 from .recipes import RecipeError, validate, where
@@ -54,6 +63,45 @@ def compare(t, want, got, atol=1e-4, rtol=1e-3) -> str | None:
     return None
 
 
+@dataclass
+class Call:
+    """One op called with one of its recipe's dtypes: what each check of it is given."""
+
+    op: str
+    fn: object            # the op's overload, torch.ops.<namespace>.<op>.<overload>
+    recipe: dict
+    dtype: object
+    tag: str = ""         # ":float64" when the recipe runs more than one dtype
+    cpu_out: list | None = None  # the CPU's results (the run check sets them) to compare with
+
+
+@dataclass(frozen=True)
+class Check:
+    """One row of the check table.
+
+    ``explained_by``: the dispatch keys whose absence from the census explains a failure
+    (``{device}``: the device's backend key, ``{autocast}``: its autocast key).
+    ``run``: the ``OpRunner`` method that runs it for one ``Call``; None when another check
+    runs it (backward runs after each device's forward, against the CPU's gradients).
+    ``every_dtype``: run with each of the recipe's dtypes, not only the first.
+    ``skippable``: a recipe's ``skip`` may name it. ``column``: its column in the report's
+    runs table (``device``: the device's, shared with the forward run; None: its own).
+    """
+
+    name: str
+    explained_by: tuple[str, ...] = ()
+    run: Callable[[OpRunner, Call], None] | None = None
+    every_dtype: bool = False
+    skippable: bool = True
+    column: str | None = None
+
+    def keys(self, device: str | None) -> list[str | None]:
+        """The dispatch keys that explain this check failing on ``device``."""
+        named = {"{device}": DEVICE_KEY.get(device or "cpu"),
+                 "{autocast}": AUTOCAST_KEY.get(device or "")}
+        return [named.get(key, key) for key in self.explained_by]
+
+
 class _ExplainingReport:
     """Adds to a failing run the census gap that explains it (no CPU kernel, no Meta kernel)."""
 
@@ -61,10 +109,8 @@ class _ExplainingReport:
         self.report, self.rows, self.doc = report, rows, report.doc
 
     def explanation(self, category: str, op: str, device: str | None) -> str | None:
-        dev_key = DEVICE_KEY.get(device or "cpu")
-        keys = {"run": [dev_key], "fake": ["Meta"], "compile": ["Meta", "CPU"],
-                "backward": ["Autograd", dev_key],
-                "autocast": [AUTOCAST_KEY.get(device or ""), dev_key]}.get(category, [])
+        check = next((c for c in CHECKS if c.name == category), None)
+        keys = check.keys(device) if check else []
         cells = self.rows.get(op, {}).get("keys", {})
         gaps = [k for k in keys if cells.get(k or "", {}).get("status") in ("missing", "absent")]
         return f"census: {op} has no {' and no '.join(gaps)} kernel" if gaps else None
@@ -165,13 +211,10 @@ class OpRunner:
                 dtypes = self.dtypes(recipe)
                 for i, dtype in enumerate(dtypes):
                     tag = "" if len(dtypes) == 1 else f":{str(dtype).replace('torch.', '')}"
-                    cpu_out = self.device_runs(op, fn, recipe, dtype, tag)
-                    if i == 0:
-                        self.fake_run(op, fn, recipe, dtype, cpu_out)
-                        self.compile_run(op, fn, recipe, dtype, cpu_out)
-                        if recipe.get("autocast"):
-                            self.autocast_runs(op, fn, recipe)
-                        self.speed_runs(op, fn, recipe, dtype)
+                    call = Call(op, fn, recipe, dtype, tag)
+                    for check in CHECKS:
+                        if check.run is not None and (i == 0 or check.every_dtype):
+                            check.run(self, call)
             except RecipeError as exc:
                 self.report.check(f"recipe:{op}", "run", "fail", str(exc), op=op,
                                   recipe_error=True)
@@ -223,8 +266,11 @@ class OpRunner:
                        f"{want.tolist() if isinstance(want, t.Tensor) else want}"
         return None
 
-    def device_runs(self, op, fn, recipe, dtype, tag):
+    def device_runs(self, call: Call):
+        """Forward on every device (the CPU's against the recipe's known answer, the others
+        against the CPU's), each followed by its backward when the recipe names ``grad``."""
         t = self.t
+        op, fn, recipe, dtype, tag = call.op, call.fn, call.recipe, call.dtype, call.tag
         cpu_out = cpu_grads = None
         for device in DEVICES:
             check_id = f"run:{op}:{device}{tag}"
@@ -276,7 +322,7 @@ class OpRunner:
                 grads = self.backward(op, fn, recipe, dtype, device, cpu_grads, check_id)
                 if device == "cpu":
                     cpu_grads = grads
-        return cpu_out
+        call.cpu_out = cpu_out
 
     def backward(self, op, fn, recipe, dtype, device, cpu_grads, run_id):
         t = self.t
@@ -328,8 +374,10 @@ class OpRunner:
                               f"{first_line(exc)}", op=op, device=device)
             return None
 
-    def fake_run(self, op, fn, recipe, dtype, cpu_out):
+    def fake_run(self, call: Call):
+        """Under FakeTensorMode: the fake (Meta) kernel's shapes and dtypes against the CPU's."""
         t = self.t
+        op, fn, recipe, dtype, cpu_out = call.op, call.fn, call.recipe, call.dtype, call.cpu_out
         if self.skipped(op, recipe, "fake", f"fake:{op}", "fake"):
             return
         cpu_args = self.inputs(op, recipe, dtype)
@@ -358,8 +406,10 @@ class OpRunner:
             self.report.check(f"fake:{op}", "fake", "fail", f"{op} under FakeTensorMode: "
                               f"{first_line(exc)}", op=op)
 
-    def compile_run(self, op, fn, recipe, dtype, cpu_out):
+    def compile_run(self, call: Call):
+        """torch.compile(fullgraph=True, backend="aot_eager") on the CPU, against eager."""
         t = self.t
+        op, fn, recipe, dtype, cpu_out = call.op, call.fn, call.recipe, call.dtype, call.cpu_out
         if "cpu" not in self.devices or \
                 self.skipped(op, recipe, "compile", f"compile:{op}", "compile"):
             return
@@ -393,8 +443,12 @@ class OpRunner:
                               f"torch.compile(fullgraph=True, backend='aot_eager') of {op}: "
                               f"{first_line(exc)}", op=op)
 
-    def autocast_runs(self, op, fn, recipe):
+    def autocast_runs(self, call: Call):
+        """Under torch.autocast on every device, the recipe's ``autocast`` arguments lowered."""
         t = self.t
+        op, fn, recipe = call.op, call.fn, call.recipe
+        if not recipe.get("autocast"):
+            return
         for device in DEVICES:
             check_id = f"autocast:{op}:{device}"
             key = AUTOCAST_KEY[device]
@@ -432,7 +486,7 @@ class OpRunner:
                 self.report.check(check_id, "autocast", "fail", f"{op} under torch.autocast("
                                   f"'{device}', {low}): {first_line(exc)}", op=op, device=device)
 
-    def speed_runs(self, op, fn, recipe, dtype):
+    def speed_runs(self, call: Call):
         """Each device kernel against the same op on this machine's CPU: fail far slower ones.
 
         The first workload's inputs (else the recipe's), forward only; ``speed`` (the spec's)
@@ -441,6 +495,7 @@ class OpRunner:
         extension makes slow on purpose).
         """
         t = self.t
+        op, fn, recipe, dtype = call.op, call.fn, call.recipe, call.dtype
         if self.speed.get("enabled") is False or "cpu" not in self.devices:
             return
         extra = [d for d in self.speed.get("devices") or () if d not in self.devices]
@@ -491,3 +546,15 @@ class OpRunner:
                           device=device, device_s=result["b_s"], cpu_s=result["a_s"],
                           ratio=round(ratio, 3), factor=factor, spread=round(result["spread"], 3),
                           cost_s=round(time.perf_counter() - started, 3))
+
+
+# The checks of one op, in the order they run and are reported. A recipe's ``skip`` names
+# them; ``opforge.smoke.report`` lays out the runs table from them.
+CHECKS = (
+    Check("run", ("{device}",), OpRunner.device_runs, every_dtype=True, column="device"),
+    Check("backward", ("Autograd", "{device}"), column="device"),  # run by device_runs
+    Check("fake", ("Meta",), OpRunner.fake_run),
+    Check("compile", ("Meta", "CPU"), OpRunner.compile_run),
+    Check("autocast", ("{autocast}", "{device}"), OpRunner.autocast_runs),
+    Check("speed", (), OpRunner.speed_runs, skippable=False),
+)
