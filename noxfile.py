@@ -105,7 +105,7 @@ def styles(session: nox.Session) -> None:
 
 @nox.session(venv_backend=opforge.nox.VENV_BACKEND)
 def lint(session: nox.Session) -> None:
-    """ruff, clang-format on extension/csrc, matrix.yaml validation, the workflow checks."""
+    """ruff, clang-format on extension/csrc, matrix.yaml validation, the workflow checks, zizmor."""
     opforge.nox.install(session, "-e", ".[lint]")
     session.run("ruff", "check", "src", "tests", "noxfile.py", "benchmarks", "extension")
     csrc = sorted(str(p) for p in (ROOT / "extension" / "csrc").rglob("*") if p.suffix in CXX_SUFFIXES)
@@ -113,3 +113,6 @@ def lint(session: nox.Session) -> None:
     session.run("opforge", "matrix", "--check", "--file", str(MATRIX.path))
     for command in lint_commands(ROOT):
         session.run(*command)
+    # the workflows' security (template injection, unpinned actions and images, credentials);
+    # offline: no GitHub API, so lint runs the same without a network. Any finding fails lint
+    session.run("zizmor", "--offline", "--no-progress", str(ROOT / ".github" / "workflows"))

@@ -23,9 +23,9 @@ def test_probes_fed_by_the_plans_status_instead_of_its_probes_are_caught(repo):
 
 
 def test_probes_from_a_job_that_does_not_plan_are_caught(repo):
-    repo.replace(RBISECT, '          --variant ${{ matrix.variant }}\n'
+    repo.replace(RBISECT, '          --variant "$VARIANT"\n'
                           '          --plan "$PROBES_PER_ROUND" --state state/state.json\n',
-                 '          --variant ${{ matrix.variant }} --state state/state.json\n')
+                 '          --variant "$VARIANT" --state state/state.json\n')
     problems = repo.problems()
     one(problems, "jobs.probe1.strategy.matrix.probe", "needs.plan1.outputs.probes is not fed")
     assert not [p for p in problems if "jobs.probe2" in p]  # plan2 still plans

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from opforge.cli.workflows import check_workflows
 from opforge.matrix import MatrixError
-from opforge.workflows import check_workflows
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -169,23 +169,24 @@ def test_smoking_in_the_build_job_is_caught(repo):
 
 
 def test_device_checks_that_ignore_the_matrix_are_caught(repo):
-    repo.replace(PIPE, "--device-checks ${{ matrix.device_checks && 'auto' || 'skip' }}",
-                 "--device-checks auto")
+    repo.replace(PIPE, "DEVICE_CHECKS: ${{ matrix.device_checks && 'auto' || 'skip' }}",
+                 "DEVICE_CHECKS: auto")
     problem = one(repo.problems(), "variant mps", "--device-checks auto",
                   "device_checks: false")
     assert "reusable-build-smoke.yml" in problem
 
 
 def test_device_checks_follow_a_maintainer_who_points_mps_at_real_hardware(repo):
-    repo.replace(PIPE, "--device-checks ${{ matrix.device_checks && 'auto' || 'skip' }}",
-                 "--device-checks skip")
+    repo.replace(PIPE, "DEVICE_CHECKS: ${{ matrix.device_checks && 'auto' || 'skip' }}",
+                 "DEVICE_CHECKS: skip")
     problems = repo.problems()
     one(problems, "variant cpu", "--device-checks skip", "device_checks: true")
     assert not [p for p in problems if "variant mps" in p]
 
 
 def test_smoke_without_the_cells_variant_is_caught(repo):
-    repo.replace(PIPE, "--variant ${{ matrix.variant }}\n", "--variant cpu\n")
+    repo.replace(PIPE, 'smoke --wheel wheelhouse/*.whl --variant "$VARIANT"\n',
+                 "smoke --wheel wheelhouse/*.whl --variant cpu\n")
     problems = repo.problems()
     one(problems, "variant cu130", "does not pass --variant cu130")
     assert not [p for p in problems if "variant cpu:" in p]
@@ -206,7 +207,7 @@ def test_a_session_removed_from_the_noxfile_is_caught(repo):
 
 
 def test_a_build_of_another_variant_than_the_cells_is_caught(repo):
-    repo.replace(PIPE, "--variant ${{ matrix.variant }} --out", "--variant ${{ matrix.cuda }} --out")
+    repo.replace(PIPE, '--variant "$VARIANT" --out', "--variant ${{ matrix.cuda }} --out")
     problems = repo.problems()
     one(problems, "variant cu130", "no step builds it")
 
@@ -231,8 +232,7 @@ def test_a_run_step_that_is_not_nox_or_opforge_is_caught(repo, run, why):
 
 
 def test_opforge_arguments_its_parser_refuses_are_caught(repo):
-    repo.replace(PIPE, "--junit reports/smoke-${{ matrix.name }}.xml",
-                 "--junit-xml reports/smoke-${{ matrix.name }}.xml")
+    repo.replace(PIPE, '--junit "reports/smoke-$CELL.xml"', '--junit-xml "reports/smoke-$CELL.xml"')
     assert one(repo.problems(), "jobs.smoke.steps", "unrecognized arguments: --junit-xml")
 
 

@@ -7,9 +7,13 @@ import argparse
 import stat
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from opforge.errors import UsageError
 from opforge.files import lookup
+
+if TYPE_CHECKING:
+    from opforge.workflows import Checked
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -35,8 +39,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     c.set_defaults(func=run_check)
 
 
+def commands() -> dict[str, argparse.ArgumentParser]:
+    """opforge's subcommands and their parsers: what ``opforge ...`` steps are parsed with."""
+    from opforge.cli import build_parser
+    from opforge.workflows.project import subcommand_parsers
+
+    return subcommand_parsers(build_parser())
+
+
+def check_repository(root: str | Path, matrix_file: str | Path | None = None,
+                     every: bool = False) -> Checked:
+    """``opforge.workflows.check_repository`` with this CLI's commands."""
+    from opforge.workflows import check_repository as check
+
+    return check(root, matrix_file, every, commands=commands())
+
+
+def check_workflows(repo_root: str | Path) -> list[str]:
+    """The problems ``check_repository`` finds, one line each; [] when all is well."""
+    return check_repository(repo_root).problems
+
+
 def run_check(args: argparse.Namespace) -> int:
-    from opforge.workflows import WORKFLOW_DIR, check_repository
+    from opforge.workflows import WORKFLOW_DIR
 
     root = args.root
     info = lookup(root, what="--root")

@@ -2,7 +2,8 @@
 
 ``opforge workflows check [--root PATH]`` prints one line per problem (``file:line: where:
 what``) and exits 1 when there is any, 0 when there is none, 2 when the matrix is malformed.
-``check_workflows(root)`` returns the same lines. It runs on any repository: one that calls
+``check_workflows(root, commands=...)`` returns the same lines (``opforge.cli.workflows``
+has both with the CLI's own commands filled in). It runs on any repository: one that calls
 opforge's reusable workflows (what ``opforge init`` writes), and opforge's own. The rules, each
 pinned by a test in tests/workflows/:
 
@@ -11,7 +12,7 @@ pinned by a test in tests/workflows/:
   repository is pinned to a 40-hex commit with a ``# vX.Y.Z`` comment; no ``secrets:
   inherit``; outside opforge's repository opforge is installed pinned (``opforge==X.Y.Z``),
   never ``.`` (there it would install the extension).
-* One source of truth (drift.py): per-cell jobs take ``strategy.matrix`` from
+* One source of truth (cells.py): per-cell jobs take ``strategy.matrix`` from
   ``fromJSON(needs.<job>.outputs.<out>)`` of a job that runs ``opforge matrix --github``, run
   on ``${{ matrix.runner }}`` in ``${{ matrix.container }}`` and set up ``${{ matrix.python }}``;
   a runner label is typed only on a job that runs no cell and must be one matrix.yaml
@@ -21,14 +22,14 @@ pinned by a test in tests/workflows/:
   where ``<out>`` carries the ``probes`` of an ``opforge bisect --plan K`` step, optionally
   with ``include: fromJSON(needs.<matrix job>.outputs.matrix).include`` (the cell: then the
   per-cell rules hold); ``matrix.<key>`` is then the one field beside the cell's.
-* Every variant has its path (a pipeline: a workflow whose cells run ``opforge smoke``, with its
+* Every variant has its path (paths.py; a pipeline: a workflow whose cells run ``opforge smoke``, with its
   default inputs and with each local caller's): the matrix is not filtered, and for every
   cell, on push and on pull_request, a step builds it, a step uploads the cell's artifact, a
   later job that needs the build downloads it on the cell's runner (no container) and runs
   ``opforge smoke --wheel <that download> --variant <the cell's>`` with ``--device-checks
   skip`` exactly where matrix.yaml says ``device_checks: false``. Dispatch choice inputs named
-  variant, platform or python list exactly matrix.yaml's.
-* ``run:`` steps (commands.py): ``pip install`` of nox or opforge (or ``.`` in opforge's own
+  variant, platform or python list exactly matrix.yaml's (triggers.py).
+* ``run:`` steps (runsteps.py, commands.py): ``pip install`` of nox or opforge (or ``.`` in opforge's own
   repository), ``nox -s <a session the noxfile defines>``, ``opforge <command>`` with
   arguments its parser accepts; one plain command per line, no shell operators; only trusted
   contexts expanded inside ``run:``.
@@ -53,6 +54,8 @@ are checked, unless ``every`` is set.
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,18 +63,14 @@ from opforge import __version__
 from opforge.errors import UsageError
 from opforge.files import read_bytes
 from opforge.workflows.calls import REUSABLE, called_file, check_calls, uses_opforge
+from opforge.workflows.cells import check_matrix_use
 from opforge.workflows.commands import ScriptError, classify, commands
-from opforge.workflows.drift import (
-    check_bisect_dispatch,
-    check_matrix_use,
-    check_run_steps,
-    check_runs_command,
-    check_variant_paths,
-    runs_smoke,
-)
 from opforge.workflows.hygiene import check_hygiene
+from opforge.workflows.paths import check_variant_paths, runs_smoke
 from opforge.workflows.project import load_project
 from opforge.workflows.publishing import check_publishing, check_release_pins
+from opforge.workflows.runsteps import check_run_steps
+from opforge.workflows.triggers import check_bisect_dispatch, check_runs_command
 from opforge.workflows.workflow import Report, Workflow, line_of, load_yaml, steps_of
 from opforge.yamlsafe import MAX_YAML_BYTES
 
@@ -115,14 +114,19 @@ def load_workflows(root: Path, report: Report) -> list[Workflow]:
 
 
 def check_repository(root: str | Path, matrix_file: str | Path | None = None,
-                     every: bool = False) -> Checked:
+                     every: bool = False, *,
+                     commands: Mapping[str, argparse.ArgumentParser]) -> Checked:
     """Every problem with the repository's workflows, and which files were checked.
 
-    Raises MatrixError (a UsageError, exit 2) when the matrix itself is malformed.
+    ``commands``: opforge's subcommands and their parsers, which ``opforge ...`` steps are
+    parsed with (``project.subcommand_parsers`` of the CLI's parser; the CLI passes them, so
+    this package does not import the CLI). Raises MatrixError (a UsageError, exit 2) when the
+    matrix itself is malformed.
     """
     root = Path(root)
     report = Report()
-    project = load_project(root, Path(matrix_file) if matrix_file is not None else None)
+    project = load_project(root, Path(matrix_file) if matrix_file is not None else None,
+                           commands=commands)
     workflows = load_workflows(root, report)
     result = Checked(report.problems)
     if project.is_opforge:
@@ -156,9 +160,10 @@ def check_repository(root: str | Path, matrix_file: str | Path | None = None,
     return result
 
 
-def check_workflows(repo_root: str | Path) -> list[str]:
+def check_workflows(repo_root: str | Path, *,
+                    commands: Mapping[str, argparse.ArgumentParser]) -> list[str]:
     """The problems ``check_repository`` finds, one line each; [] when all is well."""
-    return check_repository(repo_root).problems
+    return check_repository(repo_root, commands=commands).problems
 
 
 def _runs_nox(wf: Workflow) -> bool:

@@ -7,15 +7,11 @@ import re
 from pathlib import PurePosixPath
 from typing import Any
 
-from opforge.workflows.drift import (
-    check_variant_paths,
-    context,
-    input_defaults,
-    opforge_spec_problems,
-    runs_smoke,
-)
+from opforge.workflows.context import context, input_defaults
 from opforge.workflows.expressions import ExpressionError, render, to_str
+from opforge.workflows.paths import check_variant_paths, runs_smoke
 from opforge.workflows.project import Project
+from opforge.workflows.runsteps import opforge_spec_problems
 from opforge.workflows.workflow import Report, Workflow, line_of
 
 # opforge's reusable workflows (.github/workflows/ of opforge's repository)

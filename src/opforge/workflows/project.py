@@ -1,4 +1,5 @@
-"""What the workflows are checked against: matrix.yaml, the noxfile's sessions, the CLI, and
+"""What the workflows are checked against: matrix.yaml, the noxfile's sessions, the CLI's
+commands (given by the caller: the CLI hands its parser in, so nothing here imports it), and
 whether the repository is opforge itself (elsewhere ``pip install .`` installs the extension)."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -98,11 +100,10 @@ def nox_sessions(root: Path) -> tuple[frozenset[str] | None, str | None]:
     return frozenset(names), None
 
 
-def opforge_commands() -> dict[str, argparse.ArgumentParser]:
-    """``opforge``'s subcommands and their parsers (to check a step's arguments)."""
-    from opforge.cli import build_parser
-
-    for action in build_parser()._actions:
+def subcommand_parsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """A command line's subcommands and their parsers (``opforge``'s: to check a step's
+    arguments). The CLI passes its own parser in: this package never imports the CLI."""
+    for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             return dict(action.choices)
     return {}
@@ -122,9 +123,11 @@ def distribution_name(root: Path) -> str | None:
     return canonicalize_name(name) if isinstance(name, str) else None
 
 
-def load_project(root: Path, matrix_file: Path | None = None) -> Project:
+def load_project(root: Path, matrix_file: Path | None = None, *,
+                 commands: Mapping[str, argparse.ArgumentParser]) -> Project:
     """Read the matrix (``matrix_file``, else ``root/matrix.yaml`` when there is one;
-    MatrixError, exit 2, when it is malformed). Sessions are listed when first asked for."""
+    MatrixError, exit 2, when it is malformed). Sessions are listed when first asked for.
+    ``commands``: opforge's subcommands and their parsers (``subcommand_parsers``)."""
     path = matrix_file if matrix_file is not None else root / "matrix.yaml"
     matrix = load_matrix(path) if matrix_file is not None or path.is_file() else None
-    return Project(root, matrix, distribution_name(root), opforge_commands())
+    return Project(root, matrix, distribution_name(root), dict(commands))
