@@ -4,7 +4,9 @@ A variant names its backend (``backend: rocm`` in matrix.yaml; ``cuda: "13.0"`` 
 ``mps: true`` are the CUDA and MPS spellings); everything that depends on it — the matrix
 rules, the build's toolchain world, the host check, the wheel repair, the wheel check, the
 description — is asked of ``backend_of(variant)``. Adding a backend is one module that
-registers a ``Backend`` (imported before the matrix is read) plus matrix entries using it.
+registers a ``Backend`` plus matrix entries using it: a module of opforge's own is imported
+at the end of this file; one shipped elsewhere is declared as an ``opforge.platforms`` entry
+point (or imported before the matrix is read).
 """
 
 from __future__ import annotations
@@ -33,11 +35,33 @@ def unregister(name: str) -> None:
     _BACKENDS.pop(name, None)
 
 
+ENTRY_POINT_GROUP = "opforge.platforms"
+_plugins_loaded = False
+
+
+def load_plugins() -> None:
+    """Import the backend modules installed distributions declare (entry point group
+    ``opforge.platforms``, ``npu = mypkg.opforge_npu``), once: a backend shipped outside
+    opforge registers itself without any edit here."""
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    from importlib import import_module
+    from importlib.metadata import entry_points
+
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        import_module(entry.value.partition(":")[0])
+
+
 def names() -> tuple[str, ...]:
+    load_plugins()
     return tuple(_BACKENDS)
 
 
 def get(name: str) -> Backend:
+    if name not in _BACKENDS:
+        load_plugins()
     try:
         return _BACKENDS[name]
     except KeyError:

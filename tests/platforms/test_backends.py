@@ -1,0 +1,326 @@
+"""Platform backends (opforge.platforms): each one module behind one interface. cpu, cuda and
+mps are the ones this repository builds; rocm and xpu are checked here against fake toolkit
+trees (validation, build environment, host check, description), and a backend that opforge
+does not ship is added as one module plus matrix entries."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from opforge import build, platforms
+from opforge.errors import OpforgeError
+from opforge.matrix import MatrixError, load_matrix
+from opforge.platforms import toolchain
+
+HEAD = """\
+extension:
+  path: .
+  package: demo
+  distribution: demo
+  namespace: demo
+  ops: [scale]
+
+torch:
+  channel: stable
+  version: "2.13.0"
+  index: https://download.pytorch.org/whl
+
+pythons: ["3.11"]
+
+platforms:
+  linux-x86_64:
+    runner: ubuntu-24.04
+  macos-arm64:
+    runner: macos-14
+  windows-x86_64:
+    runner: windows-2022
+
+variants:
+"""
+ROCM = """\
+  - name: rocm64
+    backend: rocm
+    toolkit: "6.4"
+    arch_list: "gfx90a;gfx942"
+    platforms: [linux-x86_64]
+    expected_keys: [CPU, CUDA, Meta]
+"""
+XPU = """\
+  - name: xpu
+    backend: xpu
+    toolkit: "2025.1"
+    arch_list: "pvc;bmg"
+    platforms: [linux-x86_64, windows-x86_64]
+    expected_keys: [CPU, XPU, Meta]
+"""
+
+
+def _matrix(tmp_path: Path, variants: str):
+    (tmp_path / "setup.py").write_text("from setuptools import setup\nsetup()\n")
+    path = tmp_path / "matrix.yaml"
+    path.write_text(HEAD + variants)
+    return load_matrix(path)
+
+
+def _refused(tmp_path: Path, variants: str) -> str:
+    with pytest.raises(MatrixError) as info:
+        _matrix(tmp_path, variants)
+    return str(info.value)
+
+
+def _fake_rocm(root: Path, version: str) -> Path:
+    (root / ".info").mkdir(parents=True)
+    (root / ".info" / "version").write_text(f"{version}.0-120\n")
+    (root / "bin").mkdir()
+    (root / "bin" / "hipcc").write_text("#!/bin/sh\necho hipcc\n")
+    (root / "bin" / "hipcc").chmod(0o755)
+    return root
+
+
+def _fake_oneapi(root: Path, release: str) -> Path:
+    compiler = root / "compiler" / release
+    (compiler / "bin").mkdir(parents=True)
+    icpx = compiler / "bin" / "icpx"
+    icpx.write_text(f"#!/bin/sh\necho 'Intel(R) oneAPI DPC++/C++ Compiler {release}.0 "
+                    f"({release}.0.20250317)'\n")
+    icpx.chmod(0o755)
+    return root
+
+
+def test_every_backend_opforge_ships_is_a_registered_module():
+    assert {"cpu", "cuda", "mps", "rocm", "xpu"} <= set(platforms.names())
+    for name in ("cpu", "cuda", "mps", "rocm", "xpu"):
+        backend = platforms.get(name)
+        assert type(backend).__module__ == f"opforge.platforms.{name}"
+    with pytest.raises(KeyError, match="unknown backend 'npu'"):
+        platforms.get("npu")
+
+
+def test_the_repository_variants_get_their_backend_from_cuda_and_mps(tmp_path):
+    matrix = load_matrix(Path(__file__).resolve().parents[2] / "matrix.yaml")
+    for variant in matrix.variants:
+        expected = "cuda" if variant.cuda else "mps" if variant.mps else "cpu"
+        assert variant.backend == expected
+        line = platforms.backend_of(variant).describe(variant)
+        assert line.startswith(f"{variant.name}: ")
+    assert "CUDA 13.0 kernels for sm 7.5;8.0" in \
+        platforms.backend_of(matrix.variant("cu130")).describe(matrix.variant("cu130"))
+
+
+def test_rocm_variant_is_validated_by_its_module(tmp_path):
+    variant = _matrix(tmp_path, ROCM).variant("rocm64")
+    assert (variant.backend, variant.toolkit, variant.arch_list) == ("rocm", "6.4", "gfx90a;gfx942")
+    # torch's ROCm build runs HIP kernels as "cuda" devices under the CUDA key
+    assert variant.backends == ("cpu", "cuda")
+    message = _refused(tmp_path, ROCM.replace("gfx90a;gfx942", "gfx90a;sm_80"))
+    assert "matrix.yaml:" in message and "variants[0].arch_list" in message
+    assert "'sm_80' is not an --offload-arch target like gfx90a" in message
+    assert "'six' is not a ROCm version like 6.4" in \
+        _refused(tmp_path, ROCM.replace('"6.4"', '"six"'))
+    message = _refused(tmp_path, ROCM.replace("[linux-x86_64]", "[macos-arm64]"))
+    assert "ROCm variant 'rocm64' cannot target macos-arm64" in message
+    message = _refused(tmp_path, ROCM.replace('    toolkit: "6.4"\n', ""))
+    assert "ROCm variant 'rocm64' needs toolkit:" in message
+    message = _refused(tmp_path, ROCM + "    build_env: {ROCM_HOME: /opt/rocm}\n")
+    assert "variants[0].build_env.ROCM_HOME" in message and "opforge sets ROCM_HOME" in message
+    # a target with its features is one --offload-arch entry
+    featured = _matrix(tmp_path, ROCM.replace("gfx90a;gfx942", "gfx90a:xnack+;gfx942"))
+    assert featured.variant("rocm64").arch_list == "gfx90a:xnack+;gfx942"
+    # CUDA's arch list is not ROCm's, nor the reverse
+    assert "is not an --offload-arch target" in _refused(tmp_path, ROCM.replace("gfx90a;", "8.0;"))
+
+
+def test_xpu_variant_is_validated_by_its_module(tmp_path):
+    variant = _matrix(tmp_path, XPU).variant("xpu")
+    assert variant.backends == ("cpu", "xpu")
+    assert variant.platforms == ("linux-x86_64", "windows-x86_64")
+    assert "'6.4' is not a oneAPI compiler release like 2025.1" in \
+        _refused(tmp_path, XPU.replace('"2025.1"', '"6.4"'))
+    assert "'PVC' is not an XPU target like pvc, bmg or lnl-m" in \
+        _refused(tmp_path, XPU.replace("pvc;bmg", "PVC"))
+    assert "XPU variant 'xpu' cannot target macos-arm64" in \
+        _refused(tmp_path, XPU.replace("[linux-x86_64, windows-x86_64]", "[macos-arm64]"))
+    # a backend's toolkit word is its own: CUDA keeps cuda:, and cpu has no toolkit
+    assert "a cuda variant names its toolkit with cuda:" in _refused(
+        tmp_path, XPU.replace("backend: xpu", "backend: cuda\n    cuda: \"13.0\""))
+    assert "unknown backend 'tpu' (known: cpu, cuda, mps, rocm, xpu" in \
+        _refused(tmp_path, XPU.replace("backend: xpu", "backend: tpu"))
+    assert "mps: makes variant 'xpu' a mps variant, but it says backend: xpu" in \
+        _refused(tmp_path, XPU + "    mps: true\n")
+
+
+def test_rocm_build_gets_its_rocm_and_no_cuda(tmp_path):
+    matrix = _matrix(tmp_path, ROCM)
+    rocm = _fake_rocm(tmp_path / "rocm-6.4", "6.4")
+    env = {"ROCM_HOME": str(rocm), "CUDA_HOME": "/usr/local/cuda-13.0", "PATH": os.defpath}
+    plan = build.plan_build(matrix, "rocm64", work_dir=tmp_path / "w", host="linux-x86_64",
+                            env=env)
+    given = plan.build.env
+    assert given["OPFORGE_BACKEND"] == "rocm" and given["OPFORGE_BUILD_TOOLCHAIN"] == "rocm"
+    assert given["ROCM_HOME"] == given["ROCM_PATH"] == given["HIP_PATH"] == str(rocm)
+    assert given["PYTORCH_ROCM_ARCH"] == "gfx90a;gfx942" and given["FORCE_CUDA"] == "1"
+    assert "CUDA_HOME" in plan.build.unset and "CUDA_HOME" not in given
+    assert plan.toolkit.bin == rocm / "bin"
+    # hipcc first on PATH, no nvcc (a toolkit's bin elsewhere on PATH is left out)
+    nvcc_bin = tmp_path / "cuda" / "bin"
+    nvcc_bin.mkdir(parents=True)
+    (nvcc_bin / "nvcc").write_text("")
+    (tmp_path / "cuda" / "version.json").write_text("{}")
+    path = toolchain.build_path(f"{nvcc_bin}{os.pathsep}/usr/bin", plan.toolkit,
+                                tmp_path / "shadow")
+    assert path.split(os.pathsep)[:2] == [str(rocm / "bin"), "/usr/bin"]
+    described = plan.describe()
+    assert "rocm64: CPU + ROCm 6.4 HIP kernels for gfx90a;gfx942" in described
+    assert f"PATH: {rocm / 'bin'} (hipcc) first, no nvcc" in described
+    # torch's ROCm runtime stays torch's
+    assert "libamdhip64.so*" in plan.repair.argv and "libtorch*.so*" in plan.repair.argv
+    build.check_host(matrix, matrix.variant("rocm64"), host="linux-x86_64", env=env)
+
+
+def test_rocm_host_check_names_the_rocm_it_found(tmp_path):
+    matrix = _matrix(tmp_path, ROCM)
+    rocm = _fake_rocm(tmp_path / "rocm-6.2", "6.2")
+    with pytest.raises(OpforgeError) as info:
+        build.check_host(matrix, matrix.variant("rocm64"), host="linux-x86_64",
+                         env={"ROCM_HOME": str(rocm)})
+    message = str(info.value)
+    assert f"build_rocm64 needs ROCm 6.4 (hipcc); {rocm} is ROCm 6.2 (ROCM_HOME)" in message
+    assert "set ROCM_HOME to a ROCm 6.4 tree; it runs on the ubuntu-24.04 job" in message
+    with pytest.raises(OpforgeError, match="builds for linux-x86_64; this host is macos-arm64"):
+        build.check_host(matrix, matrix.variant("rocm64"), host="macos-arm64", env={})
+
+
+def test_xpu_build_gets_its_oneapi_compiler(tmp_path):
+    matrix = _matrix(tmp_path, XPU)
+    oneapi = _fake_oneapi(tmp_path / "oneapi", "2025.1")
+    env = {"ONEAPI_ROOT": str(oneapi), "PATH": os.defpath}
+    plan = build.plan_build(matrix, "xpu", work_dir=tmp_path / "w", host="linux-x86_64", env=env)
+    given = plan.build.env
+    assert given["TORCH_XPU_ARCH_LIST"] == "pvc,bmg" and given["OPFORGE_BUILD_TOOLCHAIN"] == "xpu"
+    assert given["CMPLR_ROOT"] == str(oneapi / "compiler" / "2025.1")
+    assert given["ONEAPI_ROOT"] == str(oneapi) and given["CUDA_VISIBLE_DEVICES"] == ""
+    assert {"CUDA_HOME", "FORCE_CUDA"} <= set(plan.build.unset)
+    assert plan.toolkit.compiler == "icpx"
+    assert "xpu: CPU + XPU (SYCL) kernels, oneAPI 2025.1, for pvc;bmg" in plan.describe()
+    assert "libsycl.so*" in plan.repair.argv
+    build.check_host(matrix, matrix.variant("xpu"), host="linux-x86_64", env=env)
+    with pytest.raises(OpforgeError) as info:
+        build.check_host(matrix, matrix.variant("xpu"), host="linux-x86_64",
+                         env={"ONEAPI_ROOT": str(tmp_path / "none")})
+    assert "build_xpu needs the oneAPI 2025.1 DPC++ compiler (icpx); no DPC++ compiler found" \
+        in str(info.value)
+    # a dry run on a host without it still shows the plan, and says what is missing
+    bare = build.plan_build(matrix, "xpu", work_dir=tmp_path / "w2", host="linux-x86_64",
+                            env={"ONEAPI_ROOT": str(tmp_path / "none")})
+    assert "PATH: no oneAPI 2025.1 compiler found on this host" in bare.describe()
+
+
+ASK_TORCH = textwrap.dedent("""
+    import json, torch
+    print(json.dumps({"cuda": torch.cuda.is_available(), "xpu": torch.xpu.is_available(),
+                      "mps": torch.backends.mps.is_available()}))
+""")
+
+
+@pytest.mark.parametrize(("mode", "answers"), [
+    ("rocm", {"cuda": True, "xpu": False, "mps": False}),
+    ("xpu", {"cuda": False, "xpu": True, "mps": False}),
+])
+def test_torch_answers_what_a_rocm_or_xpu_build_asks(tmp_path, mode, answers):
+    pytest.importorskip("torch", reason="the answers are torch's own functions, patched")
+    site = tmp_path / "site"
+    toolchain.write_site(site)
+    env = {**os.environ, toolchain.MODE_VARIABLE: mode, "PYTHONPATH": str(site)}
+    result = subprocess.run([sys.executable, "-c", ASK_TORCH], env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == answers
+
+
+NPU_MODULE = '''\
+"""A backend opforge does not ship: one module, registered when it is imported."""
+from opforge.errors import OpforgeError
+from opforge.platforms import register
+from opforge.platforms.base import Backend, BuildEnv
+
+
+class NpuBackend(Backend):
+    name = "npu"
+    device = "npu"
+    device_code = "npu"
+    oses = ("linux",)
+    toolchain_mode = "cpu"
+    variables = ("NPU_ARCH",)
+    toolkit_variables = ("NPU_HOME",)
+    needs_toolkit = True
+
+    def describe(self, variant):
+        return f"{variant.name}: CPU + NPU {variant.toolkit} kernels"
+
+    def build_env(self, variant, env, site_dir):
+        given = {"OPFORGE_BUILD_TOOLCHAIN": "cpu", "PYTHONPATH": str(site_dir),
+                 "NPU_HOME": env.get("NPU_HOME", ""), "NPU_TOOLKIT": variant.toolkit}
+        return BuildEnv(given, ("CUDA_HOME",), None, "the NPU compiler from NPU_HOME")
+
+    def check_host(self, variant, host, env, where):
+        if not env.get("NPU_HOME"):
+            raise OpforgeError(f"{variant.build_session} needs an NPU toolkit (NPU_HOME); {where}")
+
+
+BACKEND = register(NpuBackend())
+'''
+NPU = """\
+  - name: npu8
+    backend: npu
+    toolkit: "8.0"
+    platforms: [linux-x86_64]
+    expected_keys: [CPU, PrivateUse1, Meta]
+"""
+
+
+@pytest.fixture
+def npu_distribution(tmp_path, monkeypatch):
+    """An installed distribution declaring the npu backend module as an entry point."""
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    (site / "opforge_npu.py").write_text(NPU_MODULE)
+    info = site / "opforge_npu-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: opforge-npu\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[opforge.platforms]\nnpu = opforge_npu\n")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setattr(platforms, "_plugins_loaded", False)
+    yield
+    platforms.unregister("npu")
+    sys.modules.pop("opforge_npu", None)
+
+
+def test_a_new_backend_is_one_module_and_matrix_entries(tmp_path, npu_distribution):
+    project = tmp_path / "project"
+    project.mkdir()
+    matrix = _matrix(project, NPU)
+    variant = matrix.variant("npu8")
+    assert variant.backend == "npu" and variant.toolkit == "8.0"
+    assert variant.backends == ("cpu", "npu")
+    plan = build.plan_build(matrix, "npu8", work_dir=tmp_path / "w", host="linux-x86_64",
+                            env={"NPU_HOME": "/opt/npu"})
+    assert plan.build.env["NPU_TOOLKIT"] == "8.0" and plan.build.env["OPFORGE_BACKEND"] == "npu"
+    assert "npu8: CPU + NPU 8.0 kernels" in plan.describe()
+    assert "PATH: the NPU compiler from NPU_HOME" in plan.describe()
+    with pytest.raises(OpforgeError, match="build_npu8 needs an NPU toolkit"):
+        build.check_host(matrix, variant, host="linux-x86_64", env={})
+    # its rules are the matrix's: platforms, toolkit, its own variables
+    assert "NPU variant 'npu8' cannot target macos-arm64" in \
+        _refused(project, NPU.replace("[linux-x86_64]", "[macos-arm64]"))
+    assert "opforge sets NPU_HOME for a NPU variant" in \
+        _refused(project, NPU + "    build_env: {NPU_HOME: /x}\n")
+    with pytest.raises(Exception, match="--build-env NPU_ARCH: opforge sets NPU_ARCH"):
+        build.plan_build(matrix, "npu8", work_dir=tmp_path / "w", host="linux-x86_64",
+                         env={}, extra_env={"NPU_ARCH": "x"})
