@@ -18,6 +18,7 @@ from importlib import metadata
 from pathlib import Path
 
 from opforge import __version__, _release
+from opforge.dispatch_keys import OBSERVED_KEYS, backward_keys, device_of
 from opforge.errors import UsageError
 from opforge.files import check_target, lookup, read_head, write_file
 from opforge.matrix import parse_matrix
@@ -29,19 +30,11 @@ DEFAULT_FLOOR = "2.10"   # a stable-ABI extension's torch_floor when its sources
 RECIPES_FILE = "opforge_recipes.py"
 CUDA_VARIANT = ("cu130", "13.0", "7.5;8.0;8.6;9.0;10.0;12.0+PTX",
                 "pytorch/manylinux2_28-builder:cuda13.0")
-# keys a variant builds, by device: CUDA/MPS keys only in the variants that compile them
-_BASE_ORDER = ("CPU", "CUDA", "MPS", "Meta", "Autograd", "AutocastCPU", "AutocastCUDA",
-               "AutocastMPS")
-
-
 def _order(keys) -> list[str]:
+    """The keys in the census's column order, then the others by name."""
     keys = set(keys)
-    known = [k for k in _BASE_ORDER if k in keys]
+    known = [k for k in OBSERVED_KEYS if k in keys]
     return known + sorted(keys - set(known))
-
-
-def _device_of(key: str) -> str | None:
-    return "cuda" if key.endswith("CUDA") else "mps" if key.endswith("MPS") else None
 
 
 def choose_namespace(scan: Scan) -> str:
@@ -134,7 +127,7 @@ def render_matrix(scan: Scan, torch_version: str, python: str) -> str:
         lines += ["  macos-arm64:", "    runner: macos-14"]
     lines += ["", "variants:"]
     for kind, cuda in variants:
-        keys = [k for k in union if _device_of(k) in (None, kind if kind != "cpu" else None)]
+        keys = [k for k in union if device_of(k) in (None, kind if kind != "cpu" else None)]
         if kind == "cpu":
             lines += ["  - name: cpu", "    platforms: [linux-x86_64]"]
         elif kind == "cuda":
@@ -154,8 +147,8 @@ def render_matrix(scan: Scan, torch_version: str, python: str) -> str:
 def _op_line(op: ScannedOp, union: list[str]) -> str:
     where = f"  # {op.where}" + (", mutates its inputs" if op.mutating else "")
     if op.backward_only:
-        backend = {"CPU", "CUDA", "MPS", "Meta"}
-        missing = [k for k in _order(backend) if k not in op.keys and k in union]
+        # what a backward-only op gets by default: the backend keys and Meta
+        missing = [k for k in backward_keys(OBSERVED_KEYS) if k not in op.keys and k in union]
         fields = ["backward: true"] + ([f"remove: [{', '.join(missing)}]"]
                                        if op.keys and missing else [])
         return f"- {op.name}: {{{', '.join(fields)}}}{where}"

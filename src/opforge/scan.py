@@ -35,13 +35,15 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from opforge.dispatch_keys import DEVICE_KEY as BACKEND_KEY_OF_DEVICE
 from opforge.errors import UsageError
 from opforge.files import read_head
 
 SKIP_DIRS = {".git", ".nox", ".venv", "venv", "build", "dist", "node_modules", "__pycache__",
              ".tox", "third_party", "docs", ".github", ".eggs"}
 CXX_SUFFIXES = (".cpp", ".cc", ".cxx", ".cu", ".mm", ".h", ".hpp", ".cuh")
-DEVICE_KEY = {"cpu": "CPU", "cuda": "CUDA", "mps": "MPS", "xpu": "XPU", "meta": "Meta"}
+# torch.library's device types as dispatch keys (a kernel for the meta device is a fake kernel)
+DEVICE_KEY = {**BACKEND_KEY_OF_DEVICE, "meta": "Meta"}
 # what a registration alias provides, in the terms matrix.yaml uses
 ALIAS_KEYS = {"CompositeExplicitAutograd": ("CPU", "CUDA", "MPS"),
               "CompositeImplicitAutograd": ("CPU", "CUDA", "MPS", "Autograd"),

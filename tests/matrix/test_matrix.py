@@ -15,13 +15,15 @@ from opforge.matrix import MatrixError, load_matrix, parse_matrix
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden"
-DEFAULT = (ROOT / "matrix.yaml").read_text()
+# the matrix these tests expand: kept with them, so the repository's own variants can change
+FIXTURE = Path(__file__).parent / "fixtures" / "matrix.yaml"
+DEFAULT = FIXTURE.read_text()
 # The shipped op list, as written: the cases below replace this line (a new op needs no edit here).
 OPS_LINE = next(line for line in DEFAULT.splitlines() if line.startswith("  ops: ["))
 
 
 def test_default_matrix_has_the_shipped_variants():
-    matrix = load_matrix(ROOT / "matrix.yaml")
+    matrix = load_matrix(FIXTURE)
     assert [v.name for v in matrix.variants] == ["cpu", "cu126", "cu128", "cu130", "mps",
                                                  "cpu_stable", "mps_stable", "cu130_stable"]
     cpu = matrix.variant("cpu")
@@ -71,13 +73,13 @@ def test_any_torch_dispatch_key_is_accepted_and_nothing_is_forced(tmp_path):
 
 
 def test_objects_are_frozen():
-    matrix = load_matrix(ROOT / "matrix.yaml")
+    matrix = load_matrix(FIXTURE)
     with pytest.raises(AttributeError):
         matrix.variants[0].name = "other"  # type: ignore[misc]
 
 
 def test_jobs_expand_variant_platform_python():
-    matrix = load_matrix(ROOT / "matrix.yaml")
+    matrix = load_matrix(FIXTURE)
     jobs = matrix.jobs()
     # cpu: 3 platforms, cu126/cu128/cu130: 1 each, mps: 1; times 4 pythons
     # cpu, cu126, cu128, cu130, mps, cpu_stable, mps_stable, cu130_stable
@@ -95,14 +97,14 @@ def test_jobs_expand_variant_platform_python():
 
 
 def test_pull_request_trims_to_one_python_per_variant_platform():
-    matrix = load_matrix(ROOT / "matrix.yaml")
+    matrix = load_matrix(FIXTURE)
     jobs = matrix.jobs(pull_request=True)
     assert {j.python for j in jobs} == {matrix.pr_python}
     assert len(jobs) == 12
 
 
 def test_unknown_filter_is_a_usage_error(capsys):
-    assert main(["matrix", "--file", str(ROOT / "matrix.yaml"), "--variant", "cu999"]) == 2
+    assert main(["matrix", "--file", str(FIXTURE), "--variant", "cu999"]) == 2
     err = capsys.readouterr().err
     assert "unknown variant 'cu999'" in err and "Traceback" not in err
 
@@ -285,22 +287,45 @@ def test_parse_is_deterministic():
 
 
 def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "opforge", "matrix", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "opforge", "matrix", "--file", str(FIXTURE),
+                           *args], cwd=ROOT,
                           capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT / "src"),
                                "COLUMNS": "160", **(env or {})})
 
 
+def _golden(name: str, output: str) -> str:
+    """The golden file's text; rewritten from ``output`` first when regenerating."""
+    if os.environ.get("OPFORGE_REGENERATE_GOLDEN") == "1":
+        (GOLDEN / name).write_text(output)
+    return (GOLDEN / name).read_text()
+
+
 def test_golden_table():
     result = _cli()
     assert result.returncode == 0, result.stderr
-    assert result.stdout == (GOLDEN / "matrix_table.txt").read_text()
+    assert result.stdout == _golden("matrix_table.txt", result.stdout)
 
 
 def test_golden_json():
     result = _cli("--json")
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout) == json.loads((GOLDEN / "matrix_jobs.json").read_text())
+    assert json.loads(result.stdout) == json.loads(_golden("matrix_jobs.json", result.stdout))
+
+
+def test_the_repository_matrix_loads_validates_and_expands(capsys):
+    """The golden tests expand the fixture; this repository's own matrix.yaml gets this."""
+    matrix = load_matrix(ROOT / "matrix.yaml")
+    assert main(["matrix", "--file", str(ROOT / "matrix.yaml"), "--check"]) == 0
+    capsys.readouterr()
+    jobs = matrix.jobs()
+    assert {job.variant.name for job in jobs} == {v.name for v in matrix.variants}
+    assert len({job.name for job in jobs}) == len(jobs)
+    json.dumps(matrix.github_matrix())  # what the workflows receive is JSON
+    for variant in matrix.variants:
+        promised = matrix.promises(variant)
+        assert set(promised.op_keys) == {op.name for op in matrix.extension.op_specs}
+        assert matrix.dist_dir(variant) == ROOT / "dist" / variant.name
 
 
 def test_github_output_is_strategy_matrix_and_written_to_github_output(tmp_path):
@@ -330,13 +355,13 @@ def test_filters_combine():
 
 
 def test_env_overrides_torch_channel_and_version_everywhere():
-    matrix = load_matrix(ROOT / "matrix.yaml", env={"OPFORGE_TORCH_CHANNEL": "nightly"})
+    matrix = load_matrix(FIXTURE, env={"OPFORGE_TORCH_CHANNEL": "nightly"})
     assert matrix.torch.channel == "nightly" and matrix.torch.version == "latest"
     cu = matrix.jobs(variant="cu130", python="3.11")[0]
     # the variant's own torch_version pin gives way to the override
     assert cu.torch_install == ("pip install --pre torch --index-url "
                                 "https://download.pytorch.org/whl/nightly/cu130")
-    pinned = load_matrix(ROOT / "matrix.yaml", env={"OPFORGE_TORCH_CHANNEL": "nightly",
+    pinned = load_matrix(FIXTURE, env={"OPFORGE_TORCH_CHANNEL": "nightly",
                                                     "OPFORGE_TORCH_VERSION": "2.14.0.dev20261201"})
     assert pinned.jobs(variant="mps")[0].torch_spec == "torch==2.14.0.dev20261201"
 
@@ -362,11 +387,11 @@ def test_filters_matching_no_job_are_a_usage_error():
 
 def test_filters_take_comma_lists_and_empty_means_all(capsys):
     """The reusable workflows pass their inputs as --variant "$VARIANTS": "a,b" or ""."""
-    path = str(ROOT / "matrix.yaml")
+    path = str(FIXTURE)
     assert main(["matrix", "--file", path, "--json", "--variant", "cu130,cpu",
                  "--python", "3.11"]) == 0
     names = [job["name"] for job in json.loads(capsys.readouterr().out)]
-    want = [job.name for job in load_matrix(ROOT / "matrix.yaml").jobs(python="3.11")
+    want = [job.name for job in load_matrix(FIXTURE).jobs(python="3.11")
             if job.variant.name in ("cpu", "cu130")]   # the matrix's order, not the filter's
     assert names == want and {n.split("-")[0] for n in names} == {"cpu", "cu130"}
     assert main(["matrix", "--file", path, "--json"]) == 0
@@ -379,7 +404,7 @@ def test_filters_take_comma_lists_and_empty_means_all(capsys):
 
 
 def test_check_honours_filters(capsys):
-    path = str(ROOT / "matrix.yaml")
+    path = str(FIXTURE)
     assert main(["matrix", "--file", path, "--check", "--variant", "cu130"]) == 0
     assert "4 jobs match the filters" in capsys.readouterr().out
     assert main(["matrix", "--file", path, "--check", "--variant", "cu999"]) == 2
@@ -397,7 +422,7 @@ def test_github_output_is_checked_before_anything_is_printed(tmp_path, capsys, m
         (tmp_path / "f").write_text("mine")
         target = tmp_path / "f" / "out"
     monkeypatch.setenv("GITHUB_OUTPUT", str(target))
-    assert main(["matrix", "--file", str(ROOT / "matrix.yaml"), "--github"]) == 2
+    assert main(["matrix", "--file", str(FIXTURE), "--github"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and len(err.strip().splitlines()) == 1
     assert err.startswith(f"opforge matrix: error: $GITHUB_OUTPUT {target}: ")
@@ -407,7 +432,7 @@ def test_github_output_is_appended(tmp_path, capsys, monkeypatch):
     output = tmp_path / "out"
     output.write_text("before=1\n")
     monkeypatch.setenv("GITHUB_OUTPUT", str(output))
-    assert main(["matrix", "--file", str(ROOT / "matrix.yaml"), "--github",
+    assert main(["matrix", "--file", str(FIXTURE), "--github",
                  "--variant", "cpu", "--python", "3.11"]) == 0
     lines = output.read_text().splitlines()
     assert lines[0] == "before=1" and lines[1].startswith('matrix={"include":')
@@ -419,4 +444,4 @@ def test_slowdown_factors_default_and_override(tmp_path):
                           "  max_slowdown: 4\n  ops: [nms, {roi_align: {max_slowdown: 25}}]"))
     ext = load_matrix(path).extension
     assert ext.max_slowdown == 4.0 and ext.slowdown_factors() == {"roi_align": 25.0}
-    assert load_matrix(ROOT / "matrix.yaml").extension.max_slowdown == 10.0
+    assert load_matrix(FIXTURE).extension.max_slowdown == 10.0

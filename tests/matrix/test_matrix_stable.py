@@ -14,7 +14,8 @@ from opforge.cli import main
 from opforge.matrix import MatrixError, build_jobs, compat_jobs, load_matrix
 
 ROOT = Path(__file__).resolve().parents[2]
-DEFAULT = (ROOT / "matrix.yaml").read_text()
+FIXTURE = Path(__file__).parent / "fixtures" / "matrix.yaml"  # see test_matrix.py
+DEFAULT = FIXTURE.read_text()
 STABLE = """  - name: cpu_stable
     platforms: [linux-x86_64, linux-aarch64, macos-arm64]
     abi: stable
@@ -30,7 +31,7 @@ def _write(tmp_path: Path, text: str) -> Path:
 
 
 def test_shipped_stable_variant_is_typed():
-    matrix = load_matrix(ROOT / "matrix.yaml")
+    matrix = load_matrix(FIXTURE)
     v = matrix.variant("cpu_stable")
     assert v.stable and v.abi == "stable" and v.torch_floor
     assert v.local_version == "cpu.stable"           # a PEP 440 local label, as pip spells it
@@ -44,7 +45,7 @@ def test_shipped_stable_variant_is_typed():
 
 
 def test_stable_variant_builds_once_per_platform_and_smokes_every_python():
-    matrix = load_matrix(ROOT / "matrix.yaml")
+    matrix = load_matrix(FIXTURE)
     cells = matrix.jobs(variant="cpu_stable")
     assert len(cells) == 3 * len(matrix.pythons)
     builds = build_jobs(cells, matrix.pr_python)
@@ -74,7 +75,7 @@ def test_extension_block_sets_the_default_abi(tmp_path):
 
 def test_cli_stage_builds_and_compat():
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    run = [sys.executable, "-m", "opforge", "matrix", "--file", str(ROOT / "matrix.yaml"),
+    run = [sys.executable, "-m", "opforge", "matrix", "--file", str(FIXTURE),
            "--json", "--variant", "cpu_stable", "--stage"]
     builds = json.loads(subprocess.run(run + ["builds"], capture_output=True, text=True,
                                        env=env).stdout)

@@ -8,11 +8,11 @@ import os
 import re
 import stat
 import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from opforge.errors import UsageError
 from opforge.files import check_writable, lookup, open_problem, write_atomic
-from opforge.matrix import BACKEND_KEYS
 
 _KEY = re.compile(r"[A-Z][A-Za-z]*\Z")
 
@@ -92,11 +92,15 @@ def _load_matrix(path: Path | None, required: bool):
         return None
 
 
-def _wheel_local_version(wheel: Path | None) -> str | None:
-    if wheel is None:
-        return None
-    parts = wheel.name.split("-")
-    return parts[1].split("+", 1)[1] if len(parts) > 2 and "+" in parts[1] else None
+@dataclass(frozen=True)
+class Choice:
+    """The variant under test: its name and how it is known (``--variant``, the wheel's build
+    record or local version), or ``pending`` when only the installed build record can say
+    (``--python``, ``--requirement``): then ``choose_installed`` picks it before the probe."""
+
+    variant: str | None = None
+    source: str | None = None
+    pending: bool = False
 
 
 def _regular_file(path: Path, option: str) -> None:
@@ -134,6 +138,13 @@ def _empty_or_new_dir(path: Path) -> None:
 
 def resolve(args: argparse.Namespace):
     """Arguments + matrix -> (Target, ProbeRequest, variant name or None)."""
+    target, request, choice = resolve_choice(args)
+    return target, request, choice.variant
+
+
+def resolve_choice(args: argparse.Namespace):
+    """Arguments + matrix -> (Target, ProbeRequest, Choice): the request carries the promises
+    of the variant under test only (none yet while the choice is pending)."""
     from opforge.smoke.runner import ProbeRequest, Target
     from opforge.torchsource import resolve_index
 
@@ -176,14 +187,19 @@ def resolve(args: argparse.Namespace):
 
         wheel = latest_wheel(matrix, matrix.variant(args.variant).name)
     variant = None
-    variant_name = args.variant
-    if variant_name is None and own:
-        local = _wheel_local_version(wheel)
-        by_label = {v.local_version: v.name for v in matrix.variants}  # +cpu.stable: cpu_stable
-        if local and local.replace("_", ".") in by_label:
-            variant_name = by_label[local.replace("_", ".")]
-    if variant_name is not None:
-        variant = matrix.variant(variant_name)
+    choice = Choice()
+    if args.variant is not None:
+        variant = matrix.variant(args.variant)
+        choice = Choice(variant.name)
+    elif own:
+        from opforge.matrix.identify import identify_wheel
+
+        found = identify_wheel(matrix, wheel) if wheel is not None else None
+        if found is not None:
+            variant = found[0]
+            choice = Choice(variant.name, found[1])
+        elif args.expect_keys is None:
+            choice = Choice(pending=True)
     for key in args.expect_keys or ():
         if not _KEY.match(key):
             raise UsageError(f"--expect-keys: {key!r} is not a dispatch key name "
@@ -192,44 +208,16 @@ def resolve(args: argparse.Namespace):
         if not op.isidentifier():
             raise UsageError(f"{op!r} is not an operator name")
 
-    def promises(v) -> dict:
-        """op -> keys, backward ops and default keys, for variant ``v`` (None: no variant)."""
-        default = tuple(args.expect_keys) if args.expect_keys is not None else \
-            (v.expected_keys if v else ())
-        forward = args.ops if args.ops is not None else (ext.ops if own else ())
-        backward = args.internal_ops if args.internal_ops is not None else \
-            (ext.internal_ops if own else ())
-        specs = {op.name: op for op in ext.op_specs} if own else {}
-        op_keys = {}
-        for op in (*forward, *backward):
-            if args.expect_keys is None and v is not None and op in specs:
-                op_keys[op] = specs[op].expected_keys(v)
-            elif op in backward:
-                op_keys[op] = tuple(k for k in default if k in BACKEND_KEYS or k == "Meta")
-            else:
-                op_keys[op] = default
-        modules = [{"name": m.name, "backend": m.backend, "load": m.load,
-                    "functions": list(m.functions)} for m in ext.modules_for(v)] \
-            if own and v is not None else []
-        return {"op_keys": op_keys, "backward_ops": tuple(backward), "default_keys": default,
-                "modules": modules}
-
-    chosen = promises(variant)
+    chosen = _promises(args, ext if own else None, variant)
     device_checks = args.device_checks
     if variant is not None and not variant.device_checks and device_checks == "auto":
         device_checks = "skip"
     channel_index = matrix.torch_index(variant) if (matrix and variant) else None
     index = resolve_index(channel_index, args.torch_index)
-    # our own package with no variant named: the probe takes the one its build record names
-    variants = {}
-    if own and variant is None and args.expect_keys is None:
-        for v in matrix.variants:
-            p = promises(v)
-            variants[v.name] = {"op_keys": {k: list(x) for k, x in p["op_keys"].items()},
-                                "backward_ops": list(p["backward_ops"]),
-                                "default_keys": list(p["default_keys"]),
-                                "modules": p["modules"]}
-        chosen = {"op_keys": {}, "backward_ops": (), "default_keys": (), "modules": []}
+    if choice.pending:  # nothing is promised until the installed build record names a variant
+        from opforge.matrix import Promises
+
+        chosen = Promises()
     recipes = args.recipes
     if recipes is None and own and ext.recipes:
         recipes = matrix.path.parent / ext.recipes
@@ -241,13 +229,39 @@ def resolve(args: argparse.Namespace):
     target = Target(wheel=wheel, requirement=args.requirement, python=args.python,
                     torch_spec=args.torch_spec, torch_index=index, env_dir=args.env_dir,
                     variant_torch=variant_torch)
-    request = ProbeRequest(package=package, namespace=namespace, op_keys=chosen["op_keys"],
-                           backward_ops=tuple(chosen["backward_ops"]),
-                           default_keys=tuple(chosen["default_keys"]),
-                           device_checks=device_checks, variants=variants, recipes=recipes,
-                           speed=speed_spec(ext if own else None, args.speed_check),
-                           modules=tuple(chosen["modules"]))
-    return target, request, variant_name
+    request = ProbeRequest(package=package, namespace=namespace, device_checks=device_checks,
+                           recipes=recipes,
+                           speed=speed_spec(ext if own else None, args.speed_check))
+    return target, request.promising(chosen), choice
+
+
+def _promises(args: argparse.Namespace, ext, variant):
+    """What the probe checks: the variant's promises, or what --expect-keys, --ops and
+    --internal-ops say instead (``opforge.matrix.promises`` works out each op's keys)."""
+    from opforge.matrix import promises
+
+    return promises(ext, variant, keys=args.expect_keys, ops=args.ops,
+                    backward_ops=args.internal_ops)
+
+
+def choose_installed(args: argparse.Namespace, env, request, choice: Choice):
+    """A pending choice made from the build record installed in ``env``: the request with
+    that variant's promises, and the choice (still pending when no record names a variant)."""
+    from opforge.matrix.identify import identify_record
+    from opforge.smoke.runner import installed_build_record
+
+    if not choice.pending:
+        return request, choice
+    matrix = _load_matrix(args.file, required=True)
+    record, distribution = installed_build_record(env, request.package)
+    found = identify_record(matrix, record, distribution)
+    if found is None:
+        return request, choice
+    variant, source = found
+    request = request.promising(_promises(args, matrix.extension, variant))
+    if not variant.device_checks and args.device_checks == "auto":
+        request = replace(request, device_checks="skip")
+    return request, Choice(variant.name, source)
 
 
 def speed_spec(ext, mode: str) -> dict:
@@ -273,14 +287,15 @@ def run(args: argparse.Namespace) -> int:
     if args.compat_torch is not None and not args.compat_torch:
         raise UsageError("--compat-torch '': name at least one torch (2.13.0, floor, matrix, "
                          "latest, nightly), or leave the option out")
-    target, request, variant = resolve(args)
+    target, request, choice = resolve_choice(args)
+    variant = choice.variant
     if args.compat or args.compat_torch:
         return run_compat(args, target, request, variant)
     if request.default_keys:
         expecting = f", expecting {','.join(request.default_keys)}"
         if any(keys != request.default_keys for keys in request.op_keys.values()):
             expecting += " (some ops their own keys)"
-    elif request.variants:
+    elif choice.pending:
         expecting = ", expected keys from the variant the installed build info names"
     else:
         expecting = ", no expected keys (census is informational; pass --variant or --expect-keys)"
@@ -288,11 +303,15 @@ def run(args: argparse.Namespace) -> int:
           + expecting, file=sys.stderr, flush=True)
     env = prepare_environment(target)
     try:
+        request, choice = choose_installed(args, env, request, choice)
+        variant = choice.variant
         doc = run_probe(env, request)
     finally:
         cleanup(env, keep=args.keep_env)
     if variant:
         doc["variant"] = variant
+        if choice.source:
+            doc["variant_source"] = choice.source
     mismatch = torch_mismatch(target.variant_torch, env.torch_installed)
     if mismatch:
         add_check(doc, "torch-variant", "fail", mismatch, category="environment")
@@ -308,10 +327,11 @@ def run(args: argparse.Namespace) -> int:
         from opforge.smoke.runner import device_code_cause
 
         device_code_cause(doc, target.wheel, matrix.variant(variant).arch_list or "", variant)
-    if request.variants and not doc.get("variant"):
+    if choice.pending:
         # neither the arguments nor the build record named a variant: nothing was promised
+        names = [v.name for v in _load_matrix(args.file, required=True).variants]
         add_check(doc, "variant", "warn", f"{request.package} names no variant of "
-                  f"{', '.join(request.variants)} in its build record, so no kernel was "
+                  f"{', '.join(names)} in its build record, so no kernel was "
                   "required: pass --variant", category="environment")
     report.render_terminal(doc)
     if args.keep_env and env.env_dir:

@@ -16,7 +16,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -25,6 +25,8 @@ from packaging.version import Version
 from opforge.errors import OpforgeError, UsageError
 from opforge.smoke.archive import probe_archive
 
+# what the build record of an installed package says, read by the probe's own reader
+FACTS_SOURCE = Path(__file__).with_name("probe") / "facts.py"
 # The probe imports torch and compiles a few ops; anything slower than this is hung.
 PROBE_TIMEOUT_S = 900
 # Variables that would let the checkout or a user's site leak into a fresh environment.
@@ -36,8 +38,8 @@ class ProbeRequest:
     """What the probe checks: which package and namespace, which ops with which keys.
 
     ``op_keys`` maps each declared op to the keys it must have; ``default_keys`` applies to the
-    ops found when none is declared. ``variants`` (variant -> the same three fields) lets the
-    probe take the promises of the variant the installed build record names.
+    ops found when none is declared. These are the promises of the one variant under test
+    (``Matrix.promises``), or of the command line's options: the probe only checks them.
     """
 
     package: str
@@ -46,7 +48,6 @@ class ProbeRequest:
     backward_ops: tuple[str, ...] = ()
     default_keys: tuple[str, ...] = ()
     device_checks: str = "auto"
-    variants: dict[str, dict] = field(default_factory=dict)
     recipes: Path | None = None
     # the speed check: {"enabled": bool, "factor": x, "op_factors": {op: x}, "devices": [...]}
     speed: dict = field(default_factory=dict)
@@ -57,15 +58,20 @@ class ProbeRequest:
     def promises(self) -> bool:
         return bool(self.op_keys or self.default_keys)
 
+    def promising(self, promises) -> ProbeRequest:
+        """This request with ``promises`` (a ``opforge.matrix.Promises``) to check."""
+        modules = tuple({"name": m.name, "backend": m.backend, "load": m.load,
+                         "functions": list(m.functions)} for m in promises.modules)
+        return replace(self, op_keys=dict(promises.op_keys),
+                       backward_ops=tuple(promises.backward_ops),
+                       default_keys=tuple(promises.default_keys), modules=modules)
+
     def spec(self) -> dict:
-        spec: dict = {"op_keys": {op: list(keys) for op, keys in self.op_keys.items()},
-                      "backward_ops": list(self.backward_ops),
-                      "default_keys": list(self.default_keys),
-                      "recipes": str(self.recipes.resolve()) if self.recipes else None,
-                      "speed": self.speed, "modules": list(self.modules)}
-        if self.variants and not self.promises:
-            spec["variants"] = self.variants
-        return spec
+        return {"op_keys": {op: list(keys) for op, keys in self.op_keys.items()},
+                "backward_ops": list(self.backward_ops),
+                "default_keys": list(self.default_keys),
+                "recipes": str(self.recipes.resolve()) if self.recipes else None,
+                "speed": self.speed, "modules": list(self.modules)}
 
     def argv(self, out: Path, spec_path: Path) -> list[str]:
         return ["--package", self.package, "--namespace", self.namespace,
@@ -181,6 +187,27 @@ def installed_version(python: Path, distribution: str) -> str | None:
     result = subprocess.run([str(python), "-c", code, distribution], capture_output=True,
                             text=True, env=_clean_env(True))
     return result.stdout.strip() or None
+
+
+def installed_build_record(env: Environment, package: str) -> tuple[dict | None, str | None]:
+    """The build record of the distribution that provides ``package`` in ``env``, and that
+    distribution's name: read by the probe's own reader, without importing the package."""
+    # facts.py is standard library only and imports nothing of the probe's: it runs as it is
+    code = FACTS_SOURCE.read_text(encoding="utf-8") + (
+        "\nimport sys as _sys\n_facts = read_build_facts(_sys.argv[1])\n"
+        "print(json.dumps([_facts.get('build_info'), _facts.get('distribution')]))\n")
+    scratch = Path(tempfile.mkdtemp(prefix="opforge-smoke-record-"))
+    try:
+        result = subprocess.run([str(env.python), "-c", code, package], cwd=scratch,
+                                env=_clean_env(env.fresh), capture_output=True, text=True,
+                                timeout=120)
+        record, distribution = json.loads(result.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError, TypeError):
+        return None, None  # the probe then reports what is wrong with the environment
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return (record if isinstance(record, dict) else None,
+            distribution if isinstance(distribution, str) else None)
 
 
 def torch_mismatch(spec: str | None, installed: str | None) -> str | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 
-from .common import BACKEND_KEYS, OBSERVED_KEYS, Report
+from .common import BACKEND_KEYS, DEVICE_KEY, OBSERVED_KEYS, Report
 from .registrations import op_names
 
 
@@ -35,7 +35,7 @@ def has_key(torch_mod, qualname: str, key: str) -> str | None:
 
 def missing_key_message(ns: str, op: str, key: str) -> str:
     q = f"{ns}::{op}"
-    if key in ("CPU", "CUDA", "MPS", "XPU"):
+    if key in DEVICE_KEY.values():
         dev = key.lower()
         return (f"{op} has no {key} kernel: on a {dev} tensor torch.ops.{ns}.{op} fails with "
                 f"\"Could not run '{q}' with arguments from the '{key}' backend\"")
@@ -74,7 +74,8 @@ def expectations(spec: dict, found: list[str]) -> dict[str, dict]:
             out[op] = {"keys": [], "backward": False, "declared": False}
         else:
             internal = op.startswith("_")
-            out[op] = {"keys": [k for k in default if k in BACKEND_KEYS] if internal else default,
+            backward_keys = [k for k in default if k in BACKEND_KEYS or k == "Meta"]
+            out[op] = {"keys": backward_keys if internal else default,
                        "backward": internal, "declared": True}
     return out
 

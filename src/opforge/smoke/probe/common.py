@@ -6,13 +6,15 @@ import re
 import time
 
 SCHEMA = 1
+# The dispatch-key vocabulary the probe needs: a copy of opforge.dispatch_keys' (the probe
+# cannot import opforge), which tests/matrix/test_dispatch_keys.py keeps equal to it.
 # Columns the census always shows, expected or not, so a reader sees what a wheel holds.
 OBSERVED_KEYS = ("CPU", "CUDA", "MPS", "Meta", "Autograd", "AutocastCPU", "AutocastCUDA",
                  "AutocastMPS")
-BACKEND_KEYS = ("CPU", "CUDA", "MPS", "XPU", "HIP", "PrivateUse1", "Meta")
-DEVICES = ("cpu", "cuda", "mps")
-DEVICE_KEY = {"cpu": "CPU", "cuda": "CUDA", "mps": "MPS"}
-AUTOCAST_KEY = {"cpu": "AutocastCPU", "cuda": "AutocastCUDA", "mps": "AutocastMPS"}
+BACKEND_KEYS = ("CPU", "CUDA", "MPS", "XPU", "HIP", "PrivateUse1")
+DEVICE_KEY = {"cpu": "CPU", "cuda": "CUDA", "mps": "MPS", "xpu": "XPU"}
+AUTOCAST_KEY = {device: f"Autocast{key}" for device, key in DEVICE_KEY.items()}
+DEVICES = ("cpu", "cuda", "mps")  # the devices the probe runs ops on
 
 
 def err_text(exc: BaseException) -> str:
