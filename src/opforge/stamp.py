@@ -45,6 +45,8 @@ _FATBIN_MAGIC = b"\x50\xed\x55\xba"
 # Strings a compiled library holds when it carries device code for a backend.
 _CUDA_MARKERS = (b"__cudaRegisterFatBinary", b"__fatbinwrap", b".nv_fatbin")
 _HIP_MARKERS = (b"__hipRegisterFatBinary", b"__hip_fatbin")
+# DPC++'s offload wrapper registers a library's SYCL device images with the runtime by this call
+_SYCL_MARKERS = (b"__sycl_register_lib",)
 _METAL_MARKERS = (b"/Metal.framework/", b"MTLCreateSystemDefaultDevice",
                   b"newLibraryWithSource", b"newLibraryWithData", b"kernel void ")
 
@@ -73,7 +75,7 @@ class BuildFacts:
 
 
 def library_backends(data: bytes) -> list[str]:
-    """The backends a compiled library's bytes hold code for: cpu, plus cuda / hip / mps."""
+    """The backends a compiled library's bytes hold code for: cpu, plus cuda / hip / mps / xpu."""
     found = ["cpu"]
     if _FATBIN_MAGIC in data or any(m in data for m in _CUDA_MARKERS):
         found.append("cuda")
@@ -81,6 +83,8 @@ def library_backends(data: bytes) -> list[str]:
         found.append("hip")
     if any(m in data for m in _METAL_MARKERS):
         found.append("mps")
+    if any(m in data for m in _SYCL_MARKERS):
+        found.append("xpu")
     return found
 
 
@@ -135,9 +139,11 @@ class StampResult:
 
 
 def stamp_wheel(wheel: Path, out_dir: Path, facts: BuildFacts, *, cuda_expected: bool = False,
-                mps_expected: bool = False, build_env: dict[str, str] | None = None
-                ) -> StampResult:
-    """Write the stamped copy of ``wheel`` into ``out_dir``; return its path and build record."""
+                mps_expected: bool = False, build_env: dict[str, str] | None = None,
+                backend=None) -> StampResult:
+    """Write the stamped copy of ``wheel`` into ``out_dir``; return its path and build record.
+    ``backend``: the variant's platform backend, whose device code the wheel must hold
+    (``cuda_expected`` / ``mps_expected`` say the same for CUDA and MPS)."""
     try:
         name, version, build_tag, _tags = parse_wheel_filename(wheel.name)
     except InvalidWheelFilename as exc:
@@ -183,8 +189,10 @@ def stamp_wheel(wheel: Path, out_dir: Path, facts: BuildFacts, *, cuda_expected:
     contents[metadata_name] = _rewrite_metadata(
         contents[metadata_name].decode("utf-8"), new_version, facts.requirement).encode("utf-8")
     backends = sorted({b for lib in libraries for b in lib["backends"]},
-                      key=("cpu", "cuda", "hip", "mps").index)
-    _refuse_missing_device_code(wheel, libraries, backends, cuda_expected, mps_expected,
+                      key=("cpu", "cuda", "hip", "mps", "xpu").index)
+    expected = backend.device_code if backend is not None else \
+        "cuda" if cuda_expected else "mps" if mps_expected else None
+    _refuse_missing_device_code(wheel, libraries, backends, expected, backend,
                                 build_env or {})
     record = {
         "schema": RECORD_SCHEMA,
@@ -227,13 +235,15 @@ def stamp_wheel(wheel: Path, out_dir: Path, facts: BuildFacts, *, cuda_expected:
 
 
 def _refuse_missing_device_code(wheel: Path, libraries: list[dict], backends: list[str],
-                                cuda_expected: bool, mps_expected: bool,
-                                build_env: dict[str, str]) -> None:
-    passed = ", ".join(f"{k}={v}" for k, v in sorted(build_env.items())
-                       if k in ("FORCE_CUDA", "FORCE_MPS", "TORCH_CUDA_ARCH_LIST", "CUDA_HOME",
-                                "MACOSX_DEPLOYMENT_TARGET"))
+                                expected: str | None, backend, build_env: dict[str, str]) -> None:
+    shown = ("FORCE_CUDA", "FORCE_MPS", "TORCH_CUDA_ARCH_LIST", "CUDA_HOME",
+             "MACOSX_DEPLOYMENT_TARGET", "OPFORGE_BACKEND",
+             *(backend.variables if backend is not None else ()))
+    passed = ", ".join(f"{k}={v}" for k, v in sorted(build_env.items()) if k in shown)
     libs = ", ".join(lib["path"] for lib in libraries) or "no compiled library at all"
-    if cuda_expected and "cuda" not in backends:
+    if expected is None or expected in backends:
+        return
+    if expected == "cuda":
         raise OpforgeError(
             f"{wheel.name}: this CUDA variant's build produced no device code (libraries: "
             f"{libs}; no CUDA fat binary in any of them). The build guessed CPU-only, probably "
@@ -241,11 +251,16 @@ def _refuse_missing_device_code(wheel: Path, libraries: list[dict], backends: li
             "should compile its CUDA sources (CUDAExtension / CMake's CUDA language) when "
             "FORCE_CUDA=1, for the architectures in TORCH_CUDA_ARCH_LIST, instead of asking "
             "torch.cuda.is_available().")
-    if mps_expected and "mps" not in backends:
+    if expected == "mps":
         raise OpforgeError(
             f"{wheel.name}: this MPS variant's build produced no Metal code (libraries: {libs}). "
             f"opforge passed {passed}: the build should compile its .mm/.metal sources and link "
             "the Metal framework when FORCE_MPS=1, instead of guessing from the build host.")
+    title = backend.title if backend is not None else expected
+    raise OpforgeError(
+        f"{wheel.name}: this {title} variant's build produced no {expected} device code "
+        f"(libraries: {libs}). opforge passed {passed}: the build should compile its {title} "
+        "sources from what opforge passes, instead of guessing from the build host.")
 
 
 def _stamped_by() -> str:

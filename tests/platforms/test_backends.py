@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from opforge import build, platforms
 from opforge.errors import OpforgeError
 from opforge.matrix import MatrixError, load_matrix
 from opforge.platforms import toolchain
+from opforge.stamp import BuildFacts, stamp_wheel
 
 HEAD = """\
 extension:
@@ -324,3 +326,36 @@ def test_a_new_backend_is_one_module_and_matrix_entries(tmp_path, npu_distributi
     with pytest.raises(Exception, match="--build-env NPU_ARCH: opforge sets NPU_ARCH"):
         build.plan_build(matrix, "npu8", work_dir=tmp_path / "w", host="linux-x86_64",
                          env={}, extra_env={"NPU_ARCH": "x"})
+
+
+def _raw_wheel(tmp_path: Path, library: bytes) -> Path:
+    info = "tiny_ops-1.2.0.dist-info"
+    path = tmp_path / "raw" / "tiny_ops-1.2.0-cp311-cp311-linux_x86_64.whl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("tiny_ops/__init__.py", b"")
+        zf.writestr("tiny_ops/_C.cpython-311-x86_64-linux-gnu.so", library)
+        zf.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\n"
+                                     "Root-Is-Purelib: false\nTag: cp311-cp311-linux_x86_64\n")
+        zf.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: tiny-ops\nVersion: 1.2.0\n")
+        zf.writestr(f"{info}/RECORD", "")
+    return path
+
+
+def test_stamp_refuses_a_wheel_without_its_backends_device_code(tmp_path):
+    facts = BuildFacts(variant="xpu", torch_version="2.13.0+xpu", python="3.11")
+    xpu = platforms.get("xpu")
+    with pytest.raises(OpforgeError) as info:
+        stamp_wheel(_raw_wheel(tmp_path / "a", b"\x7fELF host code only"), tmp_path / "o1",
+                    facts, backend=xpu, build_env={"TORCH_XPU_ARCH_LIST": "pvc"})
+    message = str(info.value)
+    assert "this XPU variant's build produced no xpu device code" in message
+    assert "opforge passed TORCH_XPU_ARCH_LIST=pvc" in message
+    # DPC++ registers the device images with the SYCL runtime: that call marks the library
+    result = stamp_wheel(_raw_wheel(tmp_path / "b", b"\x7fELF __sycl_register_lib"),
+                         tmp_path / "o2", facts, backend=xpu)
+    assert result.record["backends"] == ["cpu", "xpu"]
+    # a ROCm build's HIP fat binary is its device code
+    rocm = stamp_wheel(_raw_wheel(tmp_path / "c", b"\x7fELF __hipRegisterFatBinary"),
+                       tmp_path / "o3", facts, backend=platforms.get("rocm"))
+    assert rocm.record["backends"] == ["cpu", "hip"]

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from opforge import platforms
 from opforge.build.plan import BuildPlan, Step, check_host, is_torch, plan_build
 from opforge.compiler_cache import OFF_ENV, STATS_FILE, CacheStats, CompilerCache, disabled_by
 from opforge.errors import OpforgeError
@@ -205,8 +206,8 @@ def stamp(plan: BuildPlan, python: str, log=print) -> Path:
     if len(raw) != 1:
         raise OpforgeError(f"the build produced {len(raw)} wheels in {plan.raw_dir}, expected one")
     facts = build_facts(plan, python)
-    result = stamp_wheel(raw[0], plan.stamped_dir, facts, cuda_expected=bool(plan.variant.cuda),
-                         mps_expected=plan.variant.mps, build_env=plan.env)
+    result = stamp_wheel(raw[0], plan.stamped_dir, facts, build_env=plan.env,
+                         backend=platforms.backend_of(plan.variant))
     log(f"opforge build: stamped {result.wheel.name} (backends: "
         f"{', '.join(result.record['backends']) or 'none compiled'}, {facts.requirement})")
     return result.wheel
