@@ -20,7 +20,7 @@ ROOT = Path(__file__).parent
 sys.path.insert(0, str(ROOT / "src"))  # this checkout's opforge; its sessions install it too
 
 import opforge.nox  # noqa: E402
-from opforge.sessions import lint_commands  # noqa: E402
+from opforge.nox import lint_commands  # noqa: E402
 
 # nox -s bench: the recipes' references are torchvision.ops (not part of .ci/run)
 MATRIX = opforge.nox.sessions(ROOT / "matrix.yaml", bench_with=("torchvision",))

@@ -98,6 +98,19 @@ def _option(args: tuple[str, ...] | list[str], name: str) -> str | None:
     return None
 
 
+def lint_commands(root: Path) -> list[list[str]]:
+    """The workflow checks a lint session runs, once ``root``/.github/workflows exists."""
+    workflows = sorted((root / ".github" / "workflows").glob("*.yml"))
+    if not workflows:
+        return []
+    files = [str(p) for p in workflows]
+    return [
+        ["opforge", "workflows", "check", "--root", str(root)],
+        ["actionlint", *files],
+        ["check-jsonschema", "--builtin-schema", "vendor.github-workflows", *files],
+    ]
+
+
 def build_doc(matrix: Matrix, variant: Variant) -> str:
     what = (f"CUDA {variant.cuda} ({variant.arch_list})" if variant.cuda
             else "MPS (Metal)" if variant.mps else "CPU")

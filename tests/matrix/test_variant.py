@@ -7,7 +7,7 @@ import zipfile
 from pathlib import Path
 
 from opforge.matrix import load_matrix, promises
-from opforge.matrix.identify import identify_wheel, wheel_label, wheel_record
+from opforge.matrix.dist import identify_wheel, wheel_label, wheel_record
 
 FIXTURE = Path(__file__).parent / "fixtures" / "matrix.yaml"
 MODULES = """  modules:

@@ -183,7 +183,7 @@ def resolve_choice(args: argparse.Namespace):
 
     wheel = args.wheel
     if not (wheel or args.requirement or args.python):
-        from opforge.sessions import latest_wheel
+        from opforge.matrix.dist import latest_wheel
 
         wheel = latest_wheel(matrix, matrix.variant(args.variant).name)
     variant = None
@@ -192,7 +192,7 @@ def resolve_choice(args: argparse.Namespace):
         variant = matrix.variant(args.variant)
         choice = Choice(variant.name)
     elif own:
-        from opforge.matrix.identify import identify_wheel
+        from opforge.matrix.dist import identify_wheel
 
         found = identify_wheel(matrix, wheel) if wheel is not None else None
         if found is not None:
@@ -247,7 +247,7 @@ def _promises(args: argparse.Namespace, ext, variant):
 def choose_installed(args: argparse.Namespace, env, request, choice: Choice):
     """A pending choice made from the build record installed in ``env``: the request with
     that variant's promises, and the choice (still pending when no record names a variant)."""
-    from opforge.matrix.identify import identify_record
+    from opforge.matrix.dist import identify_record
     from opforge.smoke.runner import installed_build_record
 
     if not choice.pending:

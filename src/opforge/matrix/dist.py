@@ -1,7 +1,9 @@
-"""Which variant a wheel is: its build record first, then its local version label.
+"""A variant's wheels on disk: the newest one in ``dist/<variant>``, and which variant a wheel
+is (its build record first, then its local version label).
 
 The one answer ``opforge smoke`` (and anything else that needs to know) uses; ``--variant``
-overrides it. The matrix's own rule (``Matrix.identify``) is pure; this module reads the wheel.
+overrides it. The matrix's own rules (``Matrix.dist_dir``, ``Matrix.identify``) are pure; this
+module reads the disk.
 """
 
 from __future__ import annotations
@@ -19,6 +21,16 @@ from opforge.matrix.model import Matrix, Variant
 from opforge.stamp import RECORD_NAME
 
 _RECORD_LIMIT = 1 << 20  # a build record is a few hundred bytes: never read a large member
+
+
+def latest_wheel(matrix: Matrix, variant: str) -> Path:
+    """The newest wheel ``opforge build`` left in the variant's ``dist/<variant>``."""
+    out_dir = matrix.dist_dir(variant)
+    wheels = sorted(out_dir.glob("*.whl"), key=lambda p: p.stat().st_mtime)
+    if not wheels:
+        raise UsageError(f"no wheel in {out_dir}: run `opforge build --variant {variant}` "
+                         f"(or `nox -s build_{variant}`) first, or pass --wheel PATH")
+    return wheels[-1]
 
 
 def wheel_label(wheel: Path) -> str | None:
