@@ -121,6 +121,7 @@ def test_rocm_variant_is_validated_by_its_module(tmp_path):
     assert (variant.backend, variant.toolkit, variant.arch_list) == ("rocm", "6.4", "gfx90a;gfx942")
     # torch's ROCm build runs HIP kernels as "cuda" devices under the CUDA key
     assert variant.backends == ("cpu", "cuda")
+    assert _matrix(tmp_path, ROCM).torch_index(variant).endswith("/whl/rocm6.4")
     message = _refused(tmp_path, ROCM.replace("gfx90a;gfx942", "gfx90a;sm_80"))
     assert "matrix.yaml:" in message and "variants[0].arch_list" in message
     assert "'sm_80' is not an --offload-arch target like gfx90a" in message
@@ -143,6 +144,7 @@ def test_xpu_variant_is_validated_by_its_module(tmp_path):
     variant = _matrix(tmp_path, XPU).variant("xpu")
     assert variant.backends == ("cpu", "xpu")
     assert variant.platforms == ("linux-x86_64", "windows-x86_64")
+    assert _matrix(tmp_path, XPU).torch_index(variant).endswith("/whl/xpu")
     assert "'6.4' is not a oneAPI compiler release like 2025.1" in \
         _refused(tmp_path, XPU.replace('"2025.1"', '"6.4"'))
     assert "'PVC' is not an XPU target like pvc, bmg or lnl-m" in \

@@ -445,11 +445,11 @@ class Matrix:
 
 
 def _default_index_variant(variant: Variant) -> str:
-    """A variant's PyTorch index: its name (cpu, cu130), or for a stable variant, whose name
-    says more (cpu_stable), its accelerator's: cpu, cu<major><minor>."""
-    if variant.stable:
-        return f"cu{variant.cuda.replace('.', '')}" if variant.cuda else "cpu"
-    return variant.name
+    """A variant's PyTorch index, its backend's (opforge.platforms): cpu, cu<major><minor>,
+    rocm<version>, xpu (matrix.yaml's index_variant says otherwise)."""
+    from opforge.platforms import get
+
+    return get(variant.backend).torch_index(variant)
 
 
 def build_jobs(jobs: list[Job], pr_python: str | None = None) -> list[Job]:

@@ -152,6 +152,10 @@ class Backend:
         """One line: what a wheel of this variant holds and where it builds."""
         return f"{variant.name}: {self.name} ({', '.join(variant.platforms)})"
 
+    def torch_index(self, variant: Variant) -> str:
+        """The PyTorch index its torch comes from (download.pytorch.org/whl/<this>)."""
+        return "cpu"
+
     # ------------------------------------------------------------------ build environment
     def build_env(self, variant: Variant, env, site_dir: Path) -> BuildEnv:
         """The toolchain world: no accelerator toolkit at all (the cpu answer)."""

@@ -99,6 +99,9 @@ class CudaBackend(Backend):
         return (f"{variant.name}: CPU + CUDA {variant.cuda} kernels for sm "
                 f"{variant.arch_list} ({', '.join(variant.platforms)})")
 
+    def torch_index(self, variant) -> str:
+        return f"cu{variant.cuda.replace('.', '')}"
+
     def build_env(self, variant, env, site_dir) -> BuildEnv:
         toolkit = toolchain.variant_toolkit(variant.cuda, env)
         given = {toolchain.MODE_VARIABLE: self.toolchain_mode, "PYTHONPATH": str(site_dir),

@@ -100,6 +100,9 @@ class RocmBackend(Backend):
         return (f"{variant.name}: CPU + ROCm {variant.toolkit} HIP kernels for "
                 f"{variant.arch_list} ({', '.join(variant.platforms)})")
 
+    def torch_index(self, variant) -> str:
+        return f"rocm{variant.toolkit}"
+
     def build_env(self, variant, env, site_dir) -> BuildEnv:
         given = {toolchain.MODE_VARIABLE: self.toolchain_mode, "PYTHONPATH": str(site_dir),
                  "FORCE_CUDA": "1",

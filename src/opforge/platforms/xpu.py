@@ -89,6 +89,9 @@ class XpuBackend(Backend):
         return (f"{variant.name}: CPU + XPU (SYCL) kernels, oneAPI {variant.toolkit}, for "
                 f"{variant.arch_list} ({', '.join(variant.platforms)})")
 
+    def torch_index(self, variant) -> str:
+        return "xpu"
+
     def build_env(self, variant, env, site_dir) -> BuildEnv:
         given = {toolchain.MODE_VARIABLE: self.toolchain_mode, "PYTHONPATH": str(site_dir),
                  "CUDA_VISIBLE_DEVICES": "",
