@@ -45,10 +45,9 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description="opforge smoke probe")
     p.add_argument("--package", required=True)
     p.add_argument("--namespace", required=True)
-    # JSON: op_keys {op: [keys]}, backward_ops, default_keys, recipes (a path), and
-    # variants {variant: {op_keys, backward_ops, default_keys, modules}} when the build record
-    # chooses, modules [{name, backend, load, functions}]: the compiled modules to check,
-    # speed {enabled, factor, op_factors, devices}: the speed check
+    # JSON: what the variant under test promises (the runner chose it): op_keys {op: [keys]},
+    # backward_ops, default_keys, modules [{name, backend, load, functions}] (the compiled
+    # modules to check); recipes (a path); speed {enabled, factor, op_factors, devices}
     p.add_argument("--spec", type=_read_spec, default={})
     p.add_argument("--device-checks", choices=("auto", "skip"), default="auto")
     p.add_argument("--out", required=True)
@@ -58,22 +57,6 @@ def parse_args(argv):
 def _read_spec(path: str) -> dict:
     with open(path, encoding="utf-8") as fh:
         return json.load(fh)
-
-
-def choose_variant(report: Report, args) -> None:
-    """An installed wheel says which variant it is; its promises then come from the matrix."""
-    spec = args.spec
-    variants = spec.get("variants") or {}
-    if spec.get("op_keys") or spec.get("default_keys") or not variants:
-        return
-    variant = ((report.doc["build"] or {}).get("build_info") or {}).get("variant")
-    if variant in variants:
-        args.spec = {**spec, **variants[variant]}
-        fresh = Report(args).doc
-        for key in ("expected_keys", "op_keys", "expected_ops", "expected_internal_ops"):
-            report.doc[key] = fresh[key]
-        report.doc["variant"] = variant
-        report.doc["variant_source"] = f"{report.doc['build'].get('distribution')} build record"
 
 
 def load_recipes(report: Report, path: str | None) -> dict | None:
@@ -100,7 +83,6 @@ def probe(args) -> dict:
                      f"import torch fails in {sys.executable}: {first_line(exc)}")
         return report.finish()
     import_ok = probe_import(report, args, torch)
-    choose_variant(report, args)
     rows = run_census(report, args.spec, args.namespace, torch)
     if import_ok:  # the modules a variant promises, each on its own (pybind11, per-backend libs)
         run_modules(report, args.spec, args.namespace)
