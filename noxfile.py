@@ -104,6 +104,15 @@ def styles(session: nox.Session) -> None:
 
 
 @nox.session(venv_backend=opforge.nox.VENV_BACKEND)
+def replay(session: nox.Session) -> None:
+    """ci.yml's cpu cell replayed by act on this host: build, upload, download, smoke (not in .ci/run)."""
+    opforge.nox.install(session, "-e", ".[test]")
+    # -m here replaces the "not replay" that pyproject's addopts adds
+    session.run("pytest", "-m", "replay", "--durations=0", "tests/workflows/test_workflow_replay.py",
+                *session.posargs)
+
+
+@nox.session(venv_backend=opforge.nox.VENV_BACKEND)
 def lint(session: nox.Session) -> None:
     """ruff, clang-format on extension/csrc, matrix.yaml validation, the workflow checks, zizmor."""
     opforge.nox.install(session, "-e", ".[lint]")
