@@ -11,14 +11,11 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from opforge.cli.args import comma_list
 from opforge.errors import UsageError
 from opforge.files import check_writable, lookup, open_problem, write_atomic
 
 _KEY = re.compile(r"[A-Z][A-Za-z]*\Z")
-
-
-def _csv(text: str) -> tuple[str, ...]:
-    return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
 def register(subparsers) -> None:
@@ -29,11 +26,11 @@ def register(subparsers) -> None:
                     "census of every op x dispatch key, run each op on every present device, "
                     "under FakeTensorMode, torch.compile and autocast. Exit 0 pass, 1 fail, 2 usage.")
     add_target_arguments(p)
-    p.add_argument("--expect-keys", type=_csv, metavar="K1,K2",
+    p.add_argument("--expect-keys", type=comma_list, metavar="K1,K2",
                    help="dispatch keys every op must have (overrides --variant)")
-    p.add_argument("--ops", type=_csv, metavar="OP1,OP2",
+    p.add_argument("--ops", type=comma_list, metavar="OP1,OP2",
                    help="ops that must exist (default: the matrix's, for the matrix's package)")
-    p.add_argument("--internal-ops", type=_csv, metavar="OP1,OP2",
+    p.add_argument("--internal-ops", type=comma_list, metavar="OP1,OP2",
                    help="backward ops, checked against backend keys and Meta only")
     p.add_argument("--junit", type=Path, metavar="PATH", help="write JUnit XML here")
     p.add_argument("--json", type=Path, metavar="PATH", help="write the probe's JSON document here")
@@ -43,7 +40,7 @@ def register(subparsers) -> None:
                    help="torch compat matrix of a stable-ABI wheel: the one wheel beside each "
                         "torch of the variant's compat_torch list (or --compat-torch), each in "
                         "a fresh environment; the report is a table wheel x torch")
-    p.add_argument("--compat-torch", type=_csv, metavar="V1,V2",
+    p.add_argument("--compat-torch", type=comma_list, metavar="V1,V2",
                    help="the torches for --compat: releases (2.13.0), floor / matrix (the "
                         "stable variant's floor / build torch), latest (the newest the index "
                         "serves) or nightly; replaces the variant's list")
@@ -270,7 +267,7 @@ def speed_spec(ext, mode: str) -> dict:
                   "op_factors": ext.slowdown_factors() if ext else {}}
     devices = os.environ.get("OPFORGE_SPEED_EXTRA_DEVICES", "")
     if devices:  # for tests on a machine without an accelerator (docs/adopt.md)
-        spec["devices"] = list(_csv(devices))
+        spec["devices"] = list(comma_list(devices))
     return spec
 
 

@@ -1,4 +1,5 @@
-"""matrix.yaml: the model (``model``: frozen, typed objects) and its parser (``parser``).
+"""matrix.yaml: the model (``model``: frozen, typed objects), its parser (``parser``) and a
+variant's wheels on disk (``dist``: its newest wheel, which variant a wheel is).
 
 Everything after ``load_matrix`` receives objects, never dicts. A malformed file raises
 ``MatrixError`` (a UsageError: exit 2) whose message is one line:
