@@ -1,4 +1,4 @@
-"""The probe's check table: a check is one row and one method, and the rest follows from it
+"""The probe's check table: a check is one row and one function, and the rest follows from it
 (the driver runs it, a failure is explained by the census, the report gives it a column)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 
 from opforge.smoke import report as smoke_report
-from opforge.smoke.probe import Report, runs
+from opforge.smoke.probe import Report, checks, runs
 from opforge.smoke.probe.recipes import validate
 
 torch = pytest.importorskip("torch")
@@ -31,15 +31,16 @@ ADD = {"inputs": lambda dtype: [torch.ones(3, dtype=dtype), torch.ones(3, dtype=
        "skip": {"compile": "torch.compile takes seconds; not what this test is about"}}
 
 
-def test_a_row_and_a_method_make_a_check_that_runs_is_explained_and_has_a_column(monkeypatch):
+def test_a_row_and_a_function_make_a_check_that_runs_is_explained_and_has_a_column(monkeypatch):
     seen = []
 
-    def planted(runner: runs.OpRunner, call: runs.Call) -> None:
+    def planted(runner: runs.OpRunner, call: checks.Call) -> None:
         seen.append((call.op, call.dtype, call.cpu_out is not None))
         runner.report.check(f"planted:{call.op}", "planted", "fail", "the planted check failed",
                             op=call.op)
 
-    monkeypatch.setattr(runs, "CHECKS", (*runs.CHECKS, runs.Check("planted", ("Meta",), planted)))
+    monkeypatch.setattr(checks, "CHECKS", (*checks.CHECKS, checks.Check("planted", ("Meta",),
+                                                                   planted)))
     runner = _runner({"CPU": "ok", "Meta": "missing", "Autograd": "ok"}, ADD)
     runner.run_all(import_ok=True)
     doc = runner.report.doc

@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from opforge.files import write_atomic
-from opforge.smoke.probe import runs
+from opforge.smoke.probe import checks
 
 CELL = {  # census cell status -> (terminal text, style, markdown)
     "ok": ("ok", "green", "✅"),
@@ -104,7 +104,7 @@ SKIP_LABEL = {"no-device": "no device", "no-kernel": "no kernel", "import-failed
 
 def run_categories() -> dict[str, str | None]:
     """The op checks of the probe's check table, each with its column (``device`` or None)."""
-    return {check.name: check.column for check in runs.CHECKS}
+    return {check.name: check.column for check in checks.CHECKS}
 
 
 def _run_column(check: dict, columns: dict[str, str | None]) -> str:

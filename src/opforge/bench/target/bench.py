@@ -28,8 +28,8 @@ import warnings
 
 from ...smoke.probe import recipes as recipes_file
 from ...smoke.probe.common import DEVICES, first_line
-from ...smoke.probe.runs import compare, outputs_of, to_device
 from ...smoke.probe.speed import paired, synchronizer, yardstick
+from ...smoke.probe.values import compare, outputs_of, to_device
 
 SCHEMA = 1
 ALONE_BLOCK_S = 0.002  # a block of an op timed alone, and of its yardstick

@@ -194,7 +194,7 @@ def function_recipes(path: str | None) -> dict:
 
 def run_functions(report: Report, t, devices: list[str], path: str | None,
                   import_ok: bool) -> None:
-    from .runs import compare, outputs_of, to_device
+    from .values import compare, outputs_of, to_device
 
     try:
         functions = function_recipes(path)

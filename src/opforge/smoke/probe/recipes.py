@@ -14,7 +14,7 @@ name to a dict with these fields (docs/adopt.md has the full reference):
   outputs    result indices compared across devices (default: all)
   atol, rtol, grad_atol, grad_rtol, autocast_atol   tolerances against the CPU (float32)
   skip       {check: reason}: checks that do not apply (run, backward, fake, compile, autocast:
-             the skippable rows of runs.CHECKS)
+             the skippable rows of checks.CHECKS)
   overload   the overload to call (default "default")
   workloads  {name: {inputs, grad?, devices?, reference?}}: benchmark shapes (small, medium,
              large) for `opforge bench`; the smoke speed check times the first one
@@ -56,7 +56,7 @@ def where(exc: BaseException, path: str) -> str:
 
 def skippable_checks() -> tuple[str, ...]:
     """The checks a recipe's ``skip`` may name, from the check table."""
-    from .runs import CHECKS  # imported here: runs.py imports this module
+    from .checks import CHECKS  # imported here: checks.py imports this module
 
     return tuple(check.name for check in CHECKS if check.skippable)
 
