@@ -16,6 +16,7 @@ from pathlib import Path
 
 from opforge.errors import UsageError
 from opforge.files import FileLock, write_file
+from opforge.paths import cache_dir
 
 # a baseline's name (``--save NAME``, ``--against NAME``): a file name under baseline_dir()
 NAME = re.compile(r"[A-Za-z0-9._-]{1,64}\Z")
@@ -62,8 +63,7 @@ def save(path: Path, doc: dict) -> None:
 
 
 def baseline_dir() -> Path:
-    from opforge.paths import cache_dir
-
+    """Where ``--save NAME`` keeps baseline NAME (NAME.json): the cache directory's bench/."""
     return cache_dir() / "bench"
 
 
