@@ -1,6 +1,6 @@
-"""actionlint and GitHub's workflow schema accept the real workflows and reject broken ones.
+"""actionlint, GitHub's workflow schema and zizmor accept the real workflows and reject broken ones.
 
-These are the other two checks `nox -s lint` runs. check-jsonschema's `vendor.github-workflows`
+These are the other checks `nox -s lint` runs. check-jsonschema's `vendor.github-workflows`
 schema ships inside the package: the run below has no network (a dead proxy, and no network
 namespace at all where `unshare -n` is allowed), so CI cannot pass only because a download did.
 """
@@ -55,18 +55,24 @@ def test_the_callers_and_the_reusable_workflows_exist():
                                            "reusable-nightly.yml", "reusable-release.yml"]
 
 
-def test_actionlint_accepts_the_callers_opforge_init_writes(tmp_path, capsys):
+def init_callers(root: Path) -> list[Path]:
+    """The caller workflows `opforge init` writes for a small extension at ``root``."""
     from opforge.cli import main
 
-    (tmp_path / "csrc").mkdir()
-    (tmp_path / "csrc" / "ops.cpp").write_text('TORCH_LIBRARY(demo, m) { m.def("f(Tensor x) '
-                                               '-> Tensor"); }\n')
-    (tmp_path / "demo").mkdir()
-    (tmp_path / "demo" / "__init__.py").write_text("")
-    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'demo'\n")
-    assert main(["init", str(tmp_path), "--workflows-ref", "b" * 40]) == 0
-    written = sorted((tmp_path / ".github" / "workflows").glob("*.yml"))
+    (root / "csrc").mkdir()
+    (root / "csrc" / "ops.cpp").write_text('TORCH_LIBRARY(demo, m) { m.def("f(Tensor x) '
+                                           '-> Tensor"); }\n')
+    (root / "demo").mkdir()
+    (root / "demo" / "__init__.py").write_text("")
+    (root / "pyproject.toml").write_text("[project]\nname = 'demo'\n")
+    assert main(["init", str(root), "--workflows-ref", "b" * 40]) == 0
+    written = sorted((root / ".github" / "workflows").glob("*.yml"))
     assert len(written) == 3
+    return written
+
+
+def test_actionlint_accepts_the_callers_opforge_init_writes(tmp_path, capsys):
+    written = init_callers(tmp_path)
     result = subprocess.run([tool("actionlint"), *map(str, written)], capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -101,3 +107,41 @@ def test_the_github_workflow_schema_rejects_a_broken_workflow_offline(tmp_path):
                       str(broken)])
     assert result.returncode == 1
     assert "timeout-minutes" in result.stdout or "jobs.a" in result.stdout
+
+
+# zizmor: the workflows' security audit, offline (its online audits ask GitHub's API)
+INJECTED = """name: injected
+on: pull_request
+permissions:
+  contents: read
+jobs:
+  a:
+    runs-on: ubuntu-24.04
+    timeout-minutes: 5
+    steps:
+      - run: echo "${{ github.event.pull_request.title }}"
+"""
+
+
+def zizmor(*paths: Path) -> subprocess.CompletedProcess:
+    return offline([tool("zizmor"), "--offline", "--no-progress", "--format", "plain",
+                    *map(str, paths)])
+
+
+def test_zizmor_finds_nothing_in_the_workflows_offline():
+    result = zizmor(*WORKFLOWS)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "No findings to report" in result.stdout + result.stderr
+
+
+def test_zizmor_finds_nothing_in_the_callers_opforge_init_writes(tmp_path):
+    result = zizmor(*init_callers(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_zizmor_catches_an_expression_expanded_into_a_run_script(tmp_path):
+    injected = tmp_path / "injected.yml"
+    injected.write_text(INJECTED)
+    result = zizmor(injected)
+    assert result.returncode != 0
+    assert "template-injection" in result.stdout
