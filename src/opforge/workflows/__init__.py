@@ -22,17 +22,17 @@ pinned by a test in tests/workflows/:
   where ``<out>`` carries the ``probes`` of an ``opforge bisect --plan K`` step, optionally
   with ``include: fromJSON(needs.<matrix job>.outputs.matrix).include`` (the cell: then the
   per-cell rules hold); ``matrix.<key>`` is then the one field beside the cell's.
-* Every variant has its path (paths.py; a pipeline: a workflow whose cells run ``opforge smoke``, with its
-  default inputs and with each local caller's): the matrix is not filtered, and for every
-  cell, on push and on pull_request, a step builds it, a step uploads the cell's artifact, a
-  later job that needs the build downloads it on the cell's runner (no container) and runs
-  ``opforge smoke --wheel <that download> --variant <the cell's>`` with ``--device-checks
-  skip`` exactly where matrix.yaml says ``device_checks: false``. Dispatch choice inputs named
-  variant, platform or python list exactly matrix.yaml's (triggers.py).
-* ``run:`` steps (runsteps.py, commands.py): ``pip install`` of nox or opforge (or ``.`` in opforge's own
-  repository), ``nox -s <a session the noxfile defines>``, ``opforge <command>`` with
-  arguments its parser accepts; one plain command per line, no shell operators; only trusted
-  contexts expanded inside ``run:``.
+* Every variant has its path (paths.py; a pipeline: a workflow whose cells run ``opforge
+  smoke``, with its default inputs and with each local caller's): the matrix is not filtered,
+  and for every cell, on push and on pull_request, a step builds it, a step uploads the cell's
+  artifact, a later job that needs the build downloads it on the cell's runner (no container)
+  and runs ``opforge smoke --wheel <that download> --variant <the cell's>`` with
+  ``--device-checks skip`` exactly where matrix.yaml says ``device_checks: false``. Dispatch
+  choice inputs named variant, platform or python list exactly matrix.yaml's (triggers.py).
+* ``run:`` steps (runsteps.py, commands.py): ``pip install`` of nox or opforge (or ``.`` in
+  opforge's own repository), ``nox -s <a session the noxfile defines>``, ``opforge <command>``
+  with arguments its parser accepts; one plain command per line, no shell operators; only
+  trusted contexts expanded inside ``run:``.
 * Hygiene (hygiene.py): top-level ``permissions`` with nothing above ``read``; no
   ``pull_request_target``/``workflow_run``; ``concurrency`` on ``github.workflow`` with
   ``cancel-in-progress`` (left to the caller in a reusable workflow); ``timeout-minutes`` on
