@@ -11,7 +11,8 @@ What act cannot do on this host, and what stands in for it:
 
 * Actions from GitHub cannot be fetched (no network to github.com). ``--local-repository``
   maps each pinned action the workflows use to a stand-in under ``actions/`` next to this
-  file: checkout, setup-python, cache, upload-artifact, download-artifact. Each is a real
+  file: checkout, setup-python, cache (with cache/restore and cache/save), upload-artifact,
+  download-artifact. Each is a real
   composite action run by act, doing the minimal honest thing locally (its action.yml says
   what). A workflow that uses any other action fails the replay: act tries to fetch it.
 * ``container:`` needs Docker, which this host does not have: a job whose cell names an image
@@ -40,7 +41,8 @@ ACTIONS = Path(__file__).resolve().parent / "actions"
 STANDINS = {"actions/checkout": "checkout", "actions/setup-python": "setup-python",
             "actions/cache": "cache", "actions/upload-artifact": "upload-artifact",
             "actions/download-artifact": "download-artifact"}
-_USES = re.compile(r"^\s*(?:-\s+)?uses:\s*([\w.-]+/[\w.-]+)@([0-9a-f]{40}|[\w.-]+)", re.M)
+# owner/repo[/subpath]@ref: a stand-in maps the repository (its folder holds the subpaths)
+_USES = re.compile(r"^\s*(?:-\s+)?uses:\s*([\w.-]+/[\w.-]+)(?:/[\w./-]+)?@([\w.-]+)", re.M)
 
 
 class ReplayError(AssertionError):

@@ -3,8 +3,8 @@
 The full replay of a CI cell (test_workflow_replay.py, `nox -s replay`) builds a wheel; this
 pins, in seconds, what it stands on: act is installed and runs jobs on this host, and each
 stand-in does what its action does on GitHub - checkout fills a fresh workspace, setup-python
-puts a fresh environment of the asked Python first on PATH, cache answers for the runner's
-disk, upload-artifact / download-artifact carry files from one job to a later one, and a
+puts a fresh environment of the asked Python first on PATH, cache (and cache/restore,
+cache/save) answers for the runner's disk, upload-artifact / download-artifact carry files from one job to a later one, and a
 download of an artifact the run never uploaded fails its job.
 """
 
@@ -39,7 +39,23 @@ jobs:
         with:
           path: ~/
           key: home-${{ hashFiles('greeting.txt') }}
+      - id: restore
+        uses: actions/cache/restore@v4
+        with:
+          path: greeting.txt
+          key: greeting-${{ hashFiles('greeting.txt') }}
+      - run: test "${{ steps.restore.outputs.cache-matched-key }}" = "greeting-${{ hashFiles('greeting.txt') }}"
+      - id: missed
+        uses: actions/cache/restore@v4
+        with:
+          path: not-made-yet
+          key: not-made-yet
+      - run: test "${{ steps.missed.outputs.cache-hit }}" = false
       - run: mkdir out && cp greeting.txt out/ && echo "made here" > out/made.txt
+      - uses: actions/cache/save@v4
+        with:
+          path: out
+          key: out-${{ github.run_id }}
       - uses: actions/upload-artifact@v4
         with:
           name: greeting
