@@ -136,3 +136,83 @@ def test_unknown_installer_is_exit_2_with_one_line_and_no_environment(tmp_path, 
     assert err[-1] == ("opforge smoke: error: OPFORGE_INSTALLER='conda': expected one of uv, "
                        "pip")
     assert not list(tmp_path.glob("opforge-smoke-env-*"))
+
+
+def _fixture_repo(tmp_path, monkeypatch):
+    """tests/matrix's fixture matrix in a repository of its own, found from the cwd."""
+    from pathlib import Path
+
+    fixture = Path(__file__).parents[1] / "matrix" / "fixtures" / "matrix.yaml"
+    (tmp_path / "matrix.yaml").write_text(fixture.read_text())
+    (tmp_path / "extension").mkdir()
+    (tmp_path / "extension" / "recipes.py").write_text("RECIPES = {}\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("OPFORGE_MATRIX", raising=False)
+
+
+def _resolve(*argv):
+    from opforge.cli import build_parser
+    from opforge.cli.smoke import resolve_choice
+
+    return resolve_choice(build_parser().parse_args(["smoke", *argv]))
+
+
+def test_the_probe_is_sent_the_promises_of_the_wheels_variant_only(tmp_path, monkeypatch):
+    import json
+    import zipfile
+
+    _fixture_repo(tmp_path, monkeypatch)
+    # the PyPI variant's wheel carries no label: its build record names cpu
+    wheel = tmp_path / "opforge_ops-0.1.0-cp311-cp311-linux_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("opforge_ops-0.1.0.dist-info/opforge-build.json",
+                         json.dumps({"variant": "cpu"}))
+    target, request, choice = _resolve("--wheel", str(wheel))
+    assert (choice.variant, choice.source) == ("cpu", "opforge-ops build record")
+    assert request.op_keys["nms"] == ("CPU", "Meta", "Autograd", "AutocastCPU")
+    assert target.variant_torch == "torch==2.13.0"
+    spec = request.spec()
+    assert "variants" not in spec and "CUDA" not in json.dumps(spec)
+
+
+def test_an_existing_environment_waits_for_its_build_record(tmp_path, monkeypatch):
+    _fixture_repo(tmp_path, monkeypatch)
+    import sys
+
+    _target, request, choice = _resolve("--python", sys.executable)
+    assert choice.pending and choice.variant is None
+    assert not request.promises and "variants" not in request.spec()
+    # --variant decides at once, --expect-keys needs no variant
+    assert _resolve("--python", sys.executable, "--variant", "mps")[1].op_keys["nms"] == (
+        "CPU", "MPS", "Meta", "Autograd", "AutocastCPU", "AutocastMPS")
+    _t, keyed, choice = _resolve("--python", sys.executable, "--expect-keys", "CPU")
+    assert not choice.pending and keyed.op_keys["_roi_align_backward"] == ("CPU",)
+
+
+def test_the_installed_build_record_chooses_before_the_probe_runs(tmp_path, monkeypatch):
+    import json
+    import sys
+    from pathlib import Path
+
+    from opforge.cli import build_parser
+    from opforge.cli.smoke import choose_installed
+    from opforge.smoke.runner import Environment, installed_build_record
+
+    (tmp_path / "repo").mkdir()
+    _fixture_repo(tmp_path / "repo", monkeypatch)
+    site = tmp_path / "site"
+    (site / "opforge_ops").mkdir(parents=True)
+    (site / "opforge_ops" / "__init__.py").write_text("raise SystemExit('never imported')\n")
+    info = site / "opforge_ops-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: opforge-ops\nVersion: 0.1.0\n")
+    (info / "top_level.txt").write_text("opforge_ops\n")
+    (info / "opforge-build.json").write_text(json.dumps({"variant": "cu130"}))
+    monkeypatch.setenv("PYTHONPATH", str(site))  # an existing interpreter keeps its path
+    env = Environment(python=Path(sys.executable), fresh=False)
+    assert installed_build_record(env, "opforge_ops") == ({"variant": "cu130"}, "opforge-ops")
+    args = build_parser().parse_args(["smoke", "--python", sys.executable])
+    _target, request, choice = _resolve("--python", sys.executable)
+    request, choice = choose_installed(args, env, request, choice)
+    assert (choice.variant, choice.source) == ("cu130", "opforge-ops build record")
+    assert request.op_keys["_roi_align_backward"] == ("CPU", "CUDA", "Meta")
