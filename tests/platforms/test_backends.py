@@ -361,3 +361,26 @@ def test_stamp_refuses_a_wheel_without_its_backends_device_code(tmp_path):
     rocm = stamp_wheel(_raw_wheel(tmp_path / "c", b"\x7fELF __hipRegisterFatBinary"),
                        tmp_path / "o3", facts, backend=platforms.get("rocm"))
     assert rocm.record["backends"] == ["cpu", "hip"]
+
+
+def test_wheel_check_asks_the_variants_backend(tmp_path):
+    import _ctypes  # a real shared library of this Python, to carry the marker bytes
+
+    from opforge.wheels import check_against_variant, inspect_wheel
+
+    library = getattr(_ctypes, "__file__", None)
+    elf = Path(library).read_bytes() if library else b""
+    if not elf.startswith(b"\x7fELF"):
+        pytest.skip("needs an ELF host (the wheel inspection reads ELF libraries)")
+    variant = _matrix(tmp_path, ROCM).variant("rocm64")
+    facts = BuildFacts(variant="rocm64", torch_version="2.13.0+rocm6.4", python="3.11")
+    rocm = platforms.get("rocm")
+    hip = stamp_wheel(_raw_wheel(tmp_path / "a", elf + b"__hipRegisterFatBinary"),
+                      tmp_path / "o1", facts, backend=rocm).wheel
+    problems = check_against_variant(inspect_wheel(hip), variant)
+    assert not [p for p in problems if "device code" in p or "CUDA" in p]
+    # the same wheel without HIP code
+    cpu_only = stamp_wheel(_raw_wheel(tmp_path / "b", elf), tmp_path / "o2", facts).wheel
+    problems = check_against_variant(inspect_wheel(cpu_only), variant)
+    assert "no hip device code in any compiled library " \
+           "(tiny_ops/_C.cpython-311-x86_64-linux-gnu.so)" in problems
