@@ -287,7 +287,7 @@ def run(args: argparse.Namespace) -> int:
     target, request, choice = resolve_choice(args)
     variant = choice.variant
     if args.compat or args.compat_torch:
-        return run_compat(args, target, request, variant)
+        return run_compat(args, target, request, variant, choice)
     if request.default_keys:
         expecting = f", expecting {','.join(request.default_keys)}"
         if any(keys != request.default_keys for keys in request.op_keys.values()):
@@ -383,7 +383,8 @@ def compat_torches(args: argparse.Namespace, variant: str | None) -> list[str]:
     return matrix.compat_torches(v, args.compat_torch or None)
 
 
-def run_compat(args: argparse.Namespace, target, request, variant: str | None) -> int:
+def run_compat(args: argparse.Namespace, target, request, variant: str | None,
+               choice: Choice | None = None) -> int:
     from opforge.smoke import compat
 
     if target.python is not None:
@@ -402,7 +403,10 @@ def run_compat(args: argparse.Namespace, target, request, variant: str | None) -
         matrix = _load_matrix(args.file, required=variant is not None)
         channel = matrix.nightly_index(matrix.variant(variant)) if matrix and variant else None
         nightly = resolve_index(channel, args.torch_index)
-    rows = compat.run_compat(target, request, torches, keep_env=args.keep_env,
+    # a variant only the installed build record names is chosen in each environment
+    choose = (lambda env, req: choose_installed(args, env, req, choice)[0]) \
+        if choice is not None and choice.pending else None
+    rows = compat.run_compat(target, request, torches, keep_env=args.keep_env, choose=choose,
                              log=lambda line: print(line, file=sys.stderr, flush=True),
                              nightly_index=nightly)
     doc = compat.combined(rows, what)

@@ -83,8 +83,10 @@ def unreachable(entry: str, index: str | None, error: str) -> dict:
 
 
 def run_compat(target: Target, request: ProbeRequest, torches: list[str],
-               keep_env: bool = False, log=print, nightly_index: str | None = None
-               ) -> list[Row]:
+               keep_env: bool = False, log=print, nightly_index: str | None = None,
+               choose=None) -> list[Row]:
+    """The smoke once per torch; ``choose(env, request)`` (when given) returns the request for
+    that environment, e.g. with the promises of the variant its installed build record names."""
     rows = []
     for entry in torches:
         spec = torch_spec(entry)
@@ -100,7 +102,7 @@ def run_compat(target: Target, request: ProbeRequest, torches: list[str],
             rows.append(Row(torch=entry, installed=None, doc=unreachable(entry, index, str(exc))))
             continue
         try:
-            doc = run_probe(env, request)
+            doc = run_probe(env, choose(env, request) if choose else request)
         finally:
             cleanup(env, keep=keep_env)
         diagnose(doc)
