@@ -1,5 +1,6 @@
-"""matrix.yaml: the model (``model``: frozen, typed objects), its parser (``parser``) and a
-variant's wheels on disk (``dist``: its newest wheel, which variant a wheel is).
+"""matrix.yaml: the model (``model``: frozen, typed objects), its parser (``parser``, reading
+YAML nodes through ``nodes``) and a variant's wheels on disk (``dist``: its newest wheel,
+which variant a wheel is).
 
 Everything after ``load_matrix`` receives objects, never dicts. A malformed file raises
 ``MatrixError`` (a UsageError: exit 2) whose message is one line:

@@ -12,7 +12,6 @@ import os
 import re
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import yaml
 from packaging.version import InvalidVersion, Version
@@ -36,9 +35,9 @@ from opforge.matrix.model import (
     TorchChannel,
     Variant,
 )
+from opforge.matrix.nodes import Reader, compose, kind
 from opforge.platforms import cuda as cuda_backend
 from opforge.platforms.base import Backend, VariantFields
-from opforge.yamlsafe import compose as compose_yaml
 
 DEFAULT_MATRIX = "matrix.yaml"
 # Python versions PyTorch publishes wheels for in the releases this matrix format targets.
@@ -47,97 +46,6 @@ NVCC_ARCHS = cuda_backend.NVCC_ARCHS  # the CUDA backend's table (opforge.platfo
 # \Z, not $: "$" also matches before a final newline ("cpu\n" would pass)
 _NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
 _LOCAL_LABEL = re.compile(r"[a-z0-9]+(\.[a-z0-9]+)*\Z")
-
-
-
-def _compose(text: str, filename: str) -> yaml.Node | None:
-    try:
-        return compose_yaml(text, filename)
-    except UsageError as exc:
-        raise MatrixError(str(exc)) from None
-
-
-class _Reader:
-    """Walks composed YAML nodes, keeping the key path and line for error messages.
-
-    Working on nodes (not loaded dicts) gives every error its line, and catches duplicate
-    keys, which PyYAML's loader silently resolves by keeping the last.
-    """
-
-    def __init__(self, filename: str):
-        self.filename = filename
-
-    def fail(self, node: yaml.Node | None, key: str, message: str) -> MatrixError:
-        mark = getattr(node, "start_mark", None)
-        line = mark.line + 1 if mark is not None else 1
-        return MatrixError(f"{self.filename}:{line}: {key or '(top)'}: {message}")
-
-    def mapping(self, node: yaml.Node, key: str, allowed: dict[str, bool]) -> dict[str, yaml.Node]:
-        """Mapping node -> {name: value node}; ``allowed`` maps each key to whether it is required."""
-        if not isinstance(node, yaml.MappingNode):
-            raise self.fail(node, key, f"expected a mapping, got {_kind(node)}")
-        out: dict[str, yaml.Node] = {}
-        for key_node, value_node in node.value:
-            name = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
-            child = f"{key}.{name}" if key else str(name)
-            if name is None or not isinstance(name, str):
-                raise self.fail(key_node, key or "(top)", "keys must be strings")
-            if name in out:
-                raise self.fail(key_node, child, "duplicate key")
-            if name not in allowed:
-                hint = ", ".join(sorted(allowed))
-                raise self.fail(key_node, child, f"unknown key (allowed: {hint})")
-            out[name] = value_node
-        for name, required in allowed.items():
-            if required and name not in out:
-                where = key or "top level"
-                raise self.fail(node, f"{key}.{name}" if key else name,
-                                f"required key missing from {where}")
-        return out
-
-    def check(self, node: yaml.Node | None, key: str, problem: str | None) -> None:
-        if problem is not None:
-            raise self.fail(node, key, problem)
-
-    def scalar(self, node: yaml.Node, key: str, kind: type = str) -> Any:
-        if not isinstance(node, yaml.ScalarNode):
-            raise self.fail(node, key, f"expected a {kind.__name__}, got {_kind(node)}")
-        value = yaml.constructor.SafeConstructor().construct_object(node)
-        if kind is str:
-            if node.tag != "tag:yaml.org,2002:str":
-                raise self.fail(node, key, f"expected a string, got {value!r} "
-                                           "(quote it, e.g. \"3.10\")")
-            if not value.strip():
-                raise self.fail(node, key, "must not be empty")
-            self.check(node, key, field_checks.text(value))
-            return value
-        if kind is bool and not isinstance(value, bool):
-            raise self.fail(node, key, f"expected true or false, got {value!r}")
-        return value
-
-    def str_list(self, node: yaml.Node, key: str) -> list[tuple[str, yaml.Node]]:
-        if not isinstance(node, yaml.SequenceNode):
-            raise self.fail(node, key, f"expected a list, got {_kind(node)}")
-        if not node.value:
-            raise self.fail(node, key, "must not be empty")
-        items = []
-        seen = set()
-        for i, item in enumerate(node.value):
-            value = self.scalar(item, f"{key}[{i}]")
-            if value in seen:
-                raise self.fail(item, f"{key}[{i}]", f"{value!r} is listed twice")
-            seen.add(value)
-            items.append((value, item))
-        return items
-
-
-def _kind(node: yaml.Node) -> str:
-    if isinstance(node, yaml.MappingNode):
-        return "a mapping"
-    if isinstance(node, yaml.SequenceNode):
-        return "a list"
-    return repr(node.value) if node.value != "" else "nothing"
-
 
 CHANNEL_ENV = "OPFORGE_TORCH_CHANNEL"
 VERSION_ENV = "OPFORGE_TORCH_VERSION"
@@ -170,7 +78,7 @@ def with_torch(matrix: Matrix, channel: str, version: str) -> Matrix:
         raise UsageError(f"{CHANNEL_ENV}={channel!r} is not one of {', '.join(CHANNELS)}")
     node = yaml.ScalarNode("tag:yaml.org,2002:str", version)
     try:
-        _check_torch_version(_Reader(VERSION_ENV), node, VERSION_ENV, version, channel)
+        _check_torch_version(Reader(VERSION_ENV), node, VERSION_ENV, version, channel)
     except MatrixError as exc:
         raise UsageError(str(exc).split(": ", 2)[-1] + f" ({VERSION_ENV}={version!r})") from None
     torch = replace(matrix.torch, channel=channel, version=version)
@@ -202,8 +110,8 @@ def find_matrix(start: Path | None = None, env: dict[str, str] | None = None) ->
 
 
 def parse_matrix(text: str, path: Path) -> Matrix:
-    r = _Reader(path.name)
-    root = _compose(text, path.name)
+    r = Reader(path.name)
+    root = compose(text, path.name)
     if root is None:
         raise MatrixError(f"{path.name}:1: (top): the file is empty")
     top = r.mapping(root, "", {"extension": True, "torch": True, "pythons": True,
@@ -233,7 +141,7 @@ def parse_matrix(text: str, path: Path) -> Matrix:
                   pr_python=pr_python, platforms=platforms, variants=tuple(variants))
 
 
-def _extension(r: _Reader, node: yaml.Node) -> Extension:
+def _extension(r: Reader, node: yaml.Node) -> Extension:
     m = r.mapping(node, "extension", {"path": True, "package": True, "distribution": False,
                                       "namespace": True, "ops": False, "internal_ops": False,
                                       "recipes": False, "max_slowdown": False,
@@ -280,7 +188,7 @@ def _extension(r: _Reader, node: yaml.Node) -> Extension:
 _MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\Z")
 
 
-def _modules(r: _Reader, node: yaml.Node) -> tuple[Module, ...]:
+def _modules(r: Reader, node: yaml.Node) -> tuple[Module, ...]:
     """``{mypkg._ext_cuda: {backend: cuda, functions: [nms]}}``."""
     if not isinstance(node, yaml.MappingNode) or not node.value:
         raise r.fail(node, "extension.modules", "expected a mapping of module import names to "
@@ -318,7 +226,7 @@ DEFAULT_COMPAT = ("floor", "matrix", "latest")
 STABLE_ABI_SINCE = Version("2.9")
 
 
-def _abi_fields(r: _Reader, m: dict[str, yaml.Node], key: str, abi: str, floor: str | None,
+def _abi_fields(r: Reader, m: dict[str, yaml.Node], key: str, abi: str, floor: str | None,
                 compat: tuple[str, ...]) -> tuple[str, str | None, tuple[str, ...]]:
     """``abi`` / ``torch_floor`` / ``compat_torch`` of a mapping, defaulting to the given
     values (the extension block's, for a variant)."""
@@ -368,7 +276,7 @@ def _abi_fields(r: _Reader, m: dict[str, yaml.Node], key: str, abi: str, floor: 
     return abi, None, ()
 
 
-def _compat_version(r: _Reader, node: yaml.Node, key: str, entry: str) -> None:
+def _compat_version(r: Reader, node: yaml.Node, key: str, entry: str) -> None:
     try:
         parsed = Version(entry)
     except InvalidVersion:
@@ -379,7 +287,7 @@ def _compat_version(r: _Reader, node: yaml.Node, key: str, entry: str) -> None:
                                 "(no local part; nightlies: the word nightly)")
 
 
-def _factor(r: _Reader, node: yaml.Node, key: str) -> float:
+def _factor(r: Reader, node: yaml.Node, key: str) -> float:
     """A slowdown factor: a number greater than 1 (``10`` = ten times the CPU's time)."""
     value = r.scalar(node, key, float)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1 < value < float("inf"):
@@ -392,10 +300,10 @@ _OP_FIELDS = {"keys": False, "add": False, "remove": False, "backward": False,
               "max_slowdown": False}
 
 
-def _ops(r: _Reader, node: yaml.Node, key: str) -> list[Op]:
+def _ops(r: Reader, node: yaml.Node, key: str) -> list[Op]:
     """``[nms, roi_align, {my_op: {remove: [Autograd]}}]``: a name, or a name with its fields."""
     if not isinstance(node, yaml.SequenceNode):
-        raise r.fail(node, key, f"expected a list, got {_kind(node)}")
+        raise r.fail(node, key, f"expected a list, got {kind(node)}")
     if not node.value:
         raise r.fail(node, key, "must not be empty")
     ops: list[Op] = []
@@ -426,7 +334,7 @@ def _ops(r: _Reader, node: yaml.Node, key: str) -> list[Op]:
     return ops
 
 
-def _keys(r: _Reader, node: yaml.Node, key: str) -> list[str]:
+def _keys(r: Reader, node: yaml.Node, key: str) -> list[str]:
     keys = []
     for j, (k, knode) in enumerate(r.str_list(node, key)):
         if k not in DISPATCH_KEYS:
@@ -439,7 +347,7 @@ def _keys(r: _Reader, node: yaml.Node, key: str) -> list[str]:
     return keys
 
 
-def _torch(r: _Reader, node: yaml.Node) -> TorchChannel:
+def _torch(r: Reader, node: yaml.Node) -> TorchChannel:
     m = r.mapping(node, "torch", {"channel": True, "version": True, "index": False})
     channel = r.scalar(m["channel"], "torch.channel")
     if channel not in CHANNELS:
@@ -452,7 +360,7 @@ def _torch(r: _Reader, node: yaml.Node) -> TorchChannel:
     return TorchChannel(channel=channel, version=version, index=index)
 
 
-def _check_torch_version(r: _Reader, node: yaml.Node, key: str, version: str, channel: str):
+def _check_torch_version(r: Reader, node: yaml.Node, key: str, version: str, channel: str):
     if channel == "nightly" and version == "latest":
         return
     try:
@@ -469,7 +377,7 @@ def _check_torch_version(r: _Reader, node: yaml.Node, key: str, version: str, ch
         raise r.fail(node, key, f"{version!r} is a nightly; set torch.channel: nightly")
 
 
-def _platforms(r: _Reader, node: yaml.Node) -> dict[str, Platform]:
+def _platforms(r: Reader, node: yaml.Node) -> dict[str, Platform]:
     if not isinstance(node, yaml.MappingNode) or not node.value:
         raise r.fail(node, "platforms", "expected a non-empty mapping of platform names")
     names = {k.value: k for k, _ in node.value if isinstance(k, yaml.ScalarNode)}
@@ -505,11 +413,11 @@ _OPFORGE_BUILD_VARIABLES = ("FORCE_CUDA", "FORCE_MPS", "TORCH_CUDA_ARCH_LIST",
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
-def _build_env(r: _Reader, node: yaml.Node, key: str, backend: Backend,
+def _build_env(r: Reader, node: yaml.Node, key: str, backend: Backend,
                toolkit: str | None) -> tuple[tuple[str, str], ...]:
     """A variant's ``build_env:`` mapping of NAME: value."""
     if not isinstance(node, yaml.MappingNode):
-        raise r.fail(node, key, f"expected a mapping of NAME: value, got {_kind(node)}")
+        raise r.fail(node, key, f"expected a mapping of NAME: value, got {kind(node)}")
     out: dict[str, str] = {}
     for name_node, value_node in node.value:
         name = r.scalar(name_node, key)
@@ -528,7 +436,7 @@ def _build_env(r: _Reader, node: yaml.Node, key: str, backend: Backend,
     return tuple(out.items())
 
 
-def _backend(r: _Reader, m: dict[str, yaml.Node], key: str, name: str, cuda: str | None,
+def _backend(r: Reader, m: dict[str, yaml.Node], key: str, name: str, cuda: str | None,
              mps: bool) -> Backend:
     """The variant's platform backend: ``backend:``, else cuda: / mps: true, else cpu."""
     implied = "cuda" if cuda is not None else "mps" if mps else None
@@ -548,7 +456,7 @@ def _backend(r: _Reader, m: dict[str, yaml.Node], key: str, name: str, cuda: str
     return platforms.get(chosen)
 
 
-def _check_platform_rules(r: _Reader, key: str, fields: dict[str, yaml.Node],
+def _check_platform_rules(r: Reader, key: str, fields: dict[str, yaml.Node],
                           platform_nodes: list[tuple[str, yaml.Node]], *,
                           variant: str | None = None, backend: Backend | None = None,
                           keys: list[str] | None = None, vnode: yaml.Node | None = None) -> None:
@@ -597,7 +505,7 @@ def _check_platform_rules(r: _Reader, key: str, fields: dict[str, yaml.Node],
                      "only macOS variants take a deployment target")
 
 
-def _variants(r: _Reader, node: yaml.Node, platforms: dict[str, Platform],
+def _variants(r: Reader, node: yaml.Node, platforms: dict[str, Platform],
               extension: Extension | None = None) -> list[Variant]:
     if not isinstance(node, yaml.SequenceNode) or not node.value:
         raise r.fail(node, "variants", "expected a non-empty list of variants")
