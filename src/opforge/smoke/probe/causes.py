@@ -15,6 +15,7 @@ import difflib
 import os
 import re
 
+from .checks import explained_by
 from .registrations import namespaces, op_names, orphan_kernels
 
 # causes after which every other failure is a consequence: nothing of the namespace works
@@ -393,7 +394,7 @@ class Diagnosis:
                   "in C++) for each" + ("" if must else "; or promise no Meta for them"),
                   status=status, ops=fake,
                   explains=[i for i in _problems(self.doc, ops=set(fake),
-                                                 categories=("census", "fake", "compile"))
+                                                 categories=("census", *explained_by("Meta")))
                             if i.endswith(":Meta") or not i.startswith("census:")])
 
     def _python_fake(self, qualname: str) -> bool:

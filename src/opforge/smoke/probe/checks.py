@@ -404,3 +404,8 @@ CHECKS = (
     Check("autocast", ("{autocast}", "{device}"), autocast_runs),
     Check("speed", (), speed_runs, skippable=False),
 )
+
+
+def explained_by(key: str) -> tuple[str, ...]:
+    """The checks whose failure the absence of dispatch key ``key`` explains (by their rows)."""
+    return tuple(check.name for check in CHECKS if key in check.explained_by)
