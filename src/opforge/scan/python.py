@@ -1,0 +1,171 @@
+"""Python registrations: ``torch.library`` calls and decorators (``custom_op``, ``define``,
+``Library`` + ``lib.impl``, ``register_fake`` / ``register_autograd`` / ``register_kernel`` ...)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from opforge.scan.model import ALIAS_KEYS, DEVICE_KEY, NOT_PACKAGES, Scan
+from opforge.scan.text import read_source, schema_name
+
+_PY_CALLS = {"custom_op", "define", "register_fake", "impl_abstract", "register_autograd",
+             "register_kernel", "register_autocast", "impl", "triton_op"}
+
+
+def python_schema_type(annotation: ast.expr | None) -> str | None:
+    """A Python annotation as a schema type (``torch.Tensor`` -> 'Tensor'), or None."""
+    if annotation is None:
+        return None
+    text = ast.unparse(annotation).replace("typing.", "").replace(" ", "")
+    optional = re.fullmatch(r"Optional\[(.*)\]", text) or re.fullmatch(r"(.*)\|None", text) or \
+        re.fullmatch(r"None\|(.*)", text)
+    if optional:
+        inner = python_schema_type(ast.parse(optional.group(1), mode="eval").body)
+        return f"{inner}?" if inner else None
+    text = text.replace("torch.", "")
+    seq = re.fullmatch(r"(?:list|List|Sequence|tuple|Tuple)\[(\w+)(?:,\.\.\.)?\]", text)
+    if seq:
+        inner = {"Tensor": "Tensor", "int": "int", "float": "float", "bool": "bool"}.get(
+            seq.group(1))
+        return f"{inner}[]" if inner else None
+    return {"Tensor": "Tensor", "int": "int", "float": "float", "bool": "bool", "str": "str",
+            "SymInt": "int", "Number": "Scalar", "dtype": "ScalarType",
+            "device": "Device"}.get(text)
+
+
+def _python_params(func: ast.FunctionDef, mutated: set[str]) -> str | None:
+    args = func.args
+    positional = [*args.posonlyargs, *args.args]
+    defaults = [None] * (len(positional) - len(args.defaults)) + list(args.defaults)
+    pairs = list(zip(positional, defaults)) + list(zip(args.kwonlyargs, args.kw_defaults))
+    out = []
+    for arg, default in pairs:
+        kind = python_schema_type(arg.annotation)
+        if kind is None:
+            return None
+        if arg.arg in mutated and kind == "Tensor":
+            kind = "Tensor(a!)"
+        out.append(f"{kind} {arg.arg}" + (f"={ast.unparse(default)}" if default else ""))
+    return ", ".join(out)
+
+
+def scan_python(scan: Scan, path: Path) -> None:
+    try:
+        tree = ast.parse(read_source(path))
+    except SyntaxError:
+        scan.notes.append(f"{path.relative_to(scan.root)}: not valid Python, skipped")
+        return
+    rel = path.relative_to(scan.root).as_posix()
+    libraries: dict[str, str] = {}  # variable -> namespace of torch.library.Library(ns, kind)
+    decorated: dict[int, ast.FunctionDef] = {}  # id(decorator call) -> the function
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
+                call_name(node.value.func) == "Library" and node.value.args and \
+                isinstance(node.value.args[0], ast.Constant):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    libraries[target.id] = str(node.value.args[0].value)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for deco in node.decorator_list:
+                decorated[id(deco)] = node
+        if isinstance(node, ast.Call) and call_name(node.func) == "load_library":
+            scan.saw(rel, "torch.ops.load_library (libraries the package loads)")
+    seen: dict[str, list[str]] = {}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or call_name(node.func) not in _PY_CALLS:
+            continue
+        kind = call_name(node.func)
+        args = [a.value if isinstance(a, ast.Constant) else None for a in node.args]
+        kwargs = {k.arg: k.value for k in node.keywords}
+        first = args[0] if args else _constant(kwargs.get("qualname") or kwargs.get("name"))
+        owner = node.func.value.id if isinstance(node.func, ast.Attribute) and \
+            isinstance(node.func.value, ast.Name) else None
+        torch_call = owner in libraries or owner in ("library", "torch") or \
+            ast.unparse(node.func).startswith("torch.library.")
+        if not isinstance(first, str):
+            if torch_call and kind in ("define", "custom_op", "register_kernel") and \
+                    node.args and not set(Path(rel).parts[:-1]) & NOT_PACKAGES:
+                scan.by_hand.append(f"{rel}:{node.lineno}: {ast.unparse(node.func)}(...) names "
+                                    "its op at run time: list the op under extension.ops in "
+                                    "matrix.yaml by hand")
+            continue
+        if owner in libraries and "::" not in first:
+            first = f"{libraries[owner]}::{first}"
+        ns, name = schema_name(first)
+        if ns is None or not name.isidentifier():
+            continue
+        op = scan.op(ns, name, rel)
+        seen.setdefault(kind, []).append(f"{ns}::{name}")
+        if kind in ("define", "custom_op", "triton_op"):
+            op.where = rel
+        if kind == "define":
+            # define("ns::op(Tensor x) -> Tensor") or define("ns::op", "(Tensor x) -> Tensor")
+            schema = first.split("::", 1)[1] if "::" in first else first
+            if "(" not in schema and len(args) > 1 and isinstance(args[1], str):
+                schema += args[1]
+            op.schema = schema if "(" in schema else op.schema
+            op.mutating = op.mutating or "!)" in schema
+        elif kind in ("custom_op", "triton_op"):
+            devices = _device_types(kwargs.get("device_types"))
+            op.keys.update({"Meta", "Autograd"})
+            op.keys.update([DEVICE_KEY.get(d, d.upper()) for d in devices]
+                           if devices else ALIAS_KEYS["CompositeExplicitAutograd"])
+            mutates = kwargs.get("mutates_args")
+            names = {e.value for e in getattr(mutates, "elts", []) if isinstance(e, ast.Constant)}
+            op.mutating = op.mutating or bool(names) or \
+                (isinstance(mutates, ast.Constant) and mutates.value == "unknown")
+            func = decorated.get(id(node))
+            if func is None and len(node.args) > 1 and isinstance(node.args[1], ast.Name):
+                func = next((f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)
+                             and f.name == node.args[1].id), None)
+            params = _python_params(func, names) if func is not None else None
+            if params is not None and not op.schema:
+                op.schema, op.inferred = f"{name}({params}) -> ...", True
+        elif kind in ("register_fake", "impl_abstract"):
+            op.keys.add("Meta")
+        elif kind == "register_autograd":
+            op.keys.add("Autograd")
+        elif kind in ("register_kernel", "register_autocast", "impl"):
+            # impl("ns::op", "cpu"), register_kernel("ns::op", ("cpu", "cuda"), fn),
+            # lib.impl("op", fn, "CPU")
+            device = next((a for a in args[1:] if isinstance(a, str)), None) or \
+                next((_device_types(a) for a in node.args[1:]
+                      if isinstance(a, (ast.Tuple, ast.List))), None) or \
+                _device_types(kwargs.get("device_types") or kwargs.get("dispatch_key")
+                              or kwargs.get("types"))
+            for d in _as_list(device):
+                if kind == "register_autocast":
+                    op.keys.add("Autocast" + DEVICE_KEY.get(d, d.upper()))
+                else:
+                    key = DEVICE_KEY.get(d, d)
+                    op.keys.update(ALIAS_KEYS.get(key, (key,)))
+            if device is None and kind == "register_kernel":
+                op.keys.update(ALIAS_KEYS["CompositeExplicitAutograd"])
+    for kind, names in seen.items():
+        scan.saw(rel, f"{kind}: {', '.join(dict.fromkeys(names))}")
+
+
+def call_name(func: ast.expr) -> str | None:
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    return func.id if isinstance(func, ast.Name) else None
+
+
+def _constant(node):
+    return node.value if isinstance(node, ast.Constant) else None
+
+
+def _as_list(value) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    return [v for v in value or [] if isinstance(v, str)]
+
+
+def _device_types(node) -> list[str]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, (ast.Tuple, ast.List)):
+        return [e.value for e in node.elts if isinstance(e, ast.Constant)]
+    return []
