@@ -12,6 +12,7 @@ import pytest
 from opforge import __version__, _release, init
 from opforge.cli import main
 from opforge.errors import OpforgeError, UsageError
+from opforge.init import callers
 from opforge.release import release, stamp, version_from_tag
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,7 +93,7 @@ def _ext(tmp_path: Path) -> Path:
 def test_init_from_an_unreleased_checkout_refuses_to_pin_its_commit(tmp_path, capsys,
                                                                    monkeypatch):
     monkeypatch.setattr(_release, "WORKFLOWS_COMMIT", "")
-    monkeypatch.setattr(init, "_source_commit",
+    monkeypatch.setattr(callers, "_source_commit",
                         lambda: ("cd" * 20, "the opforge checkout at /src/opforge", None))
     root = _ext(tmp_path)
     before = sorted(p.relative_to(root) for p in root.rglob("*"))
@@ -113,7 +114,7 @@ def test_init_from_this_development_tree_refuses_without_a_ref(tmp_path, capsys,
                           capture_output=True, text=True).stdout.split()
     if f"v{__version__}" in tags:
         pytest.skip("this checkout is the release's own commit")
-    if init._source_commit()[0] is None:
+    if callers._source_commit()[0] is None:
         pytest.skip("opforge is not imported from a git checkout here")
     assert main(["init", str(_ext(tmp_path)), "--dry-run"]) == 2
     assert "is not a release" in capsys.readouterr().err
@@ -130,7 +131,7 @@ def test_a_checkout_of_the_release_tag_is_a_release(tmp_path, monkeypatch):
     subprocess.run([*git, "commit", "-q", "-m", "release"], check=True)
     head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True,
                           check=True).stdout.strip()
-    monkeypatch.setattr(init, "_source_commit",
+    monkeypatch.setattr(callers, "_source_commit",
                         lambda: (head, f"the opforge checkout at {repo}", repo))
     with pytest.raises(UsageError, match="not a release"):
         init.workflows_pin()

@@ -1,0 +1,127 @@
+"""``opforge init``: write an extension's opforge configuration from its sources.
+
+``scan_extension`` (opforge.scan) reads the sources; ``plan_files`` renders matrix.yaml (with
+comments), a recipes stub, a three-line noxfile and three caller workflows (CI, nightly canary,
+bisect) that call opforge's reusable workflows pinned by commit; ``write_files`` writes all of
+them or none, never replacing a file unless asked. The extension's own files are never touched.
+
+``config`` decides matrix.yaml, the recipes stub and the noxfile from the scan; ``callers``
+writes the caller workflows and finds the commit they pin; this module plans and writes.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from opforge import _release
+from opforge.errors import UsageError
+from opforge.files import check_target, lookup, read_head, write_file
+from opforge.init.callers import WorkflowsPin, render_workflows, workflows_pin
+from opforge.init.config import (
+    CUDA_VARIANT,
+    DEFAULT_FLOOR,
+    DEFAULT_TORCH,
+    RECIPES_FILE,
+    check_copied,
+    choose_namespace,
+    render_matrix,
+    render_noxfile,
+    render_recipes,
+)
+from opforge.matrix import parse_matrix
+from opforge.scan import Scan, scan_extension
+
+__all__ = ["CUDA_VARIANT", "DEFAULT_FLOOR", "DEFAULT_TORCH", "RECIPES_FILE", "WorkflowsPin",
+           "check_copied", "choose_namespace", "plan_files", "render_matrix",
+           "render_noxfile", "render_recipes", "render_workflows", "repository_root",
+           "workflows_pin", "write_files"]
+
+
+def repository_root(root: Path) -> Path:
+    """The git repository ``root`` is in (workflows live at its top), else ``root``.
+
+    A repository is a folder holding a real ``.git``: a directory (not a link to one), or a
+    ``gitdir: PATH`` file (a worktree, a submodule) whose PATH is a directory. An empty or
+    any other file named ``.git`` in some ancestor decides nothing.
+    """
+    here = root.resolve()
+    for folder in (here, *here.parents):
+        if _is_git_dir(folder / ".git") or _git_file_points(folder / ".git"):
+            return folder
+    return here
+
+
+def _is_git_dir(path: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def _git_file_points(path: Path) -> bool:
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return False
+        first = read_head(path, 4096).decode("utf-8", "replace").splitlines()
+    except (OSError, UsageError):
+        return False
+    if not first or not first[0].startswith("gitdir:"):
+        return False
+    target = Path(first[0][len("gitdir:"):].strip())
+    return _is_git_dir(target if target.is_absolute() else path.parent / target)
+
+
+def plan_files(root: Path, *, torch_version: str = DEFAULT_TORCH, python: str = "3.11",
+               workflows_ref: str | None = None) -> tuple[Scan, dict[Path, str]]:
+    root = Path(root)
+    info = lookup(root, what="the extension's directory")
+    if info is None or not stat.S_ISDIR(info.st_mode):
+        raise UsageError(f"{root}: no such directory")
+    scan = scan_extension(root)
+    check_copied(scan)
+    if not (root / "pyproject.toml").is_file() and not (root / "setup.py").is_file():
+        raise UsageError(f"no op extension in {root}: no pyproject.toml or setup.py to build it")
+    if scan.package is None:
+        raise UsageError(f"no Python package (a directory with __init__.py) in {root}")
+    matrix_text = render_matrix(scan, torch_version, python)
+    try:  # never write a matrix that opforge itself would refuse (--torch banana)
+        parse_matrix(matrix_text, root / "matrix.yaml")
+    except UsageError as exc:
+        raise UsageError(f"the matrix.yaml init would write is not valid ({exc}); check "
+                         "--torch and --python") from None
+    pin = workflows_pin(workflows_ref)
+    repo = repository_root(root)
+    matrix_file = (root.resolve() / "matrix.yaml").relative_to(repo).as_posix()
+    files = {root / "matrix.yaml": matrix_text,
+             root / RECIPES_FILE: render_recipes(scan),
+             root / "noxfile.py": render_noxfile()}
+    for name, text in render_workflows(matrix_text, matrix_file, pin).items():
+        files[repo / ".github" / "workflows" / name] = text
+    scan.notes.append(f"workflows pinned to {_release.WORKFLOWS_REPOSITORY}@{pin.commit[:12]} "
+                      f"(from {pin.source}); they install {pin.opforge}")
+    return scan, files
+
+
+def _write_root(path: Path) -> Path:
+    """The folder a written file must stay under: the repository for a workflow (so a
+    symlinked ``.github`` is refused), else the file's own folder."""
+    if path.parent.name == "workflows" and path.parent.parent.name == ".github":
+        return path.parents[2]
+    return path.parent
+
+
+def write_files(files: dict[Path, str], force: bool) -> list[Path]:
+    """All of them or none: every target is checked before any write (an existing file is
+    refused unless ``force``; a link, FIFO or directory where a file goes, or a link among
+    the folders, always), then each is written under its folder without following links."""
+    existing = [p for p in files if check_target(p, root=_write_root(p), what="init")]
+    if existing and not force:
+        raise UsageError("would overwrite " + ", ".join(str(p) for p in existing)
+                         + " (--force to replace them, --dry-run to see what would be written)")
+    written: list[Path] = []
+    for path, text in files.items():
+        write_file(path, text, root=_write_root(path), what="init")
+        written.append(path)
+    return written
