@@ -156,7 +156,7 @@ def test_xpu_variant_is_validated_by_its_module(tmp_path):
         tmp_path, XPU.replace("backend: xpu", "backend: cuda\n    cuda: \"13.0\""))
     assert "unknown backend 'tpu' (known: cpu, cuda, mps, rocm, xpu" in \
         _refused(tmp_path, XPU.replace("backend: xpu", "backend: tpu"))
-    assert "mps: makes variant 'xpu' a mps variant, but it says backend: xpu" in \
+    assert "mps: true makes variant 'xpu' a MPS variant, but it says backend: xpu" in \
         _refused(tmp_path, XPU + "    mps: true\n")
 
 

@@ -449,10 +449,10 @@ def _backend(r: Reader, m: dict[str, yaml.Node], key: str, name: str, cuda: str 
         raise r.fail(m["backend"], f"{key}.backend", f"unknown backend {chosen!r} (known: "
                                                      f"{', '.join(platforms.names())})")
     if implied and chosen != implied:
-        spelled = "cuda" if cuda is not None else "mps"
+        spelled, what = ("cuda", f"cuda: {cuda}") if cuda is not None else ("mps", "mps: true")
         raise r.fail(m[spelled], f"{key}.{spelled}",
-                     f"{spelled}: makes variant {name!r} a {implied} variant, but it says "
-                     f"backend: {chosen}")
+                     f"{what} makes variant {name!r} a {platforms.get(implied).title} variant, "
+                     f"but it says backend: {chosen}")
     return platforms.get(chosen)
 
 
