@@ -43,6 +43,20 @@ def test_quantized_roi_align_is_float_roi_align_requantized(dtype, aligned):
     assert (out.int_repr().long() - expected).abs().max() <= 1  # rounding of a float sum, at most one step
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_quantized_roi_align_same_roi_alone_or_among_many(dtype):
+    # One roi on a 40x40 image is sampled plane by plane; 300 rois make the C++ kernel sample a
+    # channels-last copy of the image instead: each roi gets the same integers either way.
+    x = quantize(torch.rand(1, 20, 40, 40) * 4, 0.05, 3, dtype)
+    xy = torch.rand(300, 2) * 28
+    rois = torch.cat([torch.zeros(300, 1), xy, xy + torch.rand(300, 2) * 8 + 1], dim=1)
+    qrois = quantize(rois, 0.125, 0, dtype)
+    many = opforge_ops.roi_align(x, qrois, (3, 3), 1.0, 2, True)
+    for i in (0, 17, 299):
+        alone = opforge_ops.roi_align(x, qrois[i : i + 1], (3, 3), 1.0, 2, True)
+        assert torch.equal(alone.int_repr(), many[i : i + 1].int_repr()), i
+
+
 def test_quantized_roi_align_rejects_float_rois_and_batches():
     x = quantize(torch.rand(1, 2, 6, 6), 0.05, 3, torch.quint8)
     with pytest.raises(ValueError, match="quantized"):

@@ -119,6 +119,23 @@ inline int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
 
+// One task of the sampling loops (im2col, the offset and mask gradients): a block of output
+// positions [p0, p1) of one kernel tap, offset group and image. Tasks are numbered image-major,
+// then offset group, then tap, then block.
+struct SamplingTask {
+  int64_t local_image, offset_group, tap, p0, p1;
+};
+
+inline SamplingTask sampling_task(int64_t t, int64_t blocks, int64_t kk, int64_t offset_groups,
+                                  int64_t out_size) {
+  const int64_t block = t % blocks;
+  t /= blocks;
+  const int64_t tap = t % kk;
+  t /= kk;
+  const int64_t p0 = block * kPositionBlock;
+  return {t / offset_groups, t % offset_groups, tap, p0, std::min(out_size, p0 + kPositionBlock)};
+}
+
 // columns[(c * kk + tap), local_image * out_size + p] =
 //     mask * bilinear(input[image, c], y(p, tap), x(p, tap))
 template <typename scalar_t>
@@ -139,16 +156,10 @@ void deformable_im2col(const Geometry& g, const scalar_t* input, const scalar_t*
         std::vector<Corners<scalar_t>> corners(kPositionBlock);
         std::vector<scalar_t> masks(kPositionBlock);
         for (int64_t t = begin; t < end; ++t) {
-          int64_t rest = t;
-          const int64_t block = rest % blocks;
-          rest /= blocks;
-          const int64_t tap = rest % kk;
-          rest /= kk;
-          const int64_t og = rest % g.offset_groups;
-          const int64_t local = rest / g.offset_groups;
+          const SamplingTask task = sampling_task(t, blocks, kk, g.offset_groups, out_size);
+          const int64_t tap = task.tap, og = task.offset_group, local = task.local_image;
           const int64_t image = first_image + local;
-          const int64_t p0 = block * kPositionBlock;
-          const int64_t p1 = std::min(out_size, p0 + kPositionBlock);
+          const int64_t p0 = task.p0, p1 = task.p1;
           compute_block_corners(g, offset, mask, image, og, tap, p0, p1, corners.data(),
                                 masks.data());
           for (int64_t c = og * cpg; c < (og + 1) * cpg; ++c) {
@@ -251,16 +262,10 @@ void deformable_col2im_coord(const Geometry& g, const scalar_t* grad_columns, co
         std::vector<scalar_t> masks(kPositionBlock);
         std::vector<scalar_t> acc_y(kPositionBlock), acc_x(kPositionBlock), acc_v(kPositionBlock);
         for (int64_t t = begin; t < end; ++t) {
-          int64_t rest = t;
-          const int64_t block = rest % blocks;
-          rest /= blocks;
-          const int64_t tap = rest % kk;
-          rest /= kk;
-          const int64_t og = rest % g.offset_groups;
-          const int64_t local = rest / g.offset_groups;
+          const SamplingTask task = sampling_task(t, blocks, kk, g.offset_groups, out_size);
+          const int64_t tap = task.tap, og = task.offset_group, local = task.local_image;
           const int64_t image = first_image + local;
-          const int64_t p0 = block * kPositionBlock;
-          const int64_t p1 = std::min(out_size, p0 + kPositionBlock);
+          const int64_t p0 = task.p0, p1 = task.p1;
           const int64_t n = p1 - p0;
           compute_block_corners(g, offset, mask, image, og, tap, p0, p1, corners.data(),
                                 masks.data());

@@ -12,6 +12,7 @@
 
 #include "../common.h"
 #include "parallel_policy.h"
+#include "ps_roi_common.h"
 #include "roi_grid.h"
 
 namespace opforge::cpu {
@@ -64,7 +65,18 @@ void ps_roi_align_forward_impl(const Tensor& input, const Tensor& rois, Tensor& 
       }
       const int64_t c_first = c_out * bins;
       const scalar_t* planes = in + (grid.batch_index * channels + c_first) * plane_size;
+      // Each bin reads another plane: ask for a bin's first sample kAhead bins on (the next
+      // output channel's planes follow this one's).
+      const int64_t ahead_end = (c_out + 1 < channels_out ? 2 : 1) * bins;
       for (int64_t bin = 0; bin < bins; ++bin) {
+        const int64_t next = bin + kAhead;
+        if (next < ahead_end) {
+          const int64_t t = grid.bin_begin[next % bins];
+          if (t < grid.bin_begin[next % bins + 1]) {
+            prefetch(planes + next * plane_size + grid.taps[t].pos[0]);
+            prefetch(planes + next * plane_size + grid.taps[t].pos[3]);
+          }
+        }
         const scalar_t* p = planes + bin * plane_size;
         acc_t sum = 0;
         for (int64_t t = grid.bin_begin[bin]; t < grid.bin_begin[bin + 1]; ++t) {
@@ -97,41 +109,61 @@ void ps_roi_align_backward_impl(const Tensor& grad, const Tensor& rois,
   const int64_t per_roi = grad.size(1) * bins;  // grad entries of one roi
   const scalar_t* g = grad.const_data_ptr<scalar_t>();
   const scalar_t* roi_p = rois.const_data_ptr<scalar_t>();
-  const int32_t* mapping = channel_mapping.const_data_ptr<int32_t>();
   acc_t* gi = grad_input.mutable_data_ptr<acc_t>();
 
-  // Each chunk owns a range of input channels and adds only the grad entries mapped there.
-  // A grad entry spreads over one bin's samples; each chunk also reads every entry's mapping.
+  // Every roi's grid once; then its taps bin-major (the entries of one input channel, one bin
+  // under the forward's mapping, read them in roi order): bin b of roi n has the taps
+  // taps[tap_begin[b * num_rois + n]] .. taps[tap_begin[b * num_rois + n + 1] - 1]. Each chunk
+  // of input channels adds its own grad entries (ps_roi_common.h).
   const int64_t samples =
       samples_per_roi(roi_p, num_rois, spatial_scale, pooled_h, pooled_w, sampling_ratio);
+  std::vector<Tap<acc_t>> taps;
+  std::vector<int64_t> tap_begin(bins * num_rois + 1, 0);
+  std::vector<acc_t> count(num_rois);
+  std::vector<int64_t> batch_index(num_rois);
+  {
+    std::vector<RoiGrid<acc_t>> grids(num_rois);
+    parallel_for_work(num_rois, 4 * samples, [&](int64_t begin, int64_t end) {
+      for (int64_t n = begin; n < end; ++n) {
+        compute_roi_grid<scalar_t, acc_t>("_ps_roi_align_backward", grids[n], roi_p + n * 5,
+                                          static_cast<acc_t>(spatial_scale), height, width,
+                                          pooled_h, pooled_w, sampling_ratio, /*aligned=*/true);
+      }
+    });
+    int64_t total = 0;
+    for (int64_t n = 0; n < num_rois; ++n) {
+      total += static_cast<int64_t>(grids[n].taps.size());
+      count[n] = grids[n].count;
+      batch_index[n] = grids[n].batch_index;
+    }
+    taps.reserve(total);
+    for (int64_t bin = 0; bin < bins; ++bin) {
+      for (int64_t n = 0; n < num_rois; ++n) {
+        const RoiGrid<acc_t>& grid = grids[n];
+        taps.insert(taps.end(), grid.taps.begin() + grid.bin_begin[bin],
+                    grid.taps.begin() + grid.bin_begin[bin + 1]);
+        tap_begin[bin * num_rois + n + 1] = static_cast<int64_t>(taps.size());
+      }
+    }
+  }
+  const int32_t* mapping = channel_mapping.const_data_ptr<int32_t>();
+  const bool forward_mapping = is_forward_mapping(mapping, num_rois, per_roi);
   const int64_t work = total_work(total_work(num_rois, per_roi), 1 + 4 * samples / bins);
   parallel_for_work(
       channels, work / std::max<int64_t>(channels, 1), [&](int64_t c_begin, int64_t c_end) {
-        RoiGrid<acc_t> grid;
-        for (int64_t n = 0; n < num_rois; ++n) {
-          bool built = false;
-          for (int64_t e = 0; e < per_roi; ++e) {
-            const int64_t c_in = mapping[n * per_roi + e];
-            if (c_in < c_begin || c_in >= c_end) {
-              continue;
-            }
-            if (!built) {
-              compute_roi_grid<scalar_t, acc_t>(
-                  "_ps_roi_align_backward", grid, roi_p + n * 5, static_cast<acc_t>(spatial_scale),
-                  height, width, pooled_h, pooled_w, sampling_ratio, /*aligned=*/true);
-              built = true;
-            }
-            const int64_t bin = e % bins;
-            const acc_t value = static_cast<acc_t>(g[n * per_roi + e]) / grid.count;
-            acc_t* plane = gi + (grid.batch_index * channels + c_in) * plane_size;
-            for (int64_t t = grid.bin_begin[bin]; t < grid.bin_begin[bin + 1]; ++t) {
-              const Tap<acc_t>& tap = grid.taps[t];
-              for (int q = 0; q < 4; ++q) {
-                plane[tap.pos[q]] += tap.w[q] * value;
-              }
-            }
-          }
-        }
+        for_each_owned_entry(mapping, forward_mapping, g, num_rois, per_roi, bins, c_begin, c_end,
+                             [&](int64_t n, int64_t e, int64_t bin, int64_t c_in) {
+                               const int64_t at = bin * num_rois + n;
+                               const acc_t value =
+                                   static_cast<acc_t>(g[n * per_roi + e]) / count[n];
+                               acc_t* plane = gi + (batch_index[n] * channels + c_in) * plane_size;
+                               for (int64_t t = tap_begin[at]; t < tap_begin[at + 1]; ++t) {
+                                 const Tap<acc_t>& tap = taps[t];
+                                 for (int q = 0; q < 4; ++q) {
+                                   plane[tap.pos[q]] += tap.w[q] * value;
+                                 }
+                               }
+                             });
       });
 }
 
@@ -139,24 +171,14 @@ std::tuple<Tensor, Tensor> ps_roi_align_forward_kernel(const Tensor& input, cons
                                                        double spatial_scale, int64_t pooled_height,
                                                        int64_t pooled_width,
                                                        int64_t sampling_ratio) {
-  check_ps_roi_inputs("ps_roi_align", input, rois, pooled_height, pooled_width);
   check_sampling_ratio("ps_roi_align", sampling_ratio, pooled_height, pooled_width);
-  const int64_t channels_out = input.size(1) / (pooled_height * pooled_width);
-  const std::vector<int64_t> shape{rois.size(0), channels_out, pooled_height, pooled_width};
-  Tensor output = alloc_empty(input, shape);
-  Tensor channel_mapping = alloc_empty(input, shape, ScalarType::Int);
-  if (output.numel() == 0) {
-    return {output, channel_mapping};
-  }
-  const Tensor input_c = as_contiguous(input);
-  const Tensor rois_c = as_contiguous(rois);
-  OPFORGE_DISPATCH_FLOATING_TYPES(input.scalar_type(), "opforge_ps_roi_align_forward_cpu", [&] {
-    check_rois_values("ps_roi_align", rois_c.const_data_ptr<scalar_t>(), rois_c.size(0),
-                      input.size(0));
-    ps_roi_align_forward_impl<scalar_t>(input_c, rois_c, output, channel_mapping, spatial_scale,
-                                        pooled_height, pooled_width, sampling_ratio);
-  });
-  return {output, channel_mapping};
+  return ps_roi_forward("ps_roi_align", input, rois, pooled_height, pooled_width,
+                        [&](auto scalar, const Tensor& input_c, const Tensor& rois_c,
+                            Tensor& output, Tensor& channel_mapping) {
+                          ps_roi_align_forward_impl<decltype(scalar)>(
+                              input_c, rois_c, output, channel_mapping, spatial_scale,
+                              pooled_height, pooled_width, sampling_ratio);
+                        });
 }
 
 Tensor ps_roi_align_backward_kernel(const Tensor& grad, const Tensor& rois,
@@ -164,25 +186,15 @@ Tensor ps_roi_align_backward_kernel(const Tensor& grad, const Tensor& rois,
                                     int64_t pooled_height, int64_t pooled_width,
                                     int64_t sampling_ratio, int64_t batch_size, int64_t channels,
                                     int64_t height, int64_t width) {
-  constexpr const char* op = "_ps_roi_align_backward";
-  check_ps_roi_backward_inputs(op, grad, rois, channel_mapping, pooled_height, pooled_width,
-                               batch_size, channels, height, width);
-  check_sampling_ratio(op, sampling_ratio, pooled_height, pooled_width);
-  const auto acc_dtype = opmath_dtype(grad.scalar_type());
-  Tensor grad_input = alloc_zeros(grad, {batch_size, channels, height, width}, acc_dtype);
-  if (grad.numel() == 0 || grad_input.numel() == 0) {
-    return to_dtype(grad_input, grad.scalar_type());
-  }
-  const Tensor grad_c = as_contiguous(grad);
-  const Tensor rois_c = as_contiguous(rois);
-  const Tensor mapping_c = as_contiguous(channel_mapping);
-  check_channel_mapping_values(op, mapping_c, channels);
-  OPFORGE_DISPATCH_FLOATING_TYPES(grad.scalar_type(), "opforge_ps_roi_align_backward_cpu", [&] {
-    check_rois_values(op, rois_c.const_data_ptr<scalar_t>(), rois_c.size(0), batch_size);
-    ps_roi_align_backward_impl<scalar_t>(grad_c, rois_c, mapping_c, grad_input, spatial_scale,
-                                         pooled_height, pooled_width, sampling_ratio);
-  });
-  return to_dtype(grad_input, grad.scalar_type());
+  check_sampling_ratio("_ps_roi_align_backward", sampling_ratio, pooled_height, pooled_width);
+  return ps_roi_backward("_ps_roi_align_backward", grad, rois, channel_mapping, pooled_height,
+                         pooled_width, batch_size, channels, height, width,
+                         [&](auto scalar, const Tensor& grad_c, const Tensor& rois_c,
+                             const Tensor& mapping_c, Tensor& grad_input) {
+                           ps_roi_align_backward_impl<decltype(scalar)>(
+                               grad_c, rois_c, mapping_c, grad_input, spatial_scale, pooled_height,
+                               pooled_width, sampling_ratio);
+                         });
 }
 
 }  // namespace

@@ -174,14 +174,21 @@ void roi_align_backward_impl(const Tensor& grad, const Tensor& rois, Tensor& gra
 
   const int64_t samples =
       samples_per_roi(roi_p, num_rois, spatial_scale, pooled_h, pooled_w, sampling_ratio);
-  // Each chunk owns a range of channels: every roi adds only into its own channel planes.
+  // Every roi's grid once; then each chunk owns a range of channels and every roi adds only
+  // into its own channel planes (a chunk costs no set-up: on a busy machine a thread that
+  // starts late takes fewer chunks without repeating work).
+  std::vector<RoiGrid<acc_t>> grids(num_rois);
+  parallel_for_work(num_rois, 4 * samples, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      compute_roi_grid<scalar_t, acc_t>("_roi_align_backward", grids[n], roi_p + n * 5,
+                                        static_cast<acc_t>(spatial_scale), height, width, pooled_h,
+                                        pooled_w, sampling_ratio, aligned);
+    }
+  });
   parallel_for_work(
       channels, 4 * total_work(num_rois, samples), [&](int64_t c_begin, int64_t c_end) {
-        RoiGrid<acc_t> grid;
         for (int64_t n = 0; n < num_rois; ++n) {
-          compute_roi_grid<scalar_t, acc_t>("_roi_align_backward", grid, roi_p + n * 5,
-                                            static_cast<acc_t>(spatial_scale), height, width,
-                                            pooled_h, pooled_w, sampling_ratio, aligned);
+          const RoiGrid<acc_t>& grid = grids[n];
           for (int64_t c = c_begin; c < c_end; ++c) {
             const scalar_t* g_plane = g + (n * channels + c) * bins;
             acc_t* gi_plane = gi + (grid.batch_index * channels + c) * height * width;

@@ -137,6 +137,67 @@ void compute_roi_grid(const char* op, RoiGrid<acc_t>& grid, const scalar_t* roi,
   }
 }
 
+// The quantized bins of the pooling kernels (roi_pool, ps_roi_pool): per output row (column),
+// the half-open range of input rows (columns) it covers.
+struct PoolBins {
+  int64_t batch_index = 0;
+  std::vector<int64_t> h_start, h_end, w_start, w_end;
+};
+
+// Rounds half away from zero; the clamp keeps far-away rois finite in int64.
+inline int64_t round_coordinate(double value) {
+  return static_cast<int64_t>(std::round(std::clamp(value, -1e15, 1e15)));
+}
+
+// roi_pool's roi covers its end pixel (extent end - start + 1) and its bins reach the plane's
+// last row and column; ps_roi_pool's, as torchvision's, stops before them (extent end -
+// start, bins clamped to size - 1). Malformed rois are forced to be at least 1x1.
+template <typename scalar_t>
+void compute_pool_bins(PoolBins& bins, const scalar_t* roi, double spatial_scale, int64_t height,
+                       int64_t width, int64_t pooled_h, int64_t pooled_w, bool position_sensitive) {
+  using acc_t = opmath_t<scalar_t>;
+  const acc_t scale = static_cast<acc_t>(spatial_scale);
+  bins.batch_index = static_cast<int64_t>(roi[0]);
+  const int64_t start_w = round_coordinate(static_cast<acc_t>(roi[1]) * scale);
+  const int64_t start_h = round_coordinate(static_cast<acc_t>(roi[2]) * scale);
+  const int64_t end_w = round_coordinate(static_cast<acc_t>(roi[3]) * scale);
+  const int64_t end_h = round_coordinate(static_cast<acc_t>(roi[4]) * scale);
+  const int64_t inclusive = position_sensitive ? 0 : 1;
+  const acc_t bin_h = static_cast<acc_t>(std::max<int64_t>(end_h - start_h + inclusive, 1)) /
+                      static_cast<acc_t>(pooled_h);
+  const acc_t bin_w = static_cast<acc_t>(std::max<int64_t>(end_w - start_w + inclusive, 1)) /
+                      static_cast<acc_t>(pooled_w);
+  auto fill = [](std::vector<int64_t>& lo, std::vector<int64_t>& hi, int64_t pooled, acc_t bin,
+                 int64_t start, int64_t limit) {
+    lo.resize(pooled);
+    hi.resize(pooled);
+    for (int64_t p = 0; p < pooled; ++p) {
+      const auto a = static_cast<int64_t>(std::floor(static_cast<acc_t>(p) * bin));
+      const auto b = static_cast<int64_t>(std::ceil(static_cast<acc_t>(p + 1) * bin));
+      lo[p] = std::clamp<int64_t>(a + start, 0, limit);
+      hi[p] = std::clamp<int64_t>(b + start, 0, limit);
+    }
+  };
+  const int64_t last = position_sensitive ? 1 : 0;
+  fill(bins.h_start, bins.h_end, pooled_h, bin_h, start_h, std::max<int64_t>(height - last, 0));
+  fill(bins.w_start, bins.w_end, pooled_w, bin_w, start_w, std::max<int64_t>(width - last, 0));
+}
+
+// Asks for the cache line at p before it is read (or written: for_write): the pooling loops
+// read a few pixels from a different plane per bin, and wait on memory, not arithmetic.
+inline void prefetch(const void* p, bool for_write = false) {
+#if defined(__GNUC__) || defined(__clang__)
+  if (for_write) {
+    __builtin_prefetch(p, 1);
+  } else {
+    __builtin_prefetch(p, 0);
+  }
+#else
+  (void)p;
+  (void)for_write;
+#endif
+}
+
 // Sampled points per roi (valid or not), about: what one roi costs per channel.
 template <typename scalar_t>
 int64_t samples_per_roi(const scalar_t* roi_p, int64_t num_rois, double spatial_scale,

@@ -16,45 +16,6 @@
 namespace opforge::cpu {
 namespace {
 
-// Half-open ranges [start, end) of input rows and columns covered by each bin.
-struct RoiBins {
-  std::vector<int64_t> h_start, h_end, w_start, w_end;
-};
-
-// Rounds a roi coordinate to the input grid; the clamp keeps far-away rois finite in int64.
-inline int64_t round_coordinate(double value) {
-  return static_cast<int64_t>(std::round(std::clamp(value, -1e15, 1e15)));
-}
-
-template <typename scalar_t>
-void compute_bins(RoiBins& bins, const scalar_t* roi, double spatial_scale, int64_t height,
-                  int64_t width, int64_t pooled_h, int64_t pooled_w) {
-  using acc_t = opmath_t<scalar_t>;
-  const acc_t scale = static_cast<acc_t>(spatial_scale);
-  const int64_t start_w = round_coordinate(static_cast<acc_t>(roi[1]) * scale);
-  const int64_t start_h = round_coordinate(static_cast<acc_t>(roi[2]) * scale);
-  const int64_t end_w = round_coordinate(static_cast<acc_t>(roi[3]) * scale);
-  const int64_t end_h = round_coordinate(static_cast<acc_t>(roi[4]) * scale);
-  // Malformed rois are forced to be at least 1x1.
-  const int64_t roi_w = std::max<int64_t>(end_w - start_w + 1, 1);
-  const int64_t roi_h = std::max<int64_t>(end_h - start_h + 1, 1);
-  const acc_t bin_h = static_cast<acc_t>(roi_h) / static_cast<acc_t>(pooled_h);
-  const acc_t bin_w = static_cast<acc_t>(roi_w) / static_cast<acc_t>(pooled_w);
-  auto fill = [](std::vector<int64_t>& lo, std::vector<int64_t>& hi, int64_t pooled, acc_t bin,
-                 int64_t start, int64_t limit) {
-    lo.resize(pooled);
-    hi.resize(pooled);
-    for (int64_t p = 0; p < pooled; ++p) {
-      const int64_t a = static_cast<int64_t>(std::floor(static_cast<acc_t>(p) * bin));
-      const int64_t b = static_cast<int64_t>(std::ceil(static_cast<acc_t>(p + 1) * bin));
-      lo[p] = std::clamp<int64_t>(a + start, 0, limit);
-      hi[p] = std::clamp<int64_t>(b + start, 0, limit);
-    }
-  };
-  fill(bins.h_start, bins.h_end, pooled_h, bin_h, start_h, height);
-  fill(bins.w_start, bins.w_end, pooled_w, bin_w, start_w, width);
-}
-
 // Channels-first: each (roi, channel) scans its plane's bins.
 template <typename scalar_t>
 void roi_pool_forward_planes(const Tensor& input, const Tensor& rois, Tensor& output,
@@ -73,18 +34,17 @@ void roi_pool_forward_planes(const Tensor& input, const Tensor& rois, Tensor& ou
   const int64_t pixels = pixels_per_roi(roi_p, num_rois, spatial_scale, height, width);
 
   parallel_for_work(num_rois * channels, pixels + bins_per_plane, [&](int64_t begin, int64_t end) {
-    RoiBins bins;
+    PoolBins bins;
     int64_t current = -1;
-    int64_t batch_index = 0;
     for (int64_t index = begin; index < end; ++index) {
       const int64_t n = index / channels;
       const int64_t c = index % channels;
       if (n != current) {
-        compute_bins(bins, roi_p + n * 5, spatial_scale, height, width, pooled_h, pooled_w);
-        batch_index = static_cast<int64_t>(roi_p[n * 5]);
+        compute_pool_bins(bins, roi_p + n * 5, spatial_scale, height, width, pooled_h, pooled_w,
+                          /*position_sensitive=*/false);
         current = n;
       }
-      const scalar_t* plane = in + (batch_index * channels + c) * height * width;
+      const scalar_t* plane = in + (bins.batch_index * channels + c) * height * width;
       scalar_t* out_plane = out + index * bins_per_plane;
       int32_t* arg_plane = arg + index * bins_per_plane;
       for (int64_t ph = 0; ph < pooled_h; ++ph) {
@@ -121,12 +81,13 @@ void roi_pool_forward_channels_last(const elem_t* in, const scalar_t* roi_p, sca
                                     int64_t pooled_h, int64_t pooled_w, int64_t pixels) {
   const int64_t bins = pooled_h * pooled_w;
   parallel_for_work(num_rois, (pixels + bins) * channels, [&](int64_t begin, int64_t end) {
-    RoiBins rb;
+    PoolBins rb;
     std::vector<elem_t> best(channels);
     std::vector<int32_t> best_index(channels);
     for (int64_t n = begin; n < end; ++n) {
-      compute_bins(rb, roi_p + n * 5, spatial_scale, height, width, pooled_h, pooled_w);
-      const elem_t* image = in + static_cast<int64_t>(roi_p[n * 5]) * height * width * channels;
+      compute_pool_bins(rb, roi_p + n * 5, spatial_scale, height, width, pooled_h, pooled_w,
+                        /*position_sensitive=*/false);
+      const elem_t* image = in + rb.batch_index * height * width * channels;
       scalar_t* out_roi = out + n * channels * bins;
       int32_t* arg_roi = arg + n * channels * bins;
       for (int64_t ph = 0; ph < pooled_h; ++ph) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "../../common.h"
+#include "../../cpu/iou_threshold.h"
 
 namespace opforge::quantized_cpu {
 namespace {
@@ -25,38 +26,35 @@ at::Tensor nms_impl(const at::Tensor& dets, const at::Tensor& scores, double iou
   const at::Tensor boxes = dets.int_repr().contiguous();
   const int_t* b = boxes.data_ptr<int_t>();
 
-  // Coordinates as floats, areas from integer differences (as exact as the representation).
+  // Coordinates as floats in score order, areas from integer differences (as exact as the
+  // representation): the suppression loop streams four arrays and does not branch.
   std::vector<float> x1(n), y1(n), x2(n), y2(n), area(n);
-  for (int64_t i = 0; i < n; ++i) {
-    const int_t* box = b + i * 4;
-    x1[i] = static_cast<float>(box[0]);
-    y1[i] = static_cast<float>(box[1]);
-    x2[i] = static_cast<float>(box[2]);
-    y2[i] = static_cast<float>(box[3]);
-    area[i] = static_cast<float>((static_cast<int64_t>(box[2]) - box[0]) *
+  for (int64_t k = 0; k < n; ++k) {
+    const int_t* box = b + order[k] * 4;
+    x1[k] = static_cast<float>(box[0]);
+    y1[k] = static_cast<float>(box[1]);
+    x2[k] = static_cast<float>(box[2]);
+    y2[k] = static_cast<float>(box[3]);
+    area[k] = static_cast<float>((static_cast<int64_t>(box[2]) - box[0]) *
                                  (static_cast<int64_t>(box[3]) - box[1]));
   }
+  const float threshold = cpu::threshold_at_or_below<float>(iou_threshold);
   std::vector<uint8_t> suppressed(n, 0);
   std::vector<int64_t> keep;
   keep.reserve(n);
-  for (int64_t oi = 0; oi < n; ++oi) {
-    const int64_t i = order[oi];
+  for (int64_t i = 0; i < n; ++i) {
     if (suppressed[i]) {
       continue;
     }
-    keep.push_back(i);
-    for (int64_t oj = oi + 1; oj < n; ++oj) {
-      const int64_t j = order[oj];
-      if (suppressed[j]) {
-        continue;
-      }
-      const float w = std::max(0.f, std::min(x2[i], x2[j]) - std::max(x1[i], x1[j]));
-      const float h = std::max(0.f, std::min(y2[i], y2[j]) - std::max(y1[i], y1[j]));
+    keep.push_back(order[i]);
+    const float ix1 = x1[i], iy1 = y1[i], ix2 = x2[i], iy2 = y2[i], iarea = area[i];
+    // Suppressing an already suppressed box again changes nothing: no test of suppressed[j].
+    for (int64_t j = i + 1; j < n; ++j) {
+      const float w = std::max(0.f, std::min(ix2, x2[j]) - std::max(ix1, x1[j]));
+      const float h = std::max(0.f, std::min(iy2, y2[j]) - std::max(iy1, y1[j]));
       const float inter = w * h;
-      const float iou = inter / (area[i] + area[j] - inter);
-      if (iou > iou_threshold) {
-        suppressed[j] = 1;
-      }
+      const float iou = inter / (iarea + area[j] - inter);
+      suppressed[j] |= static_cast<uint8_t>(iou > threshold);
     }
   }
   at::Tensor result = at::empty({static_cast<int64_t>(keep.size())},

@@ -15,44 +15,108 @@
 #include <vector>
 
 #include "../../common.h"
+#include "../../cpu/channels_last.h"
+#include "../../cpu/parallel_policy.h"
+#include "../../cpu/roi_grid.h"
 
 namespace opforge::quantized_cpu {
 namespace {
 
-// One bilinear sample of a bin: four neighbours in the H*W plane and their weights
-// (all zero for a sample outside the image).
-struct Sample {
-  int64_t pos[4];
-  float w[4];
-};
+// Per bin, the sum of its taps' weights, in the order the taps are summed: what the zero
+// point contributes to the bin's sum of raw values. (A sample outside the image has no tap:
+// its weights are zero and adding them changes nothing.)
+inline void bin_weights(const cpu::RoiGrid<float>& grid, float* sum_w, int64_t bins) {
+  for (int64_t bin = 0; bin < bins; ++bin) {
+    float w = 0.f;
+    for (int64_t t = grid.bin_begin[bin]; t < grid.bin_begin[bin + 1]; ++t) {
+      const cpu::Tap<float>& tap = grid.taps[t];
+      w += tap.w[0] + tap.w[1] + tap.w[2] + tap.w[3];
+    }
+    sum_w[bin] = w;
+  }
+}
 
-// Detectron's border rule: outside [-1, size] a sample is zero; below 0 it clamps
-// to 0; past size - 1 it reads the last row (column).
-Sample bilinear(float y, float x, int64_t height, int64_t width) {
-  if (y < -1.0f || y > height || x < -1.0f || x > width) {
-    return {{0, 0, 0, 0}, {0.f, 0.f, 0.f, 0.f}};
+// The bin's output from its sum over raw integer values and the sum of its weights:
+// dequantized once, averaged, requantized (round half to even, clamped to the dtype).
+template <typename int_t>
+inline int_t requantize(float sum, float sum_w, float scale, float inv_scale, int64_t zero_point,
+                        float count) {
+  constexpr int64_t qmin = std::numeric_limits<int_t>::min();
+  constexpr int64_t qmax = std::numeric_limits<int_t>::max();
+  float value = scale * (sum - static_cast<float>(zero_point) * sum_w);
+  value /= count;
+  const int64_t q = static_cast<int64_t>(zero_point + std::nearbyint(value * inv_scale));
+  return static_cast<int_t>(std::min(std::max(q, qmin), qmax));
+}
+
+// Channels-first, one channel plane at a time: each tap's four raw values.
+template <typename int_t>
+void roi_align_planes(const int_t* values, const float* rois, int_t* out, int64_t num_rois,
+                      int64_t channels, int64_t height, int64_t width, float spatial_scale,
+                      int64_t pooled_h, int64_t pooled_w, int64_t sampling_ratio, bool aligned,
+                      float scale, int64_t zero_point) {
+  const int64_t bins = pooled_h * pooled_w;
+  const float inv_scale = 1.0f / scale;
+  cpu::RoiGrid<float> grid;
+  std::vector<float> sum_w(bins);
+  for (int64_t n = 0; n < num_rois; ++n) {
+    cpu::compute_roi_grid<float, float>("roi_align", grid, rois + n * 5, spatial_scale, height,
+                                        width, pooled_h, pooled_w, sampling_ratio, aligned);
+    bin_weights(grid, sum_w.data(), bins);
+    for (int64_t c = 0; c < channels; ++c) {
+      const int_t* plane = values + c * height * width;
+      int_t* out_c = out + (n * channels + c) * bins;
+      for (int64_t bin = 0; bin < bins; ++bin) {
+        float sum = 0.f;
+        for (int64_t t = grid.bin_begin[bin]; t < grid.bin_begin[bin + 1]; ++t) {
+          const cpu::Tap<float>& tap = grid.taps[t];
+          sum += tap.w[0] * static_cast<float>(plane[tap.pos[0]]) +
+                 tap.w[1] * static_cast<float>(plane[tap.pos[1]]) +
+                 tap.w[2] * static_cast<float>(plane[tap.pos[2]]) +
+                 tap.w[3] * static_cast<float>(plane[tap.pos[3]]);
+        }
+        out_c[bin] = requantize<int_t>(sum, sum_w[bin], scale, inv_scale, zero_point, grid.count);
+      }
+    }
   }
-  y = std::max(y, 0.f);
-  x = std::max(x, 0.f);
-  int64_t y_low = static_cast<int64_t>(y), x_low = static_cast<int64_t>(x);
-  int64_t y_high, x_high;
-  if (y_low >= height - 1) {
-    y_high = y_low = height - 1;
-    y = static_cast<float>(y_low);
-  } else {
-    y_high = y_low + 1;
-  }
-  if (x_low >= width - 1) {
-    x_high = x_low = width - 1;
-    x = static_cast<float>(x_low);
-  } else {
-    x_high = x_low + 1;
-  }
-  const float ly = y - y_low, lx = x - x_low;
-  const float hy = 1.f - ly, hx = 1.f - lx;
-  return {{y_low * width + x_low, y_low * width + x_high, y_high * width + x_low,
-           y_high * width + x_high},
-          {hy * hx, hy * lx, ly * hx, ly * lx}};
+}
+
+// Channels-last: `image` is the raw values as float, (H, W, C). A roi's bins are summed as
+// vectors of channels (cpu/channels_last.h), each channel in the order of the planes' loop.
+template <typename int_t>
+void roi_align_channels_last(const float* image, const float* rois, int_t* out, int64_t num_rois,
+                             int64_t channels, int64_t height, int64_t width, float spatial_scale,
+                             int64_t pooled_h, int64_t pooled_w, int64_t sampling_ratio,
+                             bool aligned, float scale, int64_t zero_point, int64_t samples) {
+  const int64_t bins = pooled_h * pooled_w;
+  const float inv_scale = 1.0f / scale;
+  cpu::parallel_for_work(num_rois, samples * channels, [&](int64_t begin, int64_t end) {
+    cpu::RoiGrid<float> grid;
+    std::vector<float> sums(bins * channels);
+    std::vector<float> sum_w(bins);
+    for (int64_t n = begin; n < end; ++n) {
+      cpu::compute_roi_grid<float, float>("roi_align", grid, rois + n * 5, spatial_scale, height,
+                                          width, pooled_h, pooled_w, sampling_ratio, aligned);
+      bin_weights(grid, sum_w.data(), bins);
+      cpu::zero_fill(sums.data(), bins * channels);
+      for (int64_t bin = 0; bin < bins; ++bin) {
+        float* sum = sums.data() + bin * channels;
+        for (int64_t t = grid.bin_begin[bin]; t < grid.bin_begin[bin + 1]; ++t) {
+          const cpu::Tap<float>& tap = grid.taps[t];
+          cpu::add_bilinear(sum, image + tap.pos[0] * channels, image + tap.pos[1] * channels,
+                            image + tap.pos[2] * channels, image + tap.pos[3] * channels, tap.w,
+                            channels);
+        }
+      }
+      int_t* o = out + n * channels * bins;
+      for (int64_t c = 0; c < channels; ++c) {
+        for (int64_t bin = 0; bin < bins; ++bin) {
+          o[c * bins + bin] = requantize<int_t>(sums[bin * channels + c], sum_w[bin], scale,
+                                                inv_scale, zero_point, grid.count);
+        }
+      }
+    }
+  });
 }
 
 template <typename scalar_t>
@@ -62,69 +126,26 @@ void roi_align_impl(const at::Tensor& input, const std::vector<float>& rois, at:
   using int_t = typename scalar_t::underlying;
   const int64_t num_rois = output.size(0), channels = input.size(1);
   const int64_t height = input.size(2), width = input.size(3);
-  const at::Tensor values_t = input.int_repr().contiguous();
-  const int_t* values = values_t.data_ptr<int_t>();
   int_t* out = reinterpret_cast<int_t*>(output.data_ptr<scalar_t>());
   const float scale = static_cast<float>(input.q_scale());
   const int64_t zero_point = input.q_zero_point();
-  const float inv_scale = 1.0f / scale;
   const float fscale = static_cast<float>(spatial_scale);
-  constexpr int64_t qmin = std::numeric_limits<int_t>::min();
-  constexpr int64_t qmax = std::numeric_limits<int_t>::max();
-
-  std::vector<Sample> samples;
-  for (int64_t n = 0; n < num_rois; ++n) {
-    const float* roi = rois.data() + n * 5;
-    const float offset = aligned ? 0.5f : 0.f;
-    const float start_w = roi[1] * fscale - offset, start_h = roi[2] * fscale - offset;
-    const float end_w = roi[3] * fscale - offset, end_h = roi[4] * fscale - offset;
-    float roi_w = end_w - start_w, roi_h = end_h - start_h;
-    if (!aligned) {
-      roi_w = std::max(roi_w, 1.f);
-      roi_h = std::max(roi_h, 1.f);
-    }
-    const float bin_h = roi_h / pooled_h, bin_w = roi_w / pooled_w;
-    const int64_t grid_h =
-        sampling_ratio > 0 ? sampling_ratio : static_cast<int64_t>(std::ceil(roi_h / pooled_h));
-    const int64_t grid_w =
-        sampling_ratio > 0 ? sampling_ratio : static_cast<int64_t>(std::ceil(roi_w / pooled_w));
-    const float count = static_cast<float>(std::max<int64_t>(grid_h * grid_w, 1));
-
-    // The samples of every bin, shared by all channels, in bin then row-major order.
-    samples.clear();
-    for (int64_t ph = 0; ph < pooled_h; ++ph) {
-      for (int64_t pw = 0; pw < pooled_w; ++pw) {
-        for (int64_t iy = 0; iy < grid_h; ++iy) {
-          const float y = start_h + ph * bin_h +
-                          static_cast<float>(iy + .5f) * bin_h / static_cast<float>(grid_h);
-          for (int64_t ix = 0; ix < grid_w; ++ix) {
-            const float x = start_w + pw * bin_w +
-                            static_cast<float>(ix + .5f) * bin_w / static_cast<float>(grid_w);
-            samples.push_back(bilinear(y, x, height, width));
-          }
-        }
-      }
-    }
-    for (int64_t c = 0; c < channels; ++c) {
-      const int_t* plane = values + c * height * width;
-      int_t* out_c = out + (n * channels + c) * pooled_h * pooled_w;
-      const Sample* s = samples.data();
-      for (int64_t bin = 0; bin < pooled_h * pooled_w; ++bin) {
-        float sum = 0.f, sum_w = 0.f;
-        for (int64_t k = 0; k < grid_h * grid_w; ++k, ++s) {
-          sum += s->w[0] * static_cast<float>(plane[s->pos[0]]) +
-                 s->w[1] * static_cast<float>(plane[s->pos[1]]) +
-                 s->w[2] * static_cast<float>(plane[s->pos[2]]) +
-                 s->w[3] * static_cast<float>(plane[s->pos[3]]);
-          sum_w += s->w[0] + s->w[1] + s->w[2] + s->w[3];
-        }
-        float value = scale * (sum - static_cast<float>(zero_point) * sum_w);
-        value /= count;
-        int64_t q = static_cast<int64_t>(zero_point + std::nearbyint(value * inv_scale));
-        out_c[bin] = static_cast<int_t>(std::min(std::max(q, qmin), qmax));
-      }
-    }
+  const int64_t samples = cpu::samples_per_roi(rois.data(), num_rois, spatial_scale, pooled_h,
+                                               pooled_w, sampling_ratio);
+  // When the rois sample the image more than a few times over, one pass converting it to
+  // channels-last floats costs less than the scattered loads it saves.
+  if (cpu::total_work(num_rois, samples) >= height * width / 2) {
+    at::Tensor image = at::empty({height, width, channels}, input.options().dtype(at::kFloat));
+    image.copy_(input.int_repr()[0].permute({1, 2, 0}));
+    roi_align_channels_last<int_t>(image.const_data_ptr<float>(), rois.data(), out, num_rois,
+                                   channels, height, width, fscale, pooled_h, pooled_w,
+                                   sampling_ratio, aligned, scale, zero_point, samples);
+    return;
   }
+  const at::Tensor values = input.int_repr().contiguous();
+  roi_align_planes<int_t>(values.const_data_ptr<int_t>(), rois.data(), out, num_rois, channels,
+                          height, width, fscale, pooled_h, pooled_w, sampling_ratio, aligned, scale,
+                          zero_point);
 }
 
 at::Tensor roi_align_kernel(const at::Tensor& input, const at::Tensor& rois, double spatial_scale,

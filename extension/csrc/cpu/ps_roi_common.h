@@ -1,0 +1,113 @@
+// What the position-sensitive kernels (ps_roi_align, ps_roi_pool) share on the CPU: the
+// argument handling of their forward and backward, and the backward's walk by input channel.
+#pragma once
+
+#include <cstdint>
+#include <tuple>
+#include <vector>
+
+#include "../common.h"
+#include "roi_grid.h"
+
+namespace opforge::cpu {
+
+// Whether channel_mapping is the one the forward returns: entry e = c_out * bins + bin of
+// every roi names input channel e.
+inline bool is_forward_mapping(const int32_t* mapping, int64_t num_rois, int64_t per_roi) {
+  for (int64_t n = 0; n < num_rois; ++n) {
+    for (int64_t e = 0; e < per_roi; ++e) {
+      if (mapping[n * per_roi + e] != e) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+// Calls add(n, e, bin, c_in) for every grad entry g[n * per_roi + e] that the backward's chunk
+// of input channels [c_begin, c_end) owns, each gradient element receiving its sums in roi
+// order. Under the forward's mapping, channel c's entries are e = c of every roi: the walk
+// goes plane by plane (the plane stays in cache while every roi adds into it), asking for the
+// grad values kAhead rois on. Under any other mapping it goes roi by roi, every chunk reading
+// every entry's channel.
+constexpr int64_t kAhead = 4;
+
+template <typename T, typename F>
+void for_each_owned_entry(const int32_t* mapping, bool forward_mapping, const T* g,
+                          int64_t num_rois, int64_t per_roi, int64_t bins, int64_t c_begin,
+                          int64_t c_end, const F& add) {
+  if (forward_mapping) {
+    for (int64_t c = c_begin; c < c_end; ++c) {
+      const int64_t bin = c % bins;
+      for (int64_t n = 0; n < num_rois; ++n) {
+        if (n + kAhead < num_rois) {
+          prefetch(g + (n + kAhead) * per_roi + c);
+        }
+        add(n, c, bin, c);
+      }
+    }
+    return;
+  }
+  for (int64_t n = 0; n < num_rois; ++n) {
+    const int32_t* m = mapping + n * per_roi;
+    for (int64_t e0 = 0; e0 < per_roi; e0 += bins) {
+      for (int64_t bin = 0; bin < bins; ++bin) {
+        const int64_t c_in = m[e0 + bin];
+        if (c_in >= c_begin && c_in < c_end) {
+          add(n, e0 + bin, bin, c_in);
+        }
+      }
+    }
+  }
+}
+
+// Checks the forward's arguments, allocates its output and channel mapping (rois, C / (PH *
+// PW), PH, PW), and calls impl(input, rois, output, channel_mapping) with the scalar type
+// dispatched, unless the output is empty.
+template <typename Impl>
+std::tuple<Tensor, Tensor> ps_roi_forward(const char* op, const Tensor& input, const Tensor& rois,
+                                          int64_t pooled_height, int64_t pooled_width,
+                                          const Impl& impl) {
+  check_ps_roi_inputs(op, input, rois, pooled_height, pooled_width);
+  const int64_t channels_out = input.size(1) / (pooled_height * pooled_width);
+  const std::vector<int64_t> shape{rois.size(0), channels_out, pooled_height, pooled_width};
+  Tensor output = alloc_empty(input, shape);
+  Tensor channel_mapping = alloc_empty(input, shape, ScalarType::Int);
+  if (output.numel() == 0) {
+    return {output, channel_mapping};
+  }
+  const Tensor input_c = as_contiguous(input);
+  const Tensor rois_c = as_contiguous(rois);
+  OPFORGE_DISPATCH_FLOATING_TYPES(input.scalar_type(), op, [&] {
+    check_rois_values(op, rois_c.const_data_ptr<scalar_t>(), rois_c.size(0), input.size(0));
+    impl(scalar_t(), input_c, rois_c, output, channel_mapping);
+  });
+  return {output, channel_mapping};
+}
+
+// Checks the backward's arguments and calls impl(grad, rois, channel_mapping, grad_input) with
+// the scalar type dispatched, grad_input zeros of the opmath type; returns it in grad's type.
+template <typename Impl>
+Tensor ps_roi_backward(const char* op, const Tensor& grad, const Tensor& rois,
+                       const Tensor& channel_mapping, int64_t pooled_height, int64_t pooled_width,
+                       int64_t batch_size, int64_t channels, int64_t height, int64_t width,
+                       const Impl& impl) {
+  check_ps_roi_backward_inputs(op, grad, rois, channel_mapping, pooled_height, pooled_width,
+                               batch_size, channels, height, width);
+  const auto acc_dtype = opmath_dtype(grad.scalar_type());
+  Tensor grad_input = alloc_zeros(grad, {batch_size, channels, height, width}, acc_dtype);
+  if (grad.numel() == 0 || grad_input.numel() == 0) {
+    return to_dtype(grad_input, grad.scalar_type());
+  }
+  const Tensor grad_c = as_contiguous(grad);
+  const Tensor rois_c = as_contiguous(rois);
+  const Tensor mapping_c = as_contiguous(channel_mapping);
+  check_channel_mapping_values(op, mapping_c, channels);
+  OPFORGE_DISPATCH_FLOATING_TYPES(grad.scalar_type(), op, [&] {
+    check_rois_values(op, rois_c.const_data_ptr<scalar_t>(), rois_c.size(0), batch_size);
+    impl(scalar_t(), grad_c, rois_c, mapping_c, grad_input);
+  });
+  return to_dtype(grad_input, grad.scalar_type());
+}
+
+}  // namespace opforge::cpu
