@@ -1,4 +1,4 @@
-"""Each variant builds in its own toolchain world (opforge.toolchain), proved on a setup.py
+"""Each variant builds in its own toolchain world (opforge.platforms), proved on a setup.py
 that guesses CUDA from the host in every usual way (tests/adopt/styles/host_guessing), with
 the real compiler: on this machine nvcc is on PATH (/usr/local/bin) and torch is CPU-only,
 so left to itself that setup.py fails inside CUDAExtension when built for cpu.

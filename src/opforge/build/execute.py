@@ -127,7 +127,7 @@ def compile_(plan: BuildPlan, python: str, path: str, *, log=print,
     logfile = plan.work_dir / "build.log"
     stats_file = plan.work_dir / STATS_FILE
     stats_file.unlink(missing_ok=True)
-    # the variant's toolkit first, every other nvcc off PATH (opforge.toolchain)
+    # the variant's toolkit first, every other nvcc off PATH (opforge.platforms.toolchain)
     path = toolchain.build_path(path, plan.toolkit, plan.work_dir / "toolchain-path")
     nvcc = plan.toolkit.nvcc if plan.toolkit else None
     cache = CompilerCache.start(

@@ -159,9 +159,7 @@ class Backend:
     # ------------------------------------------------------------------ build environment
     def build_env(self, variant: Variant, env, site_dir: Path) -> BuildEnv:
         """The toolchain world: no accelerator toolkit at all (the cpu answer)."""
-        given = {toolchain.MODE_VARIABLE: self.toolchain_mode, "PYTHONPATH": str(site_dir),
-                 "CUDA_VISIBLE_DEVICES": ""}
-        return BuildEnv(given, toolchain.CUDA_VARIABLES)
+        return BuildEnv(*toolchain.environment("cpu", None, site_dir))
 
     # ------------------------------------------------------------------ host check
     def check_host(self, variant: Variant, host: str, env, where: str) -> None:

@@ -104,18 +104,13 @@ class CudaBackend(Backend):
 
     def build_env(self, variant, env, site_dir) -> BuildEnv:
         toolkit = toolchain.variant_toolkit(variant.cuda, env)
-        given = {toolchain.MODE_VARIABLE: self.toolchain_mode, "PYTHONPATH": str(site_dir),
-                 "FORCE_CUDA": "1"}
+        given, unset = toolchain.environment("cuda", toolkit, site_dir)
+        given["FORCE_CUDA"] = "1"  # with no toolkit too: the host check says what is missing
         if variant.arch_list:
             given["TORCH_CUDA_ARCH_LIST"] = variant.arch_list
-        if toolkit is None:  # the host check says so; a dry run shows the rest of the plan
-            return BuildEnv(given, (), None,
-                            f"no CUDA {variant.cuda} toolkit found on this host")
-        home = str(toolkit.home)
-        given.update({"CUDA_HOME": home, "CUDA_PATH": home, "CUDAToolkit_ROOT": home,
-                      "CUDACXX": str(toolkit.nvcc)})
-        unset = tuple(v for v in toolchain.CUDA_VARIABLES if v not in given)
-        return BuildEnv(given, unset, toolkit, f"{toolkit.home / 'bin'} first, no other nvcc")
+        if toolkit is None:  # a dry run shows the rest of the plan
+            return BuildEnv(given, unset, None, f"no CUDA {variant.cuda} toolkit found on this host")
+        return BuildEnv(given, unset, toolkit, f"{toolkit.bin} first, no other nvcc")
 
     def check_host(self, variant, host, env, where) -> None:
         super().check_host(variant, host, env, where)

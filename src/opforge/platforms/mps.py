@@ -33,11 +33,10 @@ class MpsBackend(Backend):
                 f"({', '.join(variant.platforms)})")
 
     def build_env(self, variant, env, site_dir) -> BuildEnv:
-        given = {toolchain.MODE_VARIABLE: self.toolchain_mode, "PYTHONPATH": str(site_dir),
-                 "CUDA_VISIBLE_DEVICES": "", "FORCE_MPS": "1"}
+        given, unset = toolchain.environment("mps", None, site_dir)
         if variant.macos_deployment_target:
             given["MACOSX_DEPLOYMENT_TARGET"] = variant.macos_deployment_target
-        return BuildEnv(given, toolchain.CUDA_VARIABLES)
+        return BuildEnv(given, unset)
 
     def check_host(self, variant, host, env, where) -> None:
         if host != "macos-arm64":

@@ -115,7 +115,7 @@ def require_toolkit(cuda: str, env, session: str, where: str) -> Toolkit:
 def environment(kind: str, toolkit: Toolkit | None, site_dir: Path) -> tuple[dict[str, str],
                                                                              tuple[str, ...]]:
     """(variables the build gets, variables taken from it) for a ``kind`` (cpu / cuda / mps)
-    build; PATH is done by ``build_path``."""
+    build, as the cpu, cuda and mps backends set it up; PATH is done by ``build_path``."""
     given = {MODE_VARIABLE: kind, "PYTHONPATH": str(site_dir)}
     if kind == "cuda":
         if toolkit is None:
