@@ -427,8 +427,7 @@ def _build_env(r: Reader, node: yaml.Node, key: str, backend: Backend,
         if name in out:
             raise r.fail(name_node, child, "duplicate key")
         if name in backend.toolkit_variables:
-            raise r.fail(name_node, child, backend.owned_variable(
-                name, VariantFields(name=key, platforms=(), toolkit=toolkit)))
+            raise r.fail(name_node, child, backend.owned_variable(name, toolkit))
         if name.startswith("OPFORGE_") or name in _OPFORGE_BUILD_VARIABLES \
                 or name in backend.variables:
             raise r.fail(name_node, child, f"opforge sets {name} from the variant itself")

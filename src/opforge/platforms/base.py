@@ -2,9 +2,9 @@
 
 A backend (cpu, cuda, mps, rocm, xpu, ...) answers six questions about a variant built for it:
 
-- ``check_variant``: is the matrix entry valid for it (platforms, toolkit version, arch list,
-  build_env names)? Problems come back as ``(field, message)`` so the parser can name the
-  file:line of the field;
+- ``check_variant``: is the matrix entry valid for it (platforms, toolkit version, arch list)?
+  Problems come back as ``(field, message)`` so the parser can name the file:line of the
+  field; a variant's build_env cannot name its ``variables`` nor ``toolkit_variables``;
 - ``build_env``: the toolchain world of its build (variables given and taken away, the toolkit
   whose ``bin`` leads PATH);
 - ``check_host``: can this host build it (or what is missing, and where it runs instead);
@@ -65,7 +65,6 @@ class VariantFields:
     expected_keys: tuple[str, ...] = ()
     toolkit: str | None = None           # cuda: "13.0", rocm: "6.4", xpu: "2025.1"
     arch_list: str | None = None
-    build_env: tuple[str, ...] = ()      # the names a variant's build_env sets
     options: dict[str, Any] = field(default_factory=dict)  # container, deployment target...
 
 
@@ -128,16 +127,14 @@ class Backend:
             problems.append(("arch_list", f"arch_list needs cuda: set (variant {fields.name!r} "
                                           "is not CUDA)" if self.name in ("cpu", "mps") else
                              f"{self.title} variants take no arch_list"))
-        for name in fields.build_env:
-            if name in self.toolkit_variables:
-                problems.append((f"build_env.{name}", self.owned_variable(name, fields)))
         return problems
 
     def wrong_platform(self, variant: str, plat: str) -> str:
         return (f"{self.title} variant {variant!r} cannot target {plat} ({self.title} wheels "
                 f"are built for {', '.join(self.oses)} only)")
 
-    def owned_variable(self, name: str, fields: VariantFields) -> str:
+    def owned_variable(self, name: str, toolkit: str | None) -> str:
+        """Why a variant's build_env cannot set ``name`` (one of its toolkit's variables)."""
         return f"opforge sets {name} for a {self.title} variant (its toolkit)"
 
     def check_arch_list(self, fields: VariantFields) -> list[str]:

@@ -82,9 +82,9 @@ class CudaBackend(Backend):
     def wrong_platform(self, variant: str, plat: str) -> str:
         return f"CUDA variant {variant!r} cannot target {plat} (CUDA wheels are Linux-only here)"
 
-    def owned_variable(self, name: str, fields: VariantFields) -> str:
+    def owned_variable(self, name: str, toolkit: str | None) -> str:
         return (f"a CUDA variant builds with the toolkit of its cuda version "
-                f"({fields.toolkit}): opforge sets {name} to it")
+                f"({toolkit}): opforge sets {name} to it")
 
     def check_variant(self, fields: VariantFields) -> list[tuple[str, str]]:
         if fields.toolkit is not None and fields.toolkit not in NVCC_ARCHS:
