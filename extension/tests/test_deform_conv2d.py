@@ -634,3 +634,27 @@ def _tv_module(ns, a):
     torch.manual_seed(7)  # the same initial parameters in both namespaces
     module = ns.DeformConv2d(4, 6, 3).double()
     return module(*a)
+
+
+def test_products_split_by_columns_on_two_threads_match_one_thread():
+    # b1, 64 -> 64 channels, 32x32: the CPU kernel's products (columns = weight @ im2col, and
+    # the column gradient) are large enough to go by column blocks on two threads; one thread
+    # computes each in one piece.
+    case = make_case(batch=1, in_c=64, out_c=64, size=(32, 32), padding=(1, 1), dtype=torch.float32,
+                     offset_scale=1.0)
+    for key in ("input", "offset", "weight", "mask", "bias"):
+        case[key].requires_grad_(True)
+    keys = ("input", "offset", "mask", "weight", "bias")
+    results = []
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            out = _call(deform_conv2d, case)
+            results.append((out, torch.autograd.grad(out, [case[k] for k in keys], torch.ones_like(out))))
+    finally:
+        torch.set_num_threads(threads)
+    (one, one_grads), (two, two_grads) = results
+    torch.testing.assert_close(two, one)
+    for key, a, b in zip(keys, two_grads, one_grads):
+        torch.testing.assert_close(a, b, msg=key)

@@ -340,6 +340,38 @@ void accumulate(scalar_t* total, const scalar_t* part, int64_t count) {
   }
 }
 
+// out = a @ b, (groups, M, K) @ (groups, K, N), N split into column blocks that the work
+// policy hands out, each block's product computed by the thread that takes it (inside the
+// policy's parallel region, torch runs it on that thread). torch's own threading splits a
+// product evenly between its threads up front, so on a busy machine the call waits for the
+// slowest one; a block costs about 2 * M * K * kColumnBlock units. Below the policy's
+// threshold, one product on the calling thread.
+constexpr int64_t kColumnBlock = 128;
+
+template <typename scalar_t>
+void matmul_by_columns(const Tensor& out, const Tensor& a, const Tensor& b) {
+  const int64_t rows = a.size(0) * a.size(1);  // out is contiguous (groups, M, N)
+  const int64_t n_cols = b.size(2);
+  const int64_t blocks = ceil_div(n_cols, kColumnBlock);
+  const int64_t block_work = cpu::total_work(2 * a.size(0) * a.size(1) * a.size(2), kColumnBlock);
+  if (!cpu::worth_threads(blocks, block_work)) {
+    batched_matmul_out(out, a, b);
+    return;
+  }
+  scalar_t* dst = out.mutable_data_ptr<scalar_t>();
+  cpu::parallel_for_work(blocks, block_work, [&](int64_t begin, int64_t end) {
+    const int64_t c0 = begin * kColumnBlock;
+    const int64_t width = std::min(n_cols, end * kColumnBlock) - c0;
+    // Copied by hand: a worker thread may run with grad mode on, where copying into a view
+    // of `out` would be refused.
+    const Tensor part = batched_matmul(a, narrowed(b, 2, c0, width));
+    const scalar_t* src = part.const_data_ptr<scalar_t>();
+    for (int64_t r = 0; r < rows; ++r) {
+      std::copy(src + r * width, src + (r + 1) * width, dst + r * n_cols + c0);
+    }
+  });
+}
+
 // Weight viewed as (groups, out_channels / groups, in_channels / groups * kk).
 Tensor grouped_weight(const Tensor& weight, const Geometry& g) {
   return reshaped(weight,
@@ -375,7 +407,8 @@ Tensor forward_impl(const Tensor& input_, const Tensor& weight_, const Tensor& o
                                   g.use_mask ? mask.mutable_data_ptr<scalar_t>() : nullptr, b0, n,
                                   cols.mutable_data_ptr<scalar_t>());
       // (groups, out_c / groups, n * out_size) -> (n, out_c, out_size)
-      Tensor prod = batched_matmul(w, viewed(cols, {g.groups, rows / g.groups, n * out_size}));
+      Tensor prod = alloc_empty(input, {g.groups, g.out_channels / g.groups, n * out_size});
+      matmul_by_columns<scalar_t>(prod, w, viewed(cols, {g.groups, rows / g.groups, n * out_size}));
       copy_into(viewed(narrowed(output, 0, b0, n), {n, g.out_channels, out_size}),
                 transposed(viewed(prod, {g.out_channels, n, out_size}), 0, 1));
     }
@@ -422,7 +455,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> backward_impl(
                  {g.groups, g.out_channels / g.groups, n_cols});
       Tensor gcols = viewed(narrowed(viewed(grad_columns, {-1}), 0, 0, rows * n_cols),
                             {g.groups, rows / g.groups, n_cols});
-      batched_matmul_out(gcols, w_t, go);
+      matmul_by_columns<scalar_t>(gcols, w_t, go);
       const scalar_t* gcols_ptr = gcols.mutable_data_ptr<scalar_t>();
       const scalar_t* mask_ptr = g.use_mask ? mask.mutable_data_ptr<scalar_t>() : nullptr;
       deformable_col2im<scalar_t>(g, gcols_ptr, offset.mutable_data_ptr<scalar_t>(), mask_ptr, b0,
