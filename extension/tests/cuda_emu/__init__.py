@@ -9,8 +9,10 @@ unit: prelude.h and the stub headers here stand in for the CUDA runtime, each
 `kernel<<<grid, block>>>(args)` launch runs every (block, thread) of its grid in turn on an
 emulated device with one SM (so the capped grids are far smaller than the work and every
 grid-stride loop takes several steps), and TORCH_LIBRARY_IMPL(opforge, CUDA) registers
-under opforge_cuda_emu on the CPU key. The build is cached per torch version, checkout and ABI
-(ninja recompiles what changed).
+under opforge_cuda_emu on the CPU key. The build is cached per torch version, checkout, ABI and emulation headers
+(ninja recompiles what changed). A cold build first precompiles prelude.h (it pulls in all of
+torch's C++ API, most of each file's compile time) and every kernel file uses that header
+(a gcc PCH, deleted again after the build).
 Files in NOT_EMULATED are left out, with the reason.
 
 load(abi="stable") compiles the same files against the LibTorch stable ABI (abi.h's stable
@@ -22,11 +24,15 @@ OPFORGE_CUDA_EMU_ABI=stable makes the stable build what load() without an ABI re
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
+import shlex
+import subprocess
 import tempfile
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -151,9 +157,14 @@ def load(abi: str | None = None):
     # One build directory per torch and checkout (two checkouts sharing one would overwrite
     # each other's sources and rebuild everything); files are rewritten only when their text
     # changes, so ninja recompiles just the kernel files that changed since the last run.
+    # The emulation's own headers are part of the name: a kernel file compiled with the
+    # precompiled prelude does not list it (nor the stubs it includes) among its dependencies.
     checkout = hashlib.sha256(str(CSRC).encode()).hexdigest()[:10]
-    root = CACHE / f"torch-{torch.__version__}-{checkout}{'' if abi == 'legacy' else '-' + abi}"
+    headers = _emulation_headers_digest()
+    suffix = "" if abi == "legacy" else f"-{abi}"
+    root = CACHE / f"torch-{torch.__version__}-{checkout}-{headers}{suffix}"
     src = root / "csrc" / "cuda"
+    prelude = root / "prelude" / "prelude.h"  # a copy: its .gch is written beside it
     wanted = {
         Path("csrc") / p.relative_to(CSRC): p.read_text()
         for p in CSRC.rglob("*")
@@ -162,26 +173,109 @@ def load(abi: str | None = None):
     for path in sources:
         wanted[Path("csrc") / "cuda" / f"{path.stem}.emu.cpp"] = emulated_launches(path.read_text())
     wanted[Path("csrc") / "cuda" / "emu_main.cpp"] = _MAIN.replace("NAMESPACE", namespace)
-    for relative, text in wanted.items():
-        target = root / relative
-        if not target.exists() or target.read_text() != text:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(text)
-    (root / "build").mkdir(exist_ok=True)
-    if namespace not in _DEFINED:  # once, even if a failed build is retried
-        _define_schemas(namespace)
-        _DEFINED.add(namespace)
-    # the stable build: abi.h's stable names and the shim, at the floor setup.py uses
-    stable = ["-DOPFORGE_STABLE_ABI", "-DTORCH_STABLE_ONLY", "-DTORCH_TARGET_VERSION=0x020a000000000000"]
-    cpp_extension.load(
-        name="opforge_cuda_emulation" + ("" if abi == "legacy" else f"_{abi}"),
-        sources=[str(src / "emu_main.cpp"), *(str(src / f"{p.stem}.emu.cpp") for p in sources)],
-        extra_include_paths=[str(HERE / "stub"), str(HERE), str(src)],
-        extra_cflags=["-O1", "-g0", "-w", f"-DOPFORGE_CUDA_EMU_NS={namespace}",
-                      "-include", str(HERE / "prelude.h"), *(stable if abi == "stable" else [])],
-        build_directory=str(root / "build"),
-        is_python_module=False,
-        verbose=False,
-    )
+    wanted[prelude.relative_to(root)] = (HERE / "prelude.h").read_text()
+    # two processes loading one build (two xdist workers) take turns: the sources are written
+    # and compiled by one, the other finds the build done
+    with _build_lock(root):
+        for relative, text in wanted.items():
+            target = root / relative
+            if not target.exists() or target.read_text() != text:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(text)
+        (root / "build").mkdir(exist_ok=True)
+        if namespace not in _DEFINED:  # once, even if a failed build is retried
+            _define_schemas(namespace)
+            _DEFINED.add(namespace)
+        # the stable build: abi.h's stable names and the shim, at the floor setup.py uses
+        stable = ["-DOPFORGE_STABLE_ABI", "-DTORCH_STABLE_ONLY", "-DTORCH_TARGET_VERSION=0x020a000000000000"]
+        run_ninja = cpp_extension._run_ninja_build  # private: the one hook between writing
+        # build.ninja and running it, which the PCH needs (its flags are the ninja file's)
+
+        def build(build_dir, *args, **kwargs):
+            _build_with_pch(run_ninja, prelude, build_dir, *args, **kwargs)
+
+        with mock.patch.object(cpp_extension, "_run_ninja_build", build):
+            cpp_extension.load(
+                name="opforge_cuda_emulation" + ("" if abi == "legacy" else f"_{abi}"),
+                sources=[str(src / "emu_main.cpp"), *(str(src / f"{p.stem}.emu.cpp") for p in sources)],
+                extra_include_paths=[str(HERE / "stub"), str(HERE), str(src)],
+                extra_cflags=["-O1", "-g0", "-w", f"-DOPFORGE_CUDA_EMU_NS={namespace}",
+                              "-include", str(prelude), *(stable if abi == "stable" else [])],
+                build_directory=str(root / "build"),
+                is_python_module=False,
+                verbose=False,
+            )
     _LOADED.add(abi)
     return getattr(torch.ops, namespace)
+
+
+@contextlib.contextmanager
+def _build_lock(root: Path):
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with open(root.parent / f"{root.name}.lock", "a+b") as handle:
+        try:
+            import fcntl
+        except ImportError:  # Windows: no fcntl; one process at a time there
+            yield
+            return
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _emulation_headers_digest() -> str:
+    files = [HERE / "prelude.h", *sorted(p for p in (HERE / "stub").rglob("*") if p.is_file())]
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(str(path.relative_to(HERE)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:10]
+
+
+def _pending_compiles(build_dir: Path) -> int:
+    """How many files ninja would compile now (its dry run), or 0 if that cannot be told."""
+    try:
+        dry = subprocess.run(["ninja", "-C", str(build_dir), "-n"], capture_output=True,
+                             text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(" -c " in line for line in dry.stdout.splitlines()) if dry.returncode == 0 else 0
+
+
+def _build_with_pch(run_ninja, prelude: Path, build_dir: str, *args, **kwargs) -> None:
+    """torch's ninja build, after precompiling `prelude` with the very flags build.ninja
+    compiles each kernel file with (gcc takes prelude.h.gch for `-include prelude.h`, and
+    parses the header itself if the .gch does not match), when two or more files need
+    compiling; the .gch (~800 MB) is deleted once the build is over."""
+    pch = prelude.with_name(prelude.name + ".gch")
+    pch.unlink(missing_ok=True)
+    if _pending_compiles(Path(build_dir)) >= 2:
+        _precompile(Path(build_dir) / "build.ninja", prelude, pch)
+    try:
+        run_ninja(build_dir, *args, **kwargs)
+    finally:
+        pch.unlink(missing_ok=True)
+
+
+def _precompile(ninja_file: Path, prelude: Path, pch: Path) -> None:
+    variables = {}
+    for line in ninja_file.read_text().splitlines():
+        name, sep, value = line.partition(" = ")
+        if sep and name in ("cxx", "cflags", "post_cflags"):
+            variables[name] = shlex.split(value)
+    cflags = variables.get("cflags", [])
+    if not variables.get("cxx") or "-include" not in cflags:
+        return  # not the build this was written for: compile without a PCH
+    at = cflags.index("-include")
+    flags = cflags[:at] + cflags[at + 2:]
+    if "-c" in flags:
+        flags.remove("-c")  # the rule's own -c: torch puts it in cflags
+    partial = pch.with_name(pch.name + ".partial")
+    made = subprocess.run([*variables["cxx"], *flags, "-x", "c++-header", str(prelude), "-o",
+                           str(partial), *variables.get("post_cflags", [])],
+                          capture_output=True, text=True)
+    if made.returncode == 0:
+        partial.replace(pch)  # whole or not at all: a torn .gch would fail every compile
+    else:
+        partial.unlink(missing_ok=True)  # the build itself reports the header's error
