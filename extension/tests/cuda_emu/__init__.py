@@ -267,6 +267,12 @@ def _precompile(ninja_file: Path, prelude: Path, pch: Path) -> None:
     cflags = variables.get("cflags", [])
     if not variables.get("cxx") or "-include" not in cflags:
         return  # not the build this was written for: compile without a PCH
+    try:
+        version = subprocess.run([*variables["cxx"], "--version"], capture_output=True, text=True).stdout
+    except OSError:
+        return
+    if "clang" in version.lower():
+        return  # clang refuses a PCH it finds stale instead of parsing the header: gcc only
     at = cflags.index("-include")
     flags = cflags[:at] + cflags[at + 2:]
     if "-c" in flags:
