@@ -171,8 +171,7 @@ std::tuple<Tensor, Tensor> ps_roi_align_forward_kernel(const Tensor& input, cons
                                                        double spatial_scale, int64_t pooled_height,
                                                        int64_t pooled_width,
                                                        int64_t sampling_ratio) {
-  check_sampling_ratio("ps_roi_align", sampling_ratio, pooled_height, pooled_width);
-  return ps_roi_forward("ps_roi_align", input, rois, pooled_height, pooled_width,
+  return ps_roi_forward("ps_roi_align", input, rois, pooled_height, pooled_width, sampling_ratio,
                         [&](auto scalar, const Tensor& input_c, const Tensor& rois_c,
                             Tensor& output, Tensor& channel_mapping) {
                           ps_roi_align_forward_impl<decltype(scalar)>(
@@ -186,9 +185,8 @@ Tensor ps_roi_align_backward_kernel(const Tensor& grad, const Tensor& rois,
                                     int64_t pooled_height, int64_t pooled_width,
                                     int64_t sampling_ratio, int64_t batch_size, int64_t channels,
                                     int64_t height, int64_t width) {
-  check_sampling_ratio("_ps_roi_align_backward", sampling_ratio, pooled_height, pooled_width);
   return ps_roi_backward("_ps_roi_align_backward", grad, rois, channel_mapping, pooled_height,
-                         pooled_width, batch_size, channels, height, width,
+                         pooled_width, batch_size, channels, height, width, sampling_ratio,
                          [&](auto scalar, const Tensor& grad_c, const Tensor& rois_c,
                              const Tensor& mapping_c, Tensor& grad_input) {
                            ps_roi_align_backward_impl<decltype(scalar)>(

@@ -61,14 +61,15 @@ void for_each_owned_entry(const int32_t* mapping, bool forward_mapping, const T*
   }
 }
 
-// Checks the forward's arguments, allocates its output and channel mapping (rois, C / (PH *
-// PW), PH, PW), and calls impl(input, rois, output, channel_mapping) with the scalar type
-// dispatched, unless the output is empty.
+// Checks the forward's arguments (then sampling_ratio: 0 for ps_roi_pool), allocates its output and
+// channel mapping (rois, C / (PH * PW), PH, PW), and calls impl(input, rois, output,
+// channel_mapping) with the scalar type dispatched, unless the output is empty.
 template <typename Impl>
 std::tuple<Tensor, Tensor> ps_roi_forward(const char* op, const Tensor& input, const Tensor& rois,
                                           int64_t pooled_height, int64_t pooled_width,
-                                          const Impl& impl) {
+                                          int64_t sampling_ratio, const Impl& impl) {
   check_ps_roi_inputs(op, input, rois, pooled_height, pooled_width);
+  check_sampling_ratio(op, sampling_ratio, pooled_height, pooled_width);
   const int64_t channels_out = input.size(1) / (pooled_height * pooled_width);
   const std::vector<int64_t> shape{rois.size(0), channels_out, pooled_height, pooled_width};
   Tensor output = alloc_empty(input, shape);
@@ -85,15 +86,17 @@ std::tuple<Tensor, Tensor> ps_roi_forward(const char* op, const Tensor& input, c
   return {output, channel_mapping};
 }
 
-// Checks the backward's arguments and calls impl(grad, rois, channel_mapping, grad_input) with
-// the scalar type dispatched, grad_input zeros of the opmath type; returns it in grad's type.
+// Checks the backward's arguments (then sampling_ratio: 0 for ps_roi_pool) and calls impl(grad,
+// rois, channel_mapping, grad_input) with the scalar type dispatched, grad_input zeros of the
+// opmath type; returns it in grad's type.
 template <typename Impl>
 Tensor ps_roi_backward(const char* op, const Tensor& grad, const Tensor& rois,
                        const Tensor& channel_mapping, int64_t pooled_height, int64_t pooled_width,
                        int64_t batch_size, int64_t channels, int64_t height, int64_t width,
-                       const Impl& impl) {
+                       int64_t sampling_ratio, const Impl& impl) {
   check_ps_roi_backward_inputs(op, grad, rois, channel_mapping, pooled_height, pooled_width,
                                batch_size, channels, height, width);
+  check_sampling_ratio(op, sampling_ratio, pooled_height, pooled_width);
   const auto acc_dtype = opmath_dtype(grad.scalar_type());
   Tensor grad_input = alloc_zeros(grad, {batch_size, channels, height, width}, acc_dtype);
   if (grad.numel() == 0 || grad_input.numel() == 0) {

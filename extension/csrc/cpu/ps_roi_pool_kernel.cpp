@@ -198,6 +198,7 @@ std::tuple<Tensor, Tensor> ps_roi_pool_forward_kernel(const Tensor& input, const
                                                       double spatial_scale, int64_t pooled_height,
                                                       int64_t pooled_width) {
   return ps_roi_forward("ps_roi_pool", input, rois, pooled_height, pooled_width,
+                        /*sampling_ratio=*/0,
                         [&](auto scalar, const Tensor& input_c, const Tensor& rois_c,
                             Tensor& output, Tensor& channel_mapping) {
                           ps_roi_pool_forward_impl<decltype(scalar)>(input_c, rois_c, output,
@@ -212,6 +213,7 @@ Tensor ps_roi_pool_backward_kernel(const Tensor& grad, const Tensor& rois,
                                    int64_t channels, int64_t height, int64_t width) {
   return ps_roi_backward("_ps_roi_pool_backward", grad, rois, channel_mapping, pooled_height,
                          pooled_width, batch_size, channels, height, width,
+                         /*sampling_ratio=*/0,
                          [&](auto scalar, const Tensor& grad_c, const Tensor& rois_c,
                              const Tensor& mapping_c, Tensor& grad_input) {
                            ps_roi_pool_backward_impl<decltype(scalar)>(grad_c, rois_c, mapping_c,
