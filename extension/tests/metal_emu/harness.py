@@ -15,6 +15,7 @@ dir by a hash of everything that goes into them.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import ctypes
 import dataclasses
 import hashlib
@@ -182,6 +183,22 @@ def build(op_or_path: str | Path, probes: Path | None = None) -> Emulated:
         shutil.rmtree(tmp_dir, ignore_errors=True)
         raise
     return Emulated(exe, kernels)
+
+
+@contextlib.contextmanager
+def _build_lock(path: Path):
+    _ensure(path.parent)
+    with open(path, "a+b") as handle:
+        try:
+            import fcntl
+        except ImportError:  # Windows: no fcntl
+            yield
+            return
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _ensure(p: Path) -> Path:
@@ -433,48 +450,53 @@ def _build_host(stable: bool) -> Path:
     lib = _ensure(CACHE) / f"{name}-{key}" / f"libopforge_{name.replace('-', '_')}_emulated.so"
     if lib.exists():
         return lib
-    tmp = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=CACHE))
-    try:
-        _load_embed().generate(metal_files, tmp / "generated", metallib="never")
-        torch_flags = ["-x", "c++", *cflags, *_host_flags(stable, tmp)]
-
-        def compile_unit(unit: str, text: str) -> str:
-            (tmp / unit).write_text(text)
-            # the kernels and the runtime need no torch: one object serves both host builds
-            shared = unit.startswith(("kernels_", "runtime"))
-            flags = ["-Wno-attributes"] if shared else torch_flags
-            cmd = [CXX, "-std=c++20", "-O1", "-fPIC", "-pthread", "-c", *flags]
-            obj = tmp / f"{unit}.o"
-            if shared:
-                obj = _ensure(CACHE / "objects") / f"{unit}-{_digest(text.encode(), ' '.join(cmd).encode(), _compiler_id().encode())}.o"
-                if obj.exists():
-                    return str(obj)
-            out = tmp / f"{unit}.o"
-            cmd += [f"-I{tmp / 'generated'}", f"-I{CSRC}", str(tmp / unit), "-o", str(out)]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode != 0:
-                raise EmuError(f"compiling {unit} of the emulated {name} failed:\n{proc.stderr[-8000:]}")
-            if shared:
-                shutil.copyfile(out, tmp / f"{unit}.o.part")
-                os.replace(tmp / f"{unit}.o.part", obj)  # atomic publish
-            return str(obj)
-
-        with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-            objects = [f.result() for f in [pool.submit(compile_unit, n, t) for n, t in units.items()]]
-        link = subprocess.run(
-            [CXX, "-shared", "-pthread", *objects, "-o", str(tmp / lib.name), *ldflags],
-            capture_output=True,
-            text=True,
-        )
-        if link.returncode != 0:
-            raise EmuError(f"linking the emulated {name} failed:\n{link.stderr[-8000:]}")
+    # xdist workers meeting this build at once (the metal_shim_emu tests run on any worker)
+    # take turns: one compiles, the others wait for its library instead of compiling it too
+    with _build_lock(CACHE / f"{name}-{key}.lock"):
+        if lib.exists():
+            return lib
+        tmp = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=CACHE))
         try:
-            tmp.rename(lib.parent)
-        except OSError:
+            _load_embed().generate(metal_files, tmp / "generated", metallib="never")
+            torch_flags = ["-x", "c++", *cflags, *_host_flags(stable, tmp)]
+
+            def compile_unit(unit: str, text: str) -> str:
+                (tmp / unit).write_text(text)
+                # the kernels and the runtime need no torch: one object serves both host builds
+                shared = unit.startswith(("kernels_", "runtime"))
+                flags = ["-Wno-attributes"] if shared else torch_flags
+                cmd = [CXX, "-std=c++20", "-O1", "-fPIC", "-pthread", "-c", *flags]
+                obj = tmp / f"{unit}.o"
+                if shared:
+                    obj = _ensure(CACHE / "objects") / f"{unit}-{_digest(text.encode(), ' '.join(cmd).encode(), _compiler_id().encode())}.o"
+                    if obj.exists():
+                        return str(obj)
+                out = tmp / f"{unit}.o"
+                cmd += [f"-I{tmp / 'generated'}", f"-I{CSRC}", str(tmp / unit), "-o", str(out)]
+                proc = subprocess.run(cmd, capture_output=True, text=True)
+                if proc.returncode != 0:
+                    raise EmuError(f"compiling {unit} of the emulated {name} failed:\n{proc.stderr[-8000:]}")
+                if shared:
+                    shutil.copyfile(out, tmp / f"{unit}.o.part")
+                    os.replace(tmp / f"{unit}.o.part", obj)  # atomic publish
+                return str(obj)
+
+            with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+                objects = [f.result() for f in [pool.submit(compile_unit, n, t) for n, t in units.items()]]
+            link = subprocess.run(
+                [CXX, "-shared", "-pthread", *objects, "-o", str(tmp / lib.name), *ldflags],
+                capture_output=True,
+                text=True,
+            )
+            if link.returncode != 0:
+                raise EmuError(f"linking the emulated {name} failed:\n{link.stderr[-8000:]}")
+            try:
+                tmp.rename(lib.parent)
+            except OSError:
+                shutil.rmtree(tmp, ignore_errors=True)
+        except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            raise
     return lib
 
 
