@@ -188,13 +188,16 @@ def load(abi: str | None = None):
             _DEFINED.add(namespace)
         # the stable build: abi.h's stable names and the shim, at the floor setup.py uses
         stable = ["-DOPFORGE_STABLE_ABI", "-DTORCH_STABLE_ONLY", "-DTORCH_TARGET_VERSION=0x020a000000000000"]
-        run_ninja = cpp_extension._run_ninja_build  # private: the one hook between writing
-        # build.ninja and running it, which the PCH needs (its flags are the ninja file's)
+        # private: the one hook between writing build.ninja and running it, which the PCH
+        # needs (its flags are the ninja file's); a torch without it builds without the PCH
+        run_ninja = getattr(cpp_extension, "_run_ninja_build", None)
 
         def build(build_dir, *args, **kwargs):
             _build_with_pch(run_ninja, prelude, build_dir, *args, **kwargs)
 
-        with mock.patch.object(cpp_extension, "_run_ninja_build", build):
+        hook = (mock.patch.object(cpp_extension, "_run_ninja_build", build) if run_ninja is not None
+                else contextlib.nullcontext())
+        with hook:
             cpp_extension.load(
                 name="opforge_cuda_emulation" + ("" if abi == "legacy" else f"_{abi}"),
                 sources=[str(src / "emu_main.cpp"), *(str(src / f"{p.stem}.emu.cpp") for p in sources)],
