@@ -188,6 +188,20 @@ def test_rocm_build_gets_its_rocm_and_no_cuda(tmp_path):
     build.check_host(matrix, matrix.variant("rocm64"), host="linux-x86_64", env=env)
 
 
+def test_a_rocm_job_says_its_backend_in_the_github_row_and_the_table(tmp_path):
+    from rich.console import Console
+
+    from opforge.cli.matrix import print_table
+
+    matrix = _matrix(tmp_path, ROCM)
+    row = next(job.as_dict() for job in matrix.jobs() if job.variant.name == "rocm64")
+    assert (row["backend"], row["toolkit"], row["arch_list"], row["cuda"]) == \
+        ("rocm", "6.4", "gfx90a;gfx942", "")
+    console = Console(width=100_000, record=True)
+    print_table(matrix, [j for j in matrix.jobs() if j.variant.name == "rocm64"], console)
+    assert "rocm 6.4 / gfx90a;gfx942" in console.export_text()
+
+
 def test_rocm_host_check_names_the_rocm_it_found(tmp_path):
     matrix = _matrix(tmp_path, ROCM)
     rocm = _fake_rocm(tmp_path / "rocm-6.2", "6.2")

@@ -112,14 +112,16 @@ def print_table(matrix: Matrix, jobs: list, console: Console | None = None) -> N
                         f"(torch {matrix.torch.channel} {matrix.torch.version})")
     longest = max((len(job.name) for job in jobs), default=3)
     table.add_column("job", no_wrap=True, min_width=longest, overflow="fold")
-    for column in ("runner", "container", "cuda / archs", "torch", "index", "abi",
+    for column in ("runner", "container", "backend / archs", "torch", "index", "abi",
                    "expected keys"):
         # fold: a long word goes on the next line rather than ending in an ellipsis
         table.add_column(column, overflow="fold")
     builders = {job.name for job in build_jobs(jobs, matrix.pr_python)}
     for job in jobs:
         v = job.variant
-        archs = f"{v.cuda} / {v.arch_list}" if v.cuda else ("mps" if v.mps else "-")
+        toolkit = v.toolkit or v.cuda
+        archs = ("-" if v.backend == "cpu" else
+                 " ".join(p for p in (v.backend, toolkit, v.arch_list and f"/ {v.arch_list}") if p))
         index = job.torch_index.removeprefix(matrix.torch.index.rstrip("/"))
         abi = "legacy" if not v.stable else \
             f"abi3 torch>={v.torch_floor}" + (" (builds)" if job.name in builders else "")

@@ -318,6 +318,8 @@ class Job:
                                  f"cp{self.python.replace('.', '')}/bin/python"
                                  if self.container else ""),
             "pypi": v.pypi,
+            "backend": v.backend,
+            "toolkit": v.toolkit or v.cuda or "",
             "cuda": v.cuda or "",
             "arch_list": v.arch_list or "",
             "mps": v.mps,
