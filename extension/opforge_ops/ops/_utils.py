@@ -79,11 +79,27 @@ def convert_boxes_to_roi_format(boxes: list[Tensor]) -> Tensor:
             "boxes is an empty list: pass one Tensor[L, 4] per image (L may be 0), "
             "or a Tensor[0, 5] for no boxes"
         )
+    if len(boxes) == 1:
+        return torch.cat([torch.zeros_like(boxes[0][:, :1]), boxes[0]], dim=1)
+    # Fast path (a constant number of ATen calls, not two per image): plain 2-D boxes. The
+    # index column takes the promoted dtype of the concatenated boxes, as a per-image
+    # torch.full_like column would after torch.cat.
+    plain = True
+    sizes: list[int] = []
+    for b in boxes:
+        if b.dim() != 2 or b.is_quantized:
+            plain = False
+        sizes.append(b.size(0))
+    if plain:
+        stacked = torch.cat(boxes, dim=0)
+        ids = torch.repeat_interleave(torch.tensor(sizes))
+        ids = ids.to(dtype=stacked.dtype, device=stacked.device)
+        return torch.cat([ids.unsqueeze(1), stacked], dim=1)
+    # Other ranks or quantized boxes: the column per image, so that the kernel (or torch.cat)
+    # reports the problem exactly as before.
     columns: list[Tensor] = []
     for i, b in enumerate(boxes):
         columns.append(torch.full_like(b[:, :1], i))
-    if len(boxes) == 1:
-        return torch.cat([columns[0], boxes[0]], dim=1)
     return torch.cat([torch.cat(columns, dim=0), torch.cat(boxes, dim=0)], dim=1)
 
 

@@ -69,21 +69,27 @@ def _batched_nms_coordinate_trick(
     # Shift each category by more than the largest coordinate so categories never overlap.
     if boxes.numel() == 0:
         return torch.empty((0,), dtype=torch.int64, device=boxes.device)
-    max_coordinate = boxes.max()
-    offsets = idxs.to(boxes) * (max_coordinate + torch.tensor(1).to(boxes))
-    return nms(boxes + offsets[:, None], scores, iou_threshold)
+    # (callers are past the torch.fx leaf check: the op itself, without nms()'s wrapper)
+    offsets = idxs.to(boxes) * (boxes.max() + 1)
+    return torch.ops.opforge.nms(boxes + offsets[:, None], scores, iou_threshold)
 
 
 @torch.jit._script_if_tracing
 def _batched_nms_vanilla(
     boxes: Tensor, scores: Tensor, idxs: Tensor, iou_threshold: float
 ) -> Tensor:
-    keep_mask = torch.zeros_like(scores, dtype=torch.bool)
-    for category in torch.unique(idxs):
-        members = torch.where(idxs == category)[0]
-        kept = nms(boxes[members], scores[members], iou_threshold)
-        keep_mask[members[kept]] = True
-    keep = torch.where(keep_mask)[0]
+    # Group the boxes by category once (a stable sort keeps each category's boxes in input
+    # order, as torch.where would), then one nms per contiguous slice.
+    order = torch.sort(idxs, stable=True)[1]
+    counts: list[int] = torch.unique_consecutive(idxs[order], return_counts=True)[1].tolist()
+    grouped_boxes = boxes[order].split(counts)
+    grouped_scores = scores[order].split(counts)
+    grouped_members = order.split(counts)
+    kept: list[Tensor] = [order[:0]]  # no categories (no boxes): nothing kept
+    for i in range(len(counts)):
+        k = torch.ops.opforge.nms(grouped_boxes[i], grouped_scores[i], iou_threshold)
+        kept.append(grouped_members[i][k])
+    keep = torch.cat(kept).sort()[0]
     return keep[scores[keep].sort(descending=True, stable=True)[1]]
 
 
