@@ -84,15 +84,20 @@ def convert_boxes_to_roi_format(boxes: list[Tensor]) -> Tensor:
     # Fast path (a constant number of ATen calls, not two per image): plain 2-D boxes. The
     # index column takes the promoted dtype of the concatenated boxes, as a per-image
     # torch.full_like column would after torch.cat.
+    # Row r belongs to the image whose first row is the last start <= r (bucketize, which
+    # unlike repeat_interleave does not go multi-threaded on a few rows).
     plain = True
-    sizes: list[int] = []
+    ends: list[int] = []
+    total = 0
     for b in boxes:
         if b.dim() != 2 or b.is_quantized:
             plain = False
-        sizes.append(b.size(0))
+        total += b.size(0)
+        ends.append(total)
     if plain:
         stacked = torch.cat(boxes, dim=0)
-        ids = torch.repeat_interleave(torch.tensor(sizes))
+        rows = torch.arange(total)
+        ids = torch.bucketize(rows, torch.tensor(ends[:-1]), right=True)
         ids = ids.to(dtype=stacked.dtype, device=stacked.device)
         return torch.cat([ids.unsqueeze(1), stacked], dim=1)
     # Other ranks or quantized boxes: the column per image, so that the kernel (or torch.cat)

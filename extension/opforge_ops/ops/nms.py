@@ -84,12 +84,15 @@ def _batched_nms_vanilla(
     counts: list[int] = torch.unique_consecutive(idxs[order], return_counts=True)[1].tolist()
     grouped_boxes = boxes[order].split(counts)
     grouped_scores = scores[order].split(counts)
-    grouped_members = order.split(counts)
+    # positions in the sorted order (one gather back through order at the end: a small
+    # gather per category is slower, and multi-threaded)
     kept: list[Tensor] = [order[:0]]  # no categories (no boxes): nothing kept
+    start = 0
     for i in range(len(counts)):
         k = torch.ops.opforge.nms(grouped_boxes[i], grouped_scores[i], iou_threshold)
-        kept.append(grouped_members[i][k])
-    keep = torch.cat(kept).sort()[0]
+        kept.append(k + start)
+        start += counts[i]
+    keep = order[torch.cat(kept)].sort()[0]
     return keep[scores[keep].sort(descending=True, stable=True)[1]]
 
 
