@@ -104,6 +104,7 @@ class EnvCache:
         self.max_size = max_size_from_env()  # OPFORGE_CACHE_MAX_SIZE: evict LRU beyond it
         self.in_use: set[Path] = set()
         self._held: dict[Path, FileLock] = {}   # use locks, held until the process exits
+        self._held_guard = threading.Lock()  # the prefetch thread adds while the main one closes
         self.notes: list[str] = []
 
     def env_dir(self, nightly: Candidate) -> Path:
@@ -185,15 +186,17 @@ class EnvCache:
 
     def close(self) -> None:
         """Release the use locks (the process exiting does it too)."""
-        for lock in self._held.values():
+        with self._held_guard:
+            held, self._held = list(self._held.values()), {}
+        for lock in held:
             lock.release()
-        self._held.clear()
 
     def _use(self, path: Path) -> None:
         """Mark the environment in use by this process (shared, until it exits): no other
         bisect's eviction or ``cache prune`` removes it meanwhile."""
-        if path not in self._held:
-            self._held[path] = use_lock(path).acquire(shared=True)
+        with self._held_guard:
+            if path not in self._held:
+                self._held[path] = use_lock(path).acquire(shared=True)
 
     def _waiting(self, path: Path):
         def say(holder: str) -> None:
