@@ -79,7 +79,7 @@ def convert_boxes_to_roi_format(boxes: list[Tensor]) -> Tensor:
             "boxes is an empty list: pass one Tensor[L, 4] per image (L may be 0), "
             "or a Tensor[0, 5] for no boxes"
         )
-    if len(boxes) == 1:
+    if len(boxes) == 1 and not boxes[0].is_quantized:  # (zero_ has no QuantizedCPU kernel)
         return torch.cat([torch.zeros_like(boxes[0][:, :1]), boxes[0]], dim=1)
     # Fast path (a constant number of ATen calls, not two per image): plain 2-D boxes. The
     # index column takes the promoted dtype of the concatenated boxes, as a per-image
@@ -105,6 +105,8 @@ def convert_boxes_to_roi_format(boxes: list[Tensor]) -> Tensor:
     columns: list[Tensor] = []
     for i, b in enumerate(boxes):
         columns.append(torch.full_like(b[:, :1], i))
+    if len(boxes) == 1:
+        return torch.cat([columns[0], boxes[0]], dim=1)
     return torch.cat([torch.cat(columns, dim=0), torch.cat(boxes, dim=0)], dim=1)
 
 
