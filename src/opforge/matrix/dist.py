@@ -59,7 +59,7 @@ def wheel_record(wheel: Path) -> dict | None:
 
 def identify_record(matrix: Matrix, record: dict | None, distribution: str | None,
                     label: str | None = None) -> tuple[Variant, str] | None:
-    """The variant and where it came from (``opforge-ops build record``, ``local version
+    """The variant and where it came from (``<distribution> build record``, ``local version
     +cpu``) for a build record and/or a local label, or None."""
     record_variant = (record or {}).get("variant")
     found = matrix.identify(record_variant if isinstance(record_variant, str) else None, label)
