@@ -150,6 +150,14 @@ def _roi_workloads(pooled, extra_tail, channels_per_bin=None, interior=False):
             "large": _roi_load(2, channels(256), 64, 512, [*head, *extra_tail], interior)}
 
 
+def plain_conv2d(x, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
+                  groups, offset_groups, use_mask):
+    """The plain convolution a deformable one generalises (its offsets at zero), on the same
+    arguments: what a deform workload's forward is timed beside."""
+    return torch.nn.functional.conv2d(x, weight, bias, (stride_h, stride_w), (pad_h, pad_w),
+                                      (dil_h, dil_w), groups)
+
+
 def _deform_load(batch, channels, size):
     def inputs(dtype):
         g = torch.Generator().manual_seed(channels * size)
@@ -159,7 +167,7 @@ def _deform_load(batch, channels, size):
         mask = torch.rand(batch, 9, size, size, generator=g)
         b = torch.rand(channels, generator=g)
         return [*(t.to(dtype) for t in (x, w, offset, mask, b)), 1, 1, 1, 1, 1, 1, 1, 1, True]
-    return {"inputs": inputs}
+    return {"inputs": inputs, "plain": plain_conv2d}
 
 
 RECIPES = {

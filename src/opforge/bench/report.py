@@ -44,7 +44,20 @@ def nothing_timed(doc: dict) -> str | None:
 
 
 def _label(row: dict) -> str:
-    return f"{row.get('workload', '')} {'fwd+bwd' if row.get('direction') == 'backward' else 'fwd'}"
+    label = f"{row.get('workload', '')} {'fwd+bwd' if row.get('direction') == 'backward' else 'fwd'}"
+    return label + (f" @{row['threads']}t" if row.get("threads") else "")
+
+
+def _cost(row: dict) -> str:
+    """A row's thread cost (its time over the first thread count's) and its time against the
+    workload's plain op, where measured."""
+    parts = []
+    if "thread_cost" in row:
+        parts.append(f"{row['threads']}t/{row.get('thread_cost_of', '?')}t "
+                     f"{row['thread_cost']:.2f}")
+    if "vs_plain" in row:
+        parts.append(f"{row['vs_plain']:.2f}x {row.get('plain', 'plain')}")
+    return ", ".join(parts)
 
 
 def headline(doc: dict) -> str:
@@ -81,14 +94,14 @@ def render_terminal(doc: dict, console: Console | None = None) -> None:
     console = console or Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     env = doc.get("environment") or {}
     console.print(f"[bold]opforge bench[/] {doc.get('package')} · torch "
-                  f"{env.get('torch_version', '?')} · {env.get('threads', '?')} threads")
+                  f"{env.get('torch_version', '?')} · {_threads_line(env)}")
     table = Table(title="speed-up = reference time / ours (median of paired, alternating "
                         "rounds); noise = ours timed against itself", title_justify="left",
                   box=box.SIMPLE_HEAD)
     for name, justify in (("op", "left"), ("workload", "left"), ("device", "left"),
                           ("reference", "left"), ("ours", "right"), ("reference time", "right"),
-                          ("speed-up", "right"), ("noise", "right"), ("vs baseline", "right"),
-                          ("status", "left")):
+                          ("speed-up", "right"), ("noise", "right"), ("threads / plain", "right"),
+                          ("vs baseline", "right"), ("status", "left")):
         table.add_column(name, justify=justify, no_wrap=name != "status")
     for row in doc.get("rows", []):
         timed = "ours_s" in row
@@ -97,7 +110,7 @@ def render_terminal(doc: dict, console: Console | None = None) -> None:
             seconds(row["ours_s"]) if timed else "",
             seconds(row["reference_s"]) if "reference_s" in row else "", _speed(row),
             f"±{row['noise'] * 100:.0f}%" if timed else "",
-            _change(row),
+            _cost(row), _change(row),
             Text("ok" if row.get("status") == "pass" else f"{row.get('status')}: "
                  f"{row.get('message', '')}",
                  style=STATUS_STYLE.get(row.get("status"), "")))
@@ -115,6 +128,13 @@ def render_terminal(doc: dict, console: Console | None = None) -> None:
         console.print(Text("the benchmark itself failed: "
                            + doc["probe_error"].strip().splitlines()[-1], style="bold red"))
     console.print(Text(headline(doc), style="bold red" if exit_code(doc) else "bold green"))
+
+
+def _threads_line(env: dict) -> str:
+    counts = env.get("thread_counts")
+    line = (f"CPU rows at {','.join(map(str, counts))} threads" if counts
+            else f"{env.get('threads', '?')} threads")
+    return line + (" · contended (busy processes on every core)" if env.get("contended") else "")
 
 
 def _change(row: dict) -> str:
@@ -173,10 +193,12 @@ def markdown(doc: dict) -> str:
     if lines[-1].startswith("- "):
         lines.append("")
     lines += [
-             f"torch `{env.get('torch_version', '?')}`; speed-up = reference time / ours, the "
-             "median of paired alternating rounds; noise = ours against itself.", "",
+             f"torch `{env.get('torch_version', '?')}`, {_threads_line(env)}; speed-up = "
+             "reference time / ours, the median of paired alternating rounds; noise = ours "
+             "against itself.", "",
              "| op | workload | device | reference | ours | reference | speed-up | noise | "
-             "vs baseline | |", "|---|---|---|---|---:|---:|---:|---:|---:|---|"]
+             "threads / plain | vs baseline | |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for row in doc.get("rows", []):
         if "ours_s" in row:
             mark = "✅" if row.get("status") == "pass" else f"❌ {escape(row.get('message', ''))}"
@@ -185,11 +207,11 @@ def markdown(doc: dict) -> str:
             lines.append(f"| `{row['op']}` | {_label(row)} | {row['device']} | "
                          f"{row.get('reference', '')} | {seconds(row['ours_s'])} | "
                          f"{ref_s} | {speed} | "
-                         f"±{row['noise'] * 100:.0f}% | {_change(row)} | {mark} |")
+                         f"±{row['noise'] * 100:.0f}% | {_cost(row)} | {_change(row)} | {mark} |")
         else:
             mark = "❌" if row.get("status") == "fail" else "·"
             lines.append(f"| `{row.get('op', '')}` | {_label(row)} | {row.get('device', '')} | "
-                         f"{row.get('reference', '')} | | | | | | {mark} "
+                         f"{row.get('reference', '')} | | | | | | | {mark} "
                          f"{escape(row.get('message', ''))} |")
     lines.append("")
     ops = list(dict.fromkeys(r.get("op") for r in doc.get("rows", []) if "speedup" in r))
@@ -204,7 +226,8 @@ def markdown(doc: dict) -> str:
 
 
 def row_key(row: dict) -> tuple:
-    return tuple(row.get(k) for k in ("op", "workload", "direction", "device", "reference"))
+    return tuple(row.get(k) for k in ("op", "workload", "direction", "device", "reference",
+                                      "threads"))
 
 
 def _positive(value: object) -> bool:

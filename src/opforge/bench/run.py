@@ -62,6 +62,11 @@ def run(args: argparse.Namespace) -> int:
         baseline = (args.against_label, *baseline[1:])
     if args.save:
         check_writable(baseline_dir() / f"{args.save}.json", what="--save")
+    threads = list(getattr(args, "threads", None) or ())
+    max_thread_cost = getattr(args, "max_thread_cost", None)
+    if max_thread_cost is not None and len(threads) < 2:
+        raise UsageError("--max-thread-cost compares thread counts: give --threads with two or "
+                         "more, e.g. --threads 1,2")
     target, request, _variant = resolve(args)
     if request.recipes is None:
         raise UsageError("no recipes file: name one in matrix.yaml (extension.recipes) or "
@@ -72,7 +77,9 @@ def run(args: argparse.Namespace) -> int:
                # the ops matrix.yaml declares slower than their reference by design
                "op_min_speedup": {op: 1 / factor for op, factor
                                   in (request.speed.get("op_factors") or {}).items()},
-               "directions": ["forward"] if args.forward_only else ["forward", "backward"]}
+               "directions": ["forward"] if args.forward_only else ["forward", "backward"],
+               "threads": threads, "contended": bool(getattr(args, "contended", False)),
+               "max_thread_cost": max_thread_cost}
     print(f"opforge bench: {target.describe()}"
           + (f" with {', '.join(args.extras)}" if args.extras else ""), file=sys.stderr,
           flush=True)

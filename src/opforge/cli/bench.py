@@ -49,6 +49,17 @@ def _factor(text: str) -> float:
     return value
 
 
+def _thread_counts(text: str) -> list[int]:
+    try:
+        counts = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: thread counts such as 1,2") from None
+    if not counts or counts[0] < 1 or counts[-1] > 1024:
+        raise argparse.ArgumentTypeError(f"{text!r}: thread counts between 1 and 1024, "
+                                         "such as 1,2")
+    return counts
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "bench", help="time the recipes' workloads against their references in a fresh env",
@@ -79,6 +90,17 @@ def register(subparsers) -> None:
                         "rounds)")
     p.add_argument("--device-checks", choices=("auto", "skip"), default="auto",
                    help="auto: every present device; skip: CPU only")
+    p.add_argument("--threads", type=_thread_counts, metavar="N,M",
+                   help="time every CPU row at each of these torch thread counts (e.g. 1,2); "
+                        "each later count's row reports its time over the first count's "
+                        "(thread cost)")
+    p.add_argument("--contended", action="store_true",
+                   help="time the CPU rows while busy processes hold every core this process "
+                        "may use (a busy CI runner): a row that waits on a thread shows a "
+                        "thread cost above 1")
+    p.add_argument("--max-thread-cost", type=_positive_ratio, metavar="X",
+                   help="with --threads N,M,...: fail a row whose time at a later count is more "
+                        "than X times its time at the first count, beyond noise (e.g. 1.2)")
     p.add_argument("--json", type=Path, metavar="PATH", help="write the JSON document here")
     p.add_argument("--summary", type=Path, metavar="PATH",
                    help="write the Markdown summary (table and speed-up charts) here "

@@ -9,6 +9,14 @@ ratios reference / ours, and the noise is the same measurement of ours against i
 whose reference is the op's own CPU kernel, on the CPU, has nothing else to pair with: it is
 timed alone, paired with a fixed plain-Python yardstick (its pace: yardstick time / ours),
 which ``--against`` compares with a saved run's.
+
+On the CPU a row can be timed at several thread counts (``threads``: each count is a row of
+its own, and a count's ``thread_cost`` is its time over the first count's: above 1, the op
+waited on a thread instead of gaining from it), while busy processes hold every core the
+process may use (``contended``: a busy machine, as a CI runner or a data-loading process is).
+A workload may also name a ``plain`` function, a plain op doing comparable work on the same
+arguments (conv2d beside a deformable convolution): its forward rows time it too, and
+``max_vs_plain`` bounds ours / its time.
 Standard library and torch only, like the rest of the probe; one JSON document out.
 """
 
@@ -21,6 +29,7 @@ import io
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 import traceback
@@ -44,7 +53,8 @@ def parse_args(argv):
     p.add_argument("--device-checks", choices=("auto", "skip"), default="auto")
     p.add_argument("--out", required=True)
     # bench's own: {ops, workloads, reference ("recipe" | "cpu"), budget_s, directions,
-    # min_speedup, op_min_speedup: {op: floor} (the ops matrix.yaml declares slower by design)}
+    # min_speedup, op_min_speedup: {op: floor} (the ops matrix.yaml declares slower by design),
+    # threads: [counts] (CPU rows), contended: bool, max_thread_cost: float | None}
     p.add_argument("--bench", type=json.loads, default={})
     return p.parse_args(argv)
 
@@ -64,6 +74,9 @@ class Bench:
         self.op_min_speedup = {op: float(floor) for op, floor
                                in (options.get("op_min_speedup") or {}).items()}
         self.directions = options.get("directions") or ["forward", "backward"]
+        self.threads = [int(n) for n in options.get("threads") or ()] or [None]
+        self.contended = bool(options.get("contended"))
+        self.max_thread_cost = options.get("max_thread_cost")
         self.rows: list[Row] = []
         self.planned: list[tuple[str, str, str]] = []  # (op, workload, row id)
         self.finished: set[tuple[str, str]] = set()    # (op, workload) with every row done
@@ -145,11 +158,12 @@ class Bench:
         written there holds every finished row and names the rest (``missing``)."""
         self.checkpoint = checkpoint
         selected = list(self.selected())
-        self.planned = [(op, name, row_id(op, name, direction, device))
+        self.planned = [(op, name, row_id(op, name, direction, device, count))
                         for op, recipe, fn, name, load in selected
                         for device in device_list
                         if load.get("devices") is None or device in load["devices"]
-                        for direction in self.directions_of(recipe, load)[1]]
+                        for direction in self.directions_of(recipe, load)[1]
+                        for count in self.counts(device)]
         checkpoint()
         for op, recipe, fn, name, load in selected:
             self.workload(op, recipe, fn, name, load, device_list)
@@ -159,10 +173,14 @@ class Bench:
 
     def missing(self) -> list[str]:
         """The planned rows not measured yet (a finished workload has none left)."""
-        done = {row_id(r.get("op"), r.get("workload"), r.get("direction"), r.get("device"))
-                for r in self.rows if "status" in r}
+        done = {row_id(r.get("op"), r.get("workload"), r.get("direction"), r.get("device"),
+                       r.get("threads")) for r in self.rows if "status" in r}
         return [key for op, name, key in self.planned
                 if key not in done and (op, name) not in self.finished]
+
+    def counts(self, device: str) -> list:
+        """The thread counts a device's rows are timed at (None: as the process is set)."""
+        return self.threads if device == "cpu" else [None]
 
     def directions_of(self, recipe, load) -> tuple[list[int], list[str]]:
         """(the arguments that get a gradient, the directions timed: backward only with grad)."""
@@ -194,24 +212,62 @@ class Bench:
             return
         ref_name = reference if isinstance(reference, str) else \
             getattr(reference, "__name__", None) or repr(reference)
+        try:
+            plain = recipes_file.resolve_reference(load["plain"]) if "plain" in load else None
+        except recipes_file.RecipeError as exc:
+            self.rows.append(Row(base, status="fail", recipe_error=True,
+                                 message=f"workload {op}/{name} plain: {exc}"))
+            return
         for device in device_list:
             if load.get("devices") is not None and device not in load["devices"]:
                 continue
-            for direction in directions:
-                row = Row(base, device=device, direction=direction, reference=ref_name)
-                self.rows.append(row)
-                try:
-                    if reference == "cpu" and device == "cpu":
-                        # nothing to pair it with: its own time, which --against compares
-                        self.measure_alone(row, fn, cpu_args,
-                                           grad if direction == "backward" else [])
-                    else:
-                        self.measure(row, fn, reference, cpu_args, device,
-                                     grad if direction == "backward" else [], recipe)
-                except Exception as exc:  # noqa: BLE001 - one row's failure, reported there
-                    row.update(status="fail", message=f"{op}/{name} {direction} on {device}: "
-                                                      f"{first_line(exc)}")
-                self.checkpoint()
+            with busy_cores(self.contended and device == "cpu"):
+                for direction in directions:
+                    first = None  # the row of the first thread count, which the others divide
+                    for count in self.counts(device):
+                        row = Row(base, device=device, direction=direction, reference=ref_name)
+                        if count is not None:
+                            row["threads"] = count
+                        self.rows.append(row)
+                        self.time_row(row, fn, reference, plain, load, cpu_args, device,
+                                      grad if direction == "backward" else [], recipe, count)
+                        if first is None:
+                            first = row
+                        else:
+                            self.judge_thread_cost(row, first)
+                        self.checkpoint()
+
+    def time_row(self, row, fn, reference, plain, load, cpu_args, device, grad, recipe, count):
+        op, name, direction = row["op"], row["workload"], row["direction"]
+        try:
+            with thread_count(self.t, count):
+                if reference == "cpu" and device == "cpu":
+                    # nothing to pair it with: its own time, which --against compares
+                    self.measure_alone(row, fn, cpu_args, grad)
+                else:
+                    self.measure(row, fn, reference, cpu_args, device, grad, recipe)
+                if plain is not None and not grad and "ours_s" in row:
+                    self.measure_plain(row, fn, plain, cpu_args, device, load)
+        except Exception as exc:  # noqa: BLE001 - one row's failure, reported there
+            where = f"{op}/{name} {direction} on {device}" + \
+                (f" with {count} threads" if count is not None else "")
+            row.update(status="fail", message=f"{where}: {first_line(exc)}")
+
+    def judge_thread_cost(self, row, first):
+        """A thread count's time over the first count's (both medians of their rows); above
+        --max-thread-cost beyond both rows' noise, the row fails."""
+        if "ours_s" not in row or "ours_s" not in first:
+            return
+        cost = row["ours_s"] / max(first["ours_s"], 1e-12)
+        row["thread_cost"] = cost
+        row["thread_cost_of"] = first["threads"]
+        limit = self.max_thread_cost
+        noise = float(row.get("noise") or 0) + float(first.get("noise") or 0)
+        if limit is not None and row.get("status") == "pass" and cost > limit * (1 + noise):
+            row.update(status="fail", message=(
+                f"{row['threads']} threads take {cost:.2f}x the time of {first['threads']} "
+                f"(at most {limit:g}x allowed, beyond noise ±{noise * 100:.0f}%)"
+                + (" while busy processes hold every core" if self.contended else "")))
 
     def measure(self, row, fn, reference, cpu_args, device, grad, recipe):
         ours, ours_run = self.call_maker(fn, cpu_args, device, grad)
@@ -261,6 +317,28 @@ class Bench:
         if declared:
             row["declared_slower"] = True
 
+    def measure_plain(self, row, fn, plain, cpu_args, device, load):
+        """Ours beside the workload's plain function on the same arguments, paired the same
+        way: ``vs_plain`` = ours / its time, at most ``max_vs_plain`` when the workload says."""
+        ours, _ = self.call_maker(fn, cpu_args, device, [])
+        base, base_run = self.call_maker(plain, cpu_args, device, [])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            base_run()
+            speed = paired(_block(self.t, ours), _block(self.t, base), budget_s=self.budget_s)
+        vs = 1 / max(speed["ratio"], 1e-12)
+        limit = load.get("max_vs_plain")
+        row.update(plain=getattr(plain, "__name__", None) or repr(plain), plain_s=speed["b_s"],
+                   vs_plain=vs)
+        if limit is None:
+            return
+        row["max_vs_plain"] = limit
+        noise = float(row.get("noise") or 0)
+        if vs > limit * (1 + noise) and row.get("status") == "pass":
+            row.update(status="fail", message=(
+                f"{vs:.2f}x the time of {row['plain']} on the same arguments (at most "
+                f"{limit:g}x allowed, beyond noise ±{noise * 100:.0f}%)"))
+
     def measure_alone(self, row, fn, cpu_args, grad):
         """The op on the CPU against its own CPU kernel (on a machine with only a CPU, the
         only reference there is): no speed-up to take, so it is paired with a fixed
@@ -285,8 +363,52 @@ class Bench:
                            "--against")
 
 
-def row_id(op, workload, direction, device) -> str:
-    return f"{op}/{workload}/{direction}/{device}"
+def row_id(op, workload, direction, device, threads=None) -> str:
+    return f"{op}/{workload}/{direction}/{device}" + (f"@{threads}t" if threads else "")
+
+
+@contextlib.contextmanager
+def thread_count(t, count):
+    """torch's intra-op threads set to ``count`` for the block (None: left as they are)."""
+    if count is None:
+        yield
+        return
+    before = t.get_num_threads()
+    t.set_num_threads(count)
+    try:
+        yield
+    finally:
+        t.set_num_threads(before)
+
+
+# A busy process: plain Python spinning, which leaves once its parent is gone (a probe killed
+# for its timeout must not leave processes spinning on the machine).
+SPIN = ("import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n"
+        "    for _ in range(200000):\n        pass\n")
+
+
+@contextlib.contextmanager
+def busy_cores(on: bool):
+    """While the block runs, as many busy processes as this process may use CPUs."""
+    if not on:
+        yield
+        return
+    try:
+        count = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        count = os.cpu_count() or 1
+    procs = []
+    try:
+        for _ in range(count):
+            procs.append(subprocess.Popen([sys.executable, "-S", "-c", SPIN],
+                                          stdin=subprocess.DEVNULL))
+        time.sleep(0.2)  # running before the first timing, not still starting
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+        for proc in procs:
+            proc.wait()
 
 
 def _block(t, call, target_s: float = 0.02):
@@ -294,7 +416,9 @@ def _block(t, call, target_s: float = 0.02):
     once, so every round of a row does the same work)."""
     from torch.utils.benchmark import Timer
 
-    timer = Timer(stmt="call()", globals={"call": call})
+    # at the thread count the process is set to (Timer's own default is one thread, which
+    # would time every row on one thread whatever the report says)
+    timer = Timer(stmt="call()", globals={"call": call}, num_threads=t.get_num_threads())
     once = min(timer.timeit(1).mean for _ in range(3))  # a stall must not set the block size
     number = max(1, min(10_000, int(target_s / max(once, 1e-7))))
     return lambda: timer.timeit(number).mean
@@ -333,6 +457,10 @@ def bench(args, doc: dict, save) -> None:
                           "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available()
                           else None, "threads": torch.get_num_threads(),
                           "cpu": cpu_model(), "cpus": os.cpu_count()}
+    if args.bench.get("threads"):
+        doc["environment"]["thread_counts"] = list(args.bench["threads"])
+    if args.bench.get("contended"):
+        doc["environment"]["contended"] = True
     try:
         module = importlib.import_module(args.package)
         doc["import"] = {"file": getattr(module, "__file__", None)}

@@ -16,8 +16,10 @@ name to a dict with these fields (docs/adopt.md has the full reference):
   skip       {check: reason}: checks that do not apply (run, backward, fake, compile, autocast:
              the skippable rows of checks.CHECKS)
   overload   the overload to call (default "default")
-  workloads  {name: {inputs, grad?, devices?, reference?}}: benchmark shapes (small, medium,
-             large) for `opforge bench`; the smoke speed check times the first one
+  workloads  {name: {inputs, grad?, devices?, reference?, plain?, max_vs_plain?}}: benchmark
+             shapes (small, medium, large) for `opforge bench`; the smoke speed check times
+             the first one. plain: a plain op on the same arguments timed beside the forward
+             (conv2d beside a deformable convolution); max_vs_plain: ours / its time at most
   stub       True in a recipe `opforge init` wrote from the op's schema (reported until edited)
   reference  what bench compares against: a callable taking the op's arguments, a dotted name
              of one ("torchvision.ops.nms"), or "cpu" (the op's own CPU kernel, the default)
@@ -38,7 +40,7 @@ from .common import first_line
 FIELDS = {"inputs", "dtypes", "expected", "check", "grad", "autocast", "mutates", "outputs",
           "atol", "rtol", "grad_atol", "grad_rtol", "autocast_atol", "skip", "overload",
           "workloads", "reference", "stub"}
-WORKLOAD_FIELDS = {"inputs", "grad", "devices", "reference"}
+WORKLOAD_FIELDS = {"inputs", "grad", "devices", "reference", "plain", "max_vs_plain"}
 
 
 class RecipeError(Exception):
@@ -140,9 +142,26 @@ def _validate_workloads(op: str, workloads, path: str) -> str | None:
         if devices is not None and not (isinstance(devices, (list, tuple))
                                         and all(isinstance(d, str) for d in devices)):
             return f"{where_}[{name!r}]['devices'] must be a list of device names (cpu, cuda, mps)"
-        problem = _validate_reference(f"{where_}[{name!r}]", load.get("reference"))
+        problem = _validate_reference(f"{where_}[{name!r}]", load.get("reference")) or \
+            _validate_plain(f"{where_}[{name!r}]", load)
         if problem:
             return problem
+    return None
+
+
+def _validate_plain(where_: str, load: dict) -> str | None:
+    """A workload's ``plain`` (a plain op on the same arguments) and its ``max_vs_plain``."""
+    plain, limit = load.get("plain"), load.get("max_vs_plain")
+    if plain is not None and not (callable(plain) or (isinstance(plain, str) and plain
+                                                      and plain != "cpu")):
+        return (f"{where_}['plain'] must be a callable taking the workload's arguments, or a "
+                "dotted name of one")
+    if limit is not None:
+        if plain is None:
+            return f"{where_}['max_vs_plain'] bounds the time against 'plain', which is not given"
+        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not 0 < limit < 1e9:
+            return (f"{where_}['max_vs_plain'] must be a positive number (1.5: at most 1.5x "
+                    "the plain op's time)")
     return None
 
 
