@@ -31,7 +31,7 @@ from opforge.errors import UsageError
 from opforge.files import open_regular
 from opforge.matrix import Variant
 from opforge.platforms import backend_of
-from opforge.platforms.cuda import expected_archs as _expected_archs  # noqa: F401 (smoke)
+from opforge.platforms.cuda import arch_sort_key
 from opforge.stamp import RECORD_NAME, library_backends
 
 _FATBIN_MAGIC = 0xBA55ED50
@@ -119,7 +119,7 @@ class WheelReport:
     @property
     def cuda_archs(self) -> list[str]:
         return sorted({a for lib in self.libraries for a in lib.cuda_archs},
-                      key=_arch_sort_key)
+                      key=arch_sort_key)
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -127,12 +127,6 @@ class WheelReport:
         data["min_torch"] = self.min_torch
         data["pypi_clean"] = self.pypi_clean
         return data
-
-
-def _arch_sort_key(arch: str) -> tuple[int, int]:
-    """sm_90 < sm_100 < compute_100 (numeric, SASS before PTX of the same arch)."""
-    digits = re.sub(r"\D", "", arch)
-    return (int(digits) if digits else 0, 0 if arch.startswith("sm_") else 1)
 
 
 def inspect_wheel(path: str | Path) -> WheelReport:
@@ -508,7 +502,7 @@ def fatbin_archs(data: bytes) -> list[str]:
                         archs.add(f"compute_{arch}")
                     pos += entry_header + payload
         start = data.find(magic, start + 4)
-    return sorted(archs, key=_arch_sort_key)
+    return sorted(archs, key=arch_sort_key)
 
 
 def _specifiers(requirement: str | None) -> list:

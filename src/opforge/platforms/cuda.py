@@ -54,6 +54,12 @@ def arch_problems(arch_list: str, cuda: str) -> list[str]:
     return []
 
 
+def arch_sort_key(arch: str) -> tuple[int, int]:
+    """sm_90 < sm_100 < compute_100 (numeric, SASS before PTX of the same arch)."""
+    digits = re.sub(r"\D", "", arch)
+    return (int(digits) if digits else 0, 0 if arch.startswith("sm_") else 1)
+
+
 def expected_archs(arch_list: str) -> tuple[set[str], set[str]]:
     """The SASS (sm_XY) and PTX (compute_XY) a fat binary built for ``arch_list`` holds."""
     sass, ptx = set(), set()
@@ -123,13 +129,12 @@ class CudaBackend(Backend):
         if not found:
             problems.append("no CUDA fat binary embedded: the CUDA kernels are missing")
         else:
-            from opforge.wheels import _arch_sort_key
 
-            missing = sorted((sass | ptx) - found, key=_arch_sort_key)
-            extra = sorted({a for a in found if a.startswith("sm_")} - sass, key=_arch_sort_key)
+            missing = sorted((sass | ptx) - found, key=arch_sort_key)
+            extra = sorted({a for a in found if a.startswith("sm_")} - sass, key=arch_sort_key)
             if missing:
                 problems.append(f"CUDA architectures missing: {', '.join(missing)} "
-                                f"(embedded: {', '.join(sorted(found, key=_arch_sort_key))})")
+                                f"(embedded: {', '.join(sorted(found, key=arch_sort_key))})")
             if extra:
                 problems.append(f"CUDA architectures not requested: {', '.join(extra)}")
         if info and info.get("cuda_version") and info["cuda_version"] != variant.cuda:

@@ -374,16 +374,17 @@ def device_code_cause(doc: dict, wheel: Path, arch_list: str, variant: str) -> N
     Read from the wheel file (opforge.wheels), not in the probe: the GPU that would fail with
     "no kernel image is available" need not be on this machine.
     """
+    from opforge.platforms.cuda import arch_sort_key, expected_archs
     from opforge.smoke.probe.causes import add_cause
-    from opforge.wheels import _arch_sort_key, _expected_archs, inspect_wheel
+    from opforge.wheels import inspect_wheel
 
     try:
         info = inspect_wheel(wheel)
     except OpforgeError:
         return  # an unreadable wheel could not have been installed: its failure is said there
-    sass, ptx = _expected_archs(arch_list)
+    sass, ptx = expected_archs(arch_list)
     found = set(info.cuda_archs)
-    missing = sorted((sass | ptx) - found, key=_arch_sort_key)
+    missing = sorted((sass | ptx) - found, key=arch_sort_key)
     if not missing:
         return
     compiled = [lib for lib in info.libraries if not lib.note]
@@ -393,7 +394,7 @@ def device_code_cause(doc: dict, wheel: Path, arch_list: str, variant: str) -> N
               f"the wheel has no device code for {', '.join(missing)}, which variant {variant} "
               f"promises (arch_list {arch_list!r}): on such a GPU its kernels fail with \"no "
               "kernel image is available for execution on the device\"",
-              evidence + [f"embedded: {', '.join(sorted(found, key=_arch_sort_key)) or 'none'}"],
+              evidence + [f"embedded: {', '.join(sorted(found, key=arch_sort_key)) or 'none'}"],
               f"build with TORCH_CUDA_ARCH_LIST=\"{arch_list}\" (opforge build --variant "
               f"{variant} sets it from matrix.yaml); a setup.py that sets its own -gencode "
               "flags or arch list overrides it", missing=missing, embedded=sorted(found))
