@@ -35,6 +35,7 @@ from pathlib import Path
 from unittest import mock
 
 import torch
+from build_lock import build_lock
 
 HERE = Path(__file__).resolve().parent
 CSRC = HERE.parents[1] / "csrc"
@@ -176,7 +177,7 @@ def load(abi: str | None = None):
     wanted[prelude.relative_to(root)] = (HERE / "prelude.h").read_text()
     # two processes loading one build (two xdist workers) take turns: the sources are written
     # and compiled by one, the other finds the build done
-    with _build_lock(root):
+    with build_lock(root.parent / f"{root.name}.lock"):
         for relative, text in wanted.items():
             target = root / relative
             if not target.exists() or target.read_text() != text:
@@ -210,22 +211,6 @@ def load(abi: str | None = None):
             )
     _LOADED.add(abi)
     return getattr(torch.ops, namespace)
-
-
-@contextlib.contextmanager
-def _build_lock(root: Path):
-    root.parent.mkdir(parents=True, exist_ok=True)
-    with open(root.parent / f"{root.name}.lock", "a+b") as handle:
-        try:
-            import fcntl
-        except ImportError:  # Windows: no fcntl; one process at a time there
-            yield
-            return
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _emulation_headers_digest() -> str:

@@ -15,7 +15,6 @@ dir by a hash of everything that goes into them.
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import ctypes
 import dataclasses
 import hashlib
@@ -27,6 +26,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from build_lock import build_lock
 
 from . import prepass
 
@@ -183,22 +183,6 @@ def build(op_or_path: str | Path, probes: Path | None = None) -> Emulated:
         shutil.rmtree(tmp_dir, ignore_errors=True)
         raise
     return Emulated(exe, kernels)
-
-
-@contextlib.contextmanager
-def _build_lock(path: Path):
-    _ensure(path.parent)
-    with open(path, "a+b") as handle:
-        try:
-            import fcntl
-        except ImportError:  # Windows: no fcntl
-            yield
-            return
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _ensure(p: Path) -> Path:
@@ -452,7 +436,7 @@ def _build_host(stable: bool) -> Path:
         return lib
     # xdist workers meeting this build at once (the metal_shim_emu tests run on any worker)
     # take turns: one compiles, the others wait for its library instead of compiling it too
-    with _build_lock(CACHE / f"{name}-{key}.lock"):
+    with build_lock(CACHE / f"{name}-{key}.lock"):
         if lib.exists():
             return lib
         tmp = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=CACHE))
