@@ -107,8 +107,9 @@ def _quantized_nms(dets: Tensor, scores: Tensor, iou_threshold: float) -> Tensor
     """nms of quantized boxes and scores where the library has no QuantizedCPU kernel (a
     stable-ABI build), with csrc/quantized/cpu/nms_kernel.cpp's checks and decisions: the IoU
     does not change under the boxes' common scale and zero point, and integer scores order like
-    the values they quantize, so the float kernel runs on the integer representations (float32,
-    as the C++ kernel computes them; float64 for qint32, which float32 cannot hold exactly)."""
+    the values they quantize, so the float kernel runs on the integer representations in
+    float32, as the C++ kernel and torchvision's compute them: for qint32 values float32 cannot
+    hold exactly, float64 would decide near-threshold pairs differently from torchvision."""
     check_nms_shapes(dets, scores)
     torch._check(
         dets.is_quantized and scores.is_quantized and dets.dtype == scores.dtype,
@@ -119,9 +120,8 @@ def _quantized_nms(dets: Tensor, scores: Tensor, iou_threshold: float) -> Tensor
         dets.qscheme() == torch.per_tensor_affine and scores.qscheme() == torch.per_tensor_affine,
         lambda: "nms: quantized boxes and scores must be quantized per tensor (affine)",
     )
-    exact = torch.float64 if dets.dtype == torch.qint32 else torch.float32
-    return torch.ops.opforge.nms(dets.int_repr().to(exact), scores.int_repr().to(exact),
-                                 iou_threshold)
+    return torch.ops.opforge.nms(dets.int_repr().to(torch.float32),
+                                 scores.int_repr().to(torch.float32), iou_threshold)
 
 
 register_autocast("nms")

@@ -12,6 +12,10 @@ import opforge_ops
 tv = require_torchvision()
 
 CASES = all_cases()
+# A stable-ABI build has no QuantizedCPU kernels: opforge_ops computes a quantized roi_align
+# from the float kernel on dequantized values, requantized once, where torchvision sums the
+# integers; the two round differently and may differ by one quantum (ops/roi_align.py).
+QUANTUM_SLACK = 1 if opforge_ops.build_info().get("abi") == "stable" else 0
 # case id -> why opforge raises where torchvision accepts the input (extension/README.md)
 DIFFERENCES = {case.id: case.difference for case in CASES if case.difference}
 # case id -> opforge's answer ("zeros" or an exception type) where torchvision's kernels crash
@@ -51,7 +55,8 @@ def assert_same_value(ours, theirs):
     if isinstance(theirs, torch.Tensor) and theirs.is_quantized:
         assert ours.is_quantized and ours.dtype == theirs.dtype and ours.shape == theirs.shape
         assert (ours.q_scale(), ours.q_zero_point()) == (theirs.q_scale(), theirs.q_zero_point())
-        assert torch.equal(ours.int_repr(), theirs.int_repr()), (ours.int_repr(), theirs.int_repr())
+        diff = (ours.int_repr().long() - theirs.int_repr().long()).abs()
+        assert diff.numel() == 0 or diff.max() <= QUANTUM_SLACK, (ours.int_repr(), theirs.int_repr())
     elif isinstance(theirs, torch.Tensor):
         assert isinstance(ours, torch.Tensor)
         assert ours.shape == theirs.shape and ours.dtype == theirs.dtype, (ours.shape, theirs.shape)
