@@ -80,6 +80,21 @@ def compat(session: nox.Session) -> None:
 
 
 @nox.session(venv_backend=opforge.nox.VENV_BACKEND)
+def compat_stable(session: nox.Session) -> None:
+    """The torchvision compatibility suite on dist/cpu_stable's wheel (not in .ci/run, which runs
+    it on the cu130 wheel): the stable build's own kernels and its Python quantized ops."""
+    wheels = sorted(MATRIX.dist_dir("cpu_stable").glob("*.whl"))
+    if len(wheels) != 1:
+        session.error("compat_stable needs the one wheel `nox -s build_cpu_stable` leaves in "
+                      f"dist/cpu_stable, found {len(wheels)}")
+    # the stable wheel runs on any torch from its floor: pip picks torchvision's newest release
+    # and the torch that release is built for
+    opforge.nox.install(session, str(wheels[0]), "torchvision", "pytest")
+    session.run("pytest", "-q", "--durations=10", "extension/tests/torchvision_compat", *session.posargs,
+                env={"OPFORGE_REQUIRE_TORCHVISION": "1"})
+
+
+@nox.session(venv_backend=opforge.nox.VENV_BACKEND)
 def realtorch(session: nox.Session) -> None:
     """The tests that download real torch releases (several GB each; not part of .ci/run)."""
     opforge.nox.install(session, "-e", ".[test,build]")
