@@ -358,7 +358,7 @@ Tensor roi_pool_backward_kernel(const Tensor& grad, const Tensor& rois, const Te
   (void)spatial_scale;  // argmax already says where each bin's maximum came from
   const auto acc_dtype = opmath_dtype(grad.scalar_type());
   const std::vector<int64_t> shape{batch_size, channels, height, width};
-  if (grad.numel() == 0 || batch_size * channels * height * width == 0) {
+  if (grad.numel() == 0 || batch_size == 0 || channels == 0 || height == 0 || width == 0) {
     return to_dtype(alloc_zeros(grad, shape, acc_dtype), grad.scalar_type());
   }
   // Zeroed by the kernel, plane by plane (roi_pool_backward_impl).
