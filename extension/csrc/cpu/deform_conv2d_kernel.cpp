@@ -369,10 +369,18 @@ Tensor grouped_weight(const Tensor& weight, const Geometry& g) {
 
 // The forward's sampling loop, compiled once per vector width (deform_im2col.h).
 OPFORGE_VECTOR_CLONES void im2col_block(const cpu::DeformIm2colArgs<float>& args) {
-  cpu::deform_im2col_block(args);
+  if (args.mask) {
+    cpu::deform_im2col_block<true>(args);
+  } else {
+    cpu::deform_im2col_block<false>(args);
+  }
 }
 OPFORGE_VECTOR_CLONES void im2col_block(const cpu::DeformIm2colArgs<double>& args) {
-  cpu::deform_im2col_block(args);
+  if (args.mask) {
+    cpu::deform_im2col_block<true>(args);
+  } else {
+    cpu::deform_im2col_block<false>(args);
+  }
 }
 
 // Positions sampled and multiplied together: one block's columns (positions x kk * channels)
@@ -406,7 +414,7 @@ Tensor permuted_weight(const Tensor& weight, const Geometry& g) {
 
 // The forward: positions (image-major) in blocks that the work policy hands out; a block is
 // sampled into channels-last columns (deform_im2col.h) and multiplied with the permuted weight
-// by the thread that takes it, one GEMM per block, and the product (out_c x positions) is
+// by the thread that takes it, one GEMM per block, and the product (positions x out_c) is
 // written to the NCHW output with the bias added.
 Tensor forward_impl(const Tensor& input_, const Tensor& weight_, const Tensor& offset_,
                     const Tensor& mask_, const Tensor& bias_, const Geometry& g) {
@@ -422,6 +430,7 @@ Tensor forward_impl(const Tensor& input_, const Tensor& weight_, const Tensor& o
   const int64_t out_size = g.out_size();
   const int64_t kk = g.kernel_size();
   const int64_t cg = g.channels / g.groups;
+  const int64_t ocg = std::max<int64_t>(1, g.out_channels / g.groups);
 
   OPFORGE_DISPATCH_FLOAT_AND_DOUBLE(input_.scalar_type(), "opforge_deform_conv2d_forward", [&] {
     // The input channels-last: as given when it is, else a transposed copy.
@@ -438,6 +447,7 @@ Tensor forward_impl(const Tensor& input_, const Tensor& weight_, const Tensor& o
       in_ptr = input_cl.const_data_ptr<scalar_t>();
     }
     const Tensor w = permuted_weight<scalar_t>(weight, g);
+    const Tensor w_t = transposed(w, 1, 2);
     const std::vector<scalar_t> zeros(g.channels, scalar_t(0));
     const scalar_t* bias_ptr = bias.const_data_ptr<scalar_t>();
     scalar_t* out_ptr = output.mutable_data_ptr<scalar_t>();
@@ -468,23 +478,25 @@ Tensor forward_impl(const Tensor& input_, const Tensor& weight_, const Tensor& o
         args.q0 = q0;
         args.q1 = q0 + n;
         im2col_block(args);
-        // (groups, out_c / groups, kk * cg) @ (groups, kk * cg, n): out_c x n, positions inner
-        const Tensor part = batched_matmul(w, transposed(narrowed(columns, 1, 0, n), 1, 2));
+        // (groups, n, kk * cg) @ (groups, kk * cg, out_c / groups): positions x out_c, the
+        // orientation in which the columns need no transposing inside the GEMM.
+        const Tensor part = batched_matmul(narrowed(columns, 1, 0, n), w_t);
         const scalar_t* src = part.const_data_ptr<scalar_t>();
-        for (int64_t oc = 0; oc < g.out_channels; ++oc) {
-          const scalar_t b = bias_ptr[oc];
-          const scalar_t* from = src + oc * n;
-          // The block's positions, split where they cross into the next image.
-          for (int64_t q = q0; q < q0 + n;) {
-            const int64_t image = q / out_size, p = q % out_size;
-            const int64_t run = std::min(q0 + n - q, out_size - p);
+        // The block's positions, split where they cross into the next image, in runs of at
+        // most 64 so that the product rows a run reads stay in L1 across the channels.
+        for (int64_t q = q0; q < q0 + n;) {
+          const int64_t image = q / out_size, p = q % out_size;
+          const int64_t run = std::min({q0 + n - q, out_size - p, int64_t(64)});
+          for (int64_t oc = 0; oc < g.out_channels; ++oc) {
+            const scalar_t b = bias_ptr[oc];
+            const int64_t grp = oc / ocg;
+            const scalar_t* from = src + (grp * n + (q - q0)) * ocg + (oc - grp * ocg);
             scalar_t* to = out_ptr + (image * g.out_channels + oc) * out_size + p;
             for (int64_t i = 0; i < run; ++i) {
-              to[i] = from[i] + b;
+              to[i] = from[i * ocg] + b;
             }
-            from += run;
-            q += run;
           }
+          q += run;
         }
       }
     });

@@ -11,8 +11,8 @@
 //
 // Each channel's arithmetic is the channels-first kernel's, in its order:
 //     mask * (((w0 * v0 + w1 * v1) + w2 * v2) + w3 * v3)
-// with a neighbour outside the image read from a row of zeros (adding +0 changes no sum),
-// so a column entry is the same number either way.
+// with a neighbour outside the image read from a row of zeros (adding +0 changes no sum);
+// the AVX2 / AVX-512 clones may fuse its multiply-adds, a rounding-level difference.
 #pragma once
 
 #include <algorithm>
@@ -47,14 +47,16 @@ struct DeformIm2colArgs {
   T* columns;       // (groups, stride, kk * channels / groups)
 };
 
-// dst[c] = m * (((w0 * a[c] + w1 * b[c]) + w2 * d[c]) + w3 * e[c]) for c in [0, n).
-template <typename T>
+// dst[c] = m * (((w0 * a[c] + w1 * b[c]) + w2 * d[c]) + w3 * e[c]) for c in [0, n);
+// without a mask, the same sum unscaled.
+template <bool masked, typename T>
 [[gnu::always_inline]] inline void bilinear_run(T* __restrict dst, const T* __restrict a,
                                                 const T* __restrict b, const T* __restrict d,
                                                 const T* __restrict e, T w0, T w1, T w2, T w3,
                                                 T m, int64_t n) {
   for (int64_t c = 0; c < n; ++c) {
-    dst[c] = m * (((w0 * a[c] + w1 * b[c]) + w2 * d[c]) + w3 * e[c]);
+    const T v = ((w0 * a[c] + w1 * b[c]) + w2 * d[c]) + w3 * e[c];
+    dst[c] = masked ? m * v : v;
   }
 }
 
@@ -69,7 +71,8 @@ template <typename T>
 // Sampling semantics are torchvision's: a point with y <= -1, y >= height, x <= -1 or
 // x >= width samples 0 (NaN when a coordinate is NaN); otherwise the bilinear
 // interpolation of its four neighbours, neighbours outside the image counting as 0.
-template <typename T>
+// No integer division below the tap loop: positions and channel runs advance by steps.
+template <bool masked, typename T>
 [[gnu::always_inline]] inline void deform_im2col_block(const DeformIm2colArgs<T>& a) {
   const DeformConv2dGeometry& g = *a.g;
   const int64_t kk = g.kernel_size();
@@ -79,26 +82,31 @@ template <typename T>
   const int64_t cg = channels / g.groups;  // channels of one group
   const int64_t row = kk * cg;             // one position's entries in one group's slab
   const int64_t height = g.height, width = g.width;
+  const int64_t image_elems = height * width * channels;
   const T nan = std::numeric_limits<T>::quiet_NaN();
+  const int64_t first_image = a.q0 / out_size;
+  const int64_t first_p = a.q0 % out_size;
+  const int64_t first_oh = first_p / g.out_w, first_ow = first_p % g.out_w;
 
   for (int64_t og = 0; og < g.offset_groups; ++og) {
     const int64_t c_first = og * cpg, c_last = c_first + cpg;
+    const int64_t g_first = cg > 0 ? c_first / cg : 0;
     for (int64_t tap = 0; tap < kk; ++tap) {
       const int64_t ki = tap / g.kernel_w, kj = tap % g.kernel_w;
-      int64_t image = a.q0 / out_size;
-      int64_t p = a.q0 % out_size;
-      for (int64_t q = a.q0; q < a.q1; ++q, ++p) {
-        if (p == out_size) {
-          p = 0;
-          ++image;
-        }
-        const T* off =
-            a.offset + ((image * g.offset_groups + og) * 2 * kk + 2 * tap) * out_size + p;
-        const int64_t oh = p / g.out_w, ow = p % g.out_w;
-        const T y = static_cast<T>(oh * g.stride_h - g.pad_h + ki * g.dilation_h) + off[0];
-        const T x = static_cast<T>(ow * g.stride_w - g.pad_w + kj * g.dilation_w) + off[out_size];
-        const T m = a.mask ? a.mask[((image * g.offset_groups + og) * kk + tap) * out_size + p]
-                           : T(1);
+      const int64_t y_base = ki * g.dilation_h - g.pad_h;
+      const int64_t x_base = kj * g.dilation_w - g.pad_w;
+      const int64_t off_step = g.offset_groups * 2 * kk * out_size;  // one image of offsets
+      const int64_t mask_step = g.offset_groups * kk * out_size;
+      const T* off = a.offset + ((first_image * g.offset_groups + og) * 2 * kk + 2 * tap) *
+                                    out_size;
+      const T* msk = masked ? a.mask + ((first_image * g.offset_groups + og) * kk + tap) * out_size
+                            : nullptr;
+      const T* image_base = a.input + first_image * image_elems;
+      int64_t p = first_p, oh = first_oh, ow = first_ow;
+      for (int64_t q = a.q0; q < a.q1; ++q) {
+        const T y = static_cast<T>(oh * g.stride_h + y_base) + off[p];
+        const T x = static_cast<T>(ow * g.stride_w + x_base) + off[out_size + p];
+        const T m = masked ? msk[p] : T(1);
         // Written so that NaN coordinates fail it.
         const bool inside = y > -1 && y < height && x > -1 && x < width;
         const T* v[4] = {a.zeros, a.zeros, a.zeros, a.zeros};
@@ -112,28 +120,44 @@ template <typename T>
           w[1] = hy * lx;
           w[2] = ly * hx;
           w[3] = ly * lx;
-          const T* base = a.input + image * height * width * channels;
+          const T* r0 = image_base + (y0 * width + x0) * channels;
+          const T* r1 = r0 + width * channels;
           const bool vy0 = y0 >= 0, vy1 = y0 + 1 <= height - 1;
           const bool vx0 = x0 >= 0, vx1 = x0 + 1 <= width - 1;
-          if (vy0 && vx0) v[0] = base + (y0 * width + x0) * channels;
-          if (vy0 && vx1) v[1] = base + (y0 * width + x0 + 1) * channels;
-          if (vy1 && vx0) v[2] = base + ((y0 + 1) * width + x0) * channels;
-          if (vy1 && vx1) v[3] = base + ((y0 + 1) * width + x0 + 1) * channels;
+          if (vy0 && vx0) v[0] = r0;
+          if (vy0 && vx1) v[1] = r0 + channels;
+          if (vy1 && vx0) v[2] = r1;
+          if (vy1 && vx1) v[3] = r1 + channels;
         }
-        const bool is_nan = std::isnan(y) || std::isnan(x);
+        const T fill = inside || !(std::isnan(y) || std::isnan(x)) ? T(0) : nan;
         // The offset group's channels, one run per group they fall in.
-        for (int64_t c0 = c_first; c0 < c_last;) {
-          const int64_t grp = c0 / cg;
-          const int64_t c1 = std::min(c_last, (grp + 1) * cg);
-          T* dst = a.columns + (grp * a.stride + (q - a.q0)) * row + tap * cg + (c0 - grp * cg);
+        T* dst = a.columns + (g_first * a.stride + (q - a.q0)) * row + tap * cg +
+                 (c_first - g_first * cg);
+        for (int64_t c0 = c_first, grp_end = (g_first + 1) * cg; c0 < c_last;
+             grp_end += cg) {
+          const int64_t c1 = std::min(c_last, grp_end);
           if (inside) {
-            bilinear_run(dst, v[0] + c0, v[1] + c0, v[2] + c0, v[3] + c0, w[0], w[1], w[2], w[3],
-                         m, c1 - c0);
+            bilinear_run<masked>(dst, v[0] + c0, v[1] + c0, v[2] + c0, v[3] + c0, w[0], w[1],
+                                 w[2], w[3], m, c1 - c0);
           } else {
-            fill_run(dst, is_nan ? nan : T(0), c1 - c0);
+            fill_run(dst, fill, c1 - c0);
           }
+          // The next group's run starts at its first channel.
+          dst += a.stride * row - (c0 - (grp_end - cg));
           c0 = c1;
         }
+        if (++ow == g.out_w) {
+          ow = 0;
+          if (++oh == g.out_h) {
+            oh = 0;
+            // The next image.
+            p = -1;
+            off += off_step;
+            if (masked) msk += mask_step;
+            image_base += image_elems;
+          }
+        }
+        ++p;
       }
     }
   }
