@@ -71,7 +71,9 @@ template <typename T>
 // Sampling semantics are torchvision's: a point with y <= -1, y >= height, x <= -1 or
 // x >= width samples 0 (NaN when a coordinate is NaN); otherwise the bilinear
 // interpolation of its four neighbours, neighbours outside the image counting as 0.
-// No integer division below the tap loop: positions and channel runs advance by steps.
+// Taps run innermost: a position's taps and its neighbours' read the same few input rows,
+// which stay in L1, and the columns are written in order. No integer division below the
+// offset group loop: positions, taps and channel runs advance by steps.
 template <bool masked, typename T>
 [[gnu::always_inline]] inline void deform_im2col_block(const DeformIm2colArgs<T>& a) {
   const DeformConv2dGeometry& g = *a.g;
@@ -87,26 +89,28 @@ template <bool masked, typename T>
   const int64_t first_image = a.q0 / out_size;
   const int64_t first_p = a.q0 % out_size;
   const int64_t first_oh = first_p / g.out_w, first_ow = first_p % g.out_w;
+  const int64_t off_step = g.offset_groups * 2 * kk * out_size;  // one image of offsets
+  const int64_t mask_step = g.offset_groups * kk * out_size;
 
   for (int64_t og = 0; og < g.offset_groups; ++og) {
     const int64_t c_first = og * cpg, c_last = c_first + cpg;
     const int64_t g_first = cg > 0 ? c_first / cg : 0;
-    for (int64_t tap = 0; tap < kk; ++tap) {
-      const int64_t ki = tap / g.kernel_w, kj = tap % g.kernel_w;
-      const int64_t y_base = ki * g.dilation_h - g.pad_h;
-      const int64_t x_base = kj * g.dilation_w - g.pad_w;
-      const int64_t off_step = g.offset_groups * 2 * kk * out_size;  // one image of offsets
-      const int64_t mask_step = g.offset_groups * kk * out_size;
-      const T* off = a.offset + ((first_image * g.offset_groups + og) * 2 * kk + 2 * tap) *
-                                    out_size;
-      const T* msk = masked ? a.mask + ((first_image * g.offset_groups + og) * kk + tap) * out_size
-                            : nullptr;
-      const T* image_base = a.input + first_image * image_elems;
-      int64_t p = first_p, oh = first_oh, ow = first_ow;
-      for (int64_t q = a.q0; q < a.q1; ++q) {
-        const T y = static_cast<T>(oh * g.stride_h + y_base) + off[p];
-        const T x = static_cast<T>(ow * g.stride_w + x_base) + off[out_size + p];
-        const T m = masked ? msk[p] : T(1);
+    const T* off = a.offset + (first_image * g.offset_groups + og) * 2 * kk * out_size;
+    const T* msk = masked ? a.mask + (first_image * g.offset_groups + og) * kk * out_size : nullptr;
+    const T* image_base = a.input + first_image * image_elems;
+    int64_t p = first_p, oh = first_oh, ow = first_ow;
+    for (int64_t q = a.q0; q < a.q1; ++q) {
+      const int64_t y_pos = oh * g.stride_h - g.pad_h, x_pos = ow * g.stride_w - g.pad_w;
+      T* dst_q = a.columns + (g_first * a.stride + (q - a.q0)) * row + (c_first - g_first * cg);
+      for (int64_t tap = 0, ki = 0, kj = 0; tap < kk; ++tap) {
+        const T y = static_cast<T>(y_pos + ki * g.dilation_h) + off[2 * tap * out_size + p];
+        const T x =
+            static_cast<T>(x_pos + kj * g.dilation_w) + off[(2 * tap + 1) * out_size + p];
+        const T m = masked ? msk[tap * out_size + p] : T(1);
+        if (++kj == g.kernel_w) {
+          kj = 0;
+          ++ki;
+        }
         // Written so that NaN coordinates fail it.
         const bool inside = y > -1 && y < height && x > -1 && x < width;
         const T* v[4] = {a.zeros, a.zeros, a.zeros, a.zeros};
@@ -131,8 +135,7 @@ template <bool masked, typename T>
         }
         const T fill = inside || !(std::isnan(y) || std::isnan(x)) ? T(0) : nan;
         // The offset group's channels, one run per group they fall in.
-        T* dst = a.columns + (g_first * a.stride + (q - a.q0)) * row + tap * cg +
-                 (c_first - g_first * cg);
+        T* dst = dst_q + tap * cg;
         for (int64_t c0 = c_first, grp_end = (g_first + 1) * cg; c0 < c_last;
              grp_end += cg) {
           const int64_t c1 = std::min(c_last, grp_end);
@@ -146,19 +149,19 @@ template <bool masked, typename T>
           dst += a.stride * row - (c0 - (grp_end - cg));
           c0 = c1;
         }
-        if (++ow == g.out_w) {
-          ow = 0;
-          if (++oh == g.out_h) {
-            oh = 0;
-            // The next image.
-            p = -1;
-            off += off_step;
-            if (masked) msk += mask_step;
-            image_base += image_elems;
-          }
-        }
-        ++p;
       }
+      if (++ow == g.out_w) {
+        ow = 0;
+        if (++oh == g.out_h) {
+          oh = 0;
+          // The next image.
+          p = -1;
+          off += off_step;
+          if (masked) msk += mask_step;
+          image_base += image_elems;
+        }
+      }
+      ++p;
     }
   }
 }
