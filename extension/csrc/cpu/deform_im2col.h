@@ -24,8 +24,10 @@
 
 // Vector width is chosen at load time: the kernels are compiled for the baseline x86-64
 // (SSE2) like the rest of the extension, and the sampling loop is cloned for AVX2 and
-// AVX-512 machines (GCC's function multiversioning: an ifunc picks the clone once).
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+// AVX-512 machines (GCC's function multiversioning: an ifunc, which glibc resolves once at
+// load time, picks the clone). Elsewhere the one baseline version.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && \
+    defined(__GLIBC__)
 #define OPFORGE_VECTOR_CLONES \
   __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
