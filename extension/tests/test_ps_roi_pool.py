@@ -124,3 +124,25 @@ def torchvision_cases():
     yield Case("ps_roi_pool", "module", lambda: ps_inputs(torch.float64, "list", "contiguous", 6, interior=True),
                lambda ns, a: ns.PSRoIPool((2, 3), 0.5)(a[0], a[1]), grad=True)
     yield Case("ps_roi_pool", "module-repr", lambda: (), lambda ns, a: repr(ns.PSRoIPool((2, 3), 0.5)))
+
+
+def test_backward_writes_every_element_of_every_channel_block():
+    # 3x3 bins x 31 output channels = 279 input channels, more than two of the CPU backward's
+    # channel blocks; the grad input it returns is allocated uninitialized and zeroed by the
+    # kernel: with the allocator handing back memory full of NaN, every pixel no bin covers
+    # (the last row and column among them) must still come back 0.
+    shape = (2, 279, 12, 12)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(shape, generator=g, dtype=torch.float64)
+    rois = torch.tensor([[0, 1, 1, 6, 7], [1, 0, 2, 9, 10], [1, 4, 4, 5, 5], [0, 20, 20, 30, 30]],
+                        dtype=torch.float64)
+    x64 = x.clone().requires_grad_()
+    expected_out, mapping = reference(x64, rois, 1.0, 3, 3)
+    grad = torch.randn(expected_out.shape, generator=g, dtype=torch.float64)
+    (expected,) = torch.autograd.grad(expected_out, x64, grad)
+    for _ in range(3):
+        torch.full(shape, float("nan"), dtype=torch.float64)
+    got = torch.ops.opforge._ps_roi_pool_backward(grad, rois, mapping, 1.0, 3, 3, *shape)
+    assert not got.isnan().any()
+    assert not got[:, :, -1].any() and not got[:, :, :, -1].any()
+    torch.testing.assert_close(got, expected)

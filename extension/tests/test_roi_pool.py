@@ -273,3 +273,49 @@ def torchvision_cases():
     yield Case("roi_pool", "module", lambda: roi_inputs(torch.float64, "list", "contiguous"),
                lambda ns, a: ns.RoIPool((2, 3), 0.5)(a[0], a[1]), grad=True)
     yield Case("roi_pool", "module-repr", lambda: (), lambda ns, a: repr(ns.RoIPool((2, 3), 0.5)))
+
+
+def _dirty_the_allocator(shape, dtype):
+    """Frees tensors of `shape` full of NaN, so that the next allocation of that size is likely
+    to reuse their memory: a kernel that leaves part of its output unwritten shows NaN there."""
+    for _ in range(3):
+        torch.full(shape, float("nan"), dtype=dtype)
+
+
+def test_bins_of_every_shape_and_ties_over_several_channel_blocks_match_the_reference():
+    # 70 channels: more than one of the CPU kernel's channel blocks. Values from {0, 1, 2, 3}:
+    # most bins hold ties, so the first maximum in scan order must win. 7x7 bins over rois of
+    # 1 to 25 pixels a side give bins of 1 to 3 pixels a side (the fixed-shape scans) and wider
+    # ones (the general loop); rois partly or wholly outside the image give empty bins, and
+    # some reach the last row and column.
+    shape = (2, 70, 24, 26)
+    g = torch.Generator().manual_seed(5)
+    input = torch.randint(0, 4, shape, generator=g).double()
+    rois = torch.tensor(
+        [
+            [0, 0, 0, 4, 4],
+            [1, 2, 3, 12, 10],
+            [0, 3, 2, 19, 17],
+            [1, 0, 0, 25, 23],
+            [0, -10, -10, 2, 3],
+            [1, 30, 30, 40, 40],
+            [0, 20, 15, 25, 23],
+            [1, 25, 23, 25, 23],
+        ],
+        dtype=torch.float64,
+    )
+    out, argmax = OP(input, rois, 1.0, 7, 7)
+    expected, expected_argmax = reference(input, rois, 1.0, 7, 7)
+    assert torch.equal(out, expected)
+    assert torch.equal(argmax, expected_argmax)
+
+    # The backward adds each bin's grad at its argmax; every other element is 0.
+    grad = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    want = torch.zeros(shape, dtype=torch.float64)
+    for n, c, ph, pw in itertools.product(range(len(rois)), range(shape[1]), range(7), range(7)):
+        where = int(argmax[n, c, ph, pw])
+        if where >= 0:
+            want[int(rois[n, 0]), c].view(-1)[where] += grad[n, c, ph, pw]
+    _dirty_the_allocator(shape, torch.float64)
+    got = torch.ops.opforge._roi_pool_backward(grad, rois, argmax, 1.0, 7, 7, *shape)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)

@@ -1,11 +1,13 @@
 // CPU kernels for opforge::deform_conv2d and opforge::_deform_conv2d_backward.
 //
-// The forward is "bilinear im2col + GEMM": each batch chunk is expanded into a
-// column matrix of shape (channels * kh * kw, chunk * out_h * out_w), which one
-// batched GEMM per chunk multiplies with the (grouped) weight. The backward
-// reuses the same column layout. Every sampling loop runs under
-// parallel_for_work (cpu/parallel_policy.h: threads only where the work pays for
-// them); tasks are split so that no two tasks ever write the same
+// Both are "bilinear im2col + GEMM". The forward samples a channels-last copy of the
+// input (deform_im2col.h: one set of corners and weights per position and tap, applied
+// to a vector of channels) block of positions by block, and multiplies each block with
+// the weight permuted to the columns' (tap, channel) order while it is still in cache.
+// The backward expands each batch chunk into a channels-first column matrix of shape
+// (channels * kh * kw, chunk * out_h * out_w) for its GEMMs and gradient scatters. Every
+// sampling loop runs under parallel_for_work (cpu/parallel_policy.h: threads only where
+// the work pays for them); tasks are split so that no two tasks ever write the same
 // element (no atomics, no per-thread reduction buffers).
 //
 // Sampling semantics (shared with torchvision.ops.deform_conv2d): a point
@@ -21,6 +23,8 @@
 #include <vector>
 
 #include "../common.h"
+#include "channels_last.h"
+#include "deform_im2col.h"
 #include "parallel_policy.h"
 
 namespace opforge::ops {
@@ -317,21 +321,6 @@ bool is_reduced_float(ScalarType t) {
   return t == ScalarType::Half || t == ScalarType::BFloat16;
 }
 
-// output[b, oc, :, :] += bias[oc]
-template <typename scalar_t>
-void add_bias(scalar_t* output, const scalar_t* bias, const Geometry& g) {
-  const int64_t out_size = g.out_size();
-  cpu::parallel_for_work(g.batch * g.out_channels, out_size, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const scalar_t b = bias[i % g.out_channels];
-      scalar_t* plane = output + i * out_size;
-      for (int64_t p = 0; p < out_size; ++p) {
-        plane[p] += b;
-      }
-    }
-  });
-}
-
 // total[i] += part[i]: one chunk's weight gradient into the running sum.
 template <typename scalar_t>
 void accumulate(scalar_t* total, const scalar_t* part, int64_t count) {
@@ -378,41 +367,139 @@ Tensor grouped_weight(const Tensor& weight, const Geometry& g) {
                   {g.groups, g.out_channels / g.groups, g.channels / g.groups * g.kernel_size()});
 }
 
+// The forward's sampling loop, compiled once per vector width (deform_im2col.h).
+OPFORGE_VECTOR_CLONES void im2col_block(const cpu::DeformIm2colArgs<float>& args) {
+  if (args.mask) {
+    cpu::deform_im2col_block<true>(args);
+  } else {
+    cpu::deform_im2col_block<false>(args);
+  }
+}
+OPFORGE_VECTOR_CLONES void im2col_block(const cpu::DeformIm2colArgs<double>& args) {
+  if (args.mask) {
+    cpu::deform_im2col_block<true>(args);
+  } else {
+    cpu::deform_im2col_block<false>(args);
+  }
+}
+
+// Positions sampled and multiplied together: one block's columns (positions x kk * channels)
+// stay in a core's L2 between the sampling that writes them and the GEMM that reads them.
+constexpr int64_t kForwardColumnBytes = int64_t(1) << 20;
+
+int64_t forward_block(const Geometry& g, int64_t element_size) {
+  const int64_t row_bytes = std::max<int64_t>(1, g.kernel_size() * g.channels * element_size);
+  const int64_t fit = kForwardColumnBytes / row_bytes / 16 * 16;
+  return std::clamp<int64_t>(fit, 32, 1024);
+}
+
+// weight (out_c, in_c / groups, kh, kw) -> (groups, out_c / groups, kh * kw * in_c / groups):
+// the reduction order of the channels-last columns.
+template <typename scalar_t>
+Tensor permuted_weight(const Tensor& weight, const Geometry& g) {
+  const int64_t kk = g.kernel_size();
+  const int64_t cg = g.channels / g.groups;
+  Tensor out = alloc_empty(weight, {g.groups, g.out_channels / g.groups, kk * cg});
+  const scalar_t* src = weight.const_data_ptr<scalar_t>();
+  scalar_t* dst = out.mutable_data_ptr<scalar_t>();
+  for (int64_t oc = 0; oc < g.out_channels; ++oc) {
+    for (int64_t c = 0; c < cg; ++c) {
+      for (int64_t tap = 0; tap < kk; ++tap) {
+        dst[(oc * kk + tap) * cg + c] = src[(oc * cg + c) * kk + tap];
+      }
+    }
+  }
+  return out;
+}
+
+// The forward: positions (image-major) in blocks that the work policy hands out; a block is
+// sampled into channels-last columns (deform_im2col.h) and multiplied with the permuted weight
+// by the thread that takes it, one GEMM per block, and the product (positions x out_c) is
+// written to the NCHW output with the bias added.
 Tensor forward_impl(const Tensor& input_, const Tensor& weight_, const Tensor& offset_,
                     const Tensor& mask_, const Tensor& bias_, const Geometry& g) {
-  const Tensor input = as_contiguous(input_);
   const Tensor weight = as_contiguous(weight_);
   const Tensor offset = as_contiguous(offset_);
   const Tensor mask = g.use_mask ? as_contiguous(mask_) : mask_;
   const Tensor bias = as_contiguous(bias_);
 
-  Tensor output = alloc_zeros(input, {g.batch, g.out_channels, g.out_h, g.out_w});
   if (g.batch == 0) {
-    return output;
+    return alloc_zeros(input_, {g.batch, g.out_channels, g.out_h, g.out_w});
   }
-  const Tensor w = grouped_weight(weight, g);
-  const int64_t chunk = chunk_images(g);
-  const int64_t rows = g.channels * g.kernel_size();
+  Tensor output = alloc_empty(input_, {g.batch, g.out_channels, g.out_h, g.out_w});
   const int64_t out_size = g.out_size();
+  const int64_t kk = g.kernel_size();
+  const int64_t cg = g.channels / g.groups;
+  const int64_t ocg = std::max<int64_t>(1, g.out_channels / g.groups);
 
-  OPFORGE_DISPATCH_FLOAT_AND_DOUBLE(input.scalar_type(), "opforge_deform_conv2d_forward", [&] {
-    Tensor columns = alloc_empty(input, {rows, chunk * out_size});
-    for (int64_t b0 = 0; b0 < g.batch; b0 += chunk) {
-      const int64_t n = std::min(chunk, g.batch - b0);
-      // A prefix of the flat buffer, so a short last chunk stays contiguous.
-      Tensor cols =
-          viewed(narrowed(viewed(columns, {-1}), 0, 0, rows * n * out_size), {rows, n * out_size});
-      deformable_im2col<scalar_t>(g, input.mutable_data_ptr<scalar_t>(),
-                                  offset.mutable_data_ptr<scalar_t>(),
-                                  g.use_mask ? mask.mutable_data_ptr<scalar_t>() : nullptr, b0, n,
-                                  cols.mutable_data_ptr<scalar_t>());
-      // (groups, out_c / groups, n * out_size) -> (n, out_c, out_size)
-      Tensor prod = alloc_empty(input, {g.groups, g.out_channels / g.groups, n * out_size});
-      matmul_by_columns<scalar_t>(prod, w, viewed(cols, {g.groups, rows / g.groups, n * out_size}));
-      copy_into(viewed(narrowed(output, 0, b0, n), {n, g.out_channels, out_size}),
-                transposed(viewed(prod, {g.out_channels, n, out_size}), 0, 1));
+  OPFORGE_DISPATCH_FLOAT_AND_DOUBLE(input_.scalar_type(), "opforge_deform_conv2d_forward", [&] {
+    // The input channels-last: as given when it is, else a transposed copy.
+    Tensor input_cl;
+    const scalar_t* in_ptr = nullptr;
+    if (cpu::is_channels_last(input_)) {
+      in_ptr = input_.const_data_ptr<scalar_t>();
+    } else {
+      const Tensor input = as_contiguous(input_);
+      input_cl = alloc_empty(input, {g.batch, g.height, g.width, g.channels});
+      cpu::to_channels_last<scalar_t, scalar_t>(input.const_data_ptr<scalar_t>(),
+                                                input_cl.mutable_data_ptr<scalar_t>(), g.batch,
+                                                g.channels, g.height * g.width);
+      in_ptr = input_cl.const_data_ptr<scalar_t>();
     }
-    add_bias(output.mutable_data_ptr<scalar_t>(), bias.const_data_ptr<scalar_t>(), g);
+    const Tensor w = permuted_weight<scalar_t>(weight, g);
+    const Tensor w_t = transposed(w, 1, 2);
+    const std::vector<scalar_t> zeros(g.channels, scalar_t(0));
+    const scalar_t* bias_ptr = bias.const_data_ptr<scalar_t>();
+    scalar_t* out_ptr = output.mutable_data_ptr<scalar_t>();
+    cpu::DeformIm2colArgs<scalar_t> proto{&g,
+                                          in_ptr,
+                                          offset.const_data_ptr<scalar_t>(),
+                                          g.use_mask ? mask.const_data_ptr<scalar_t>() : nullptr,
+                                          zeros.data(),
+                                          0,
+                                          0,
+                                          0,
+                                          nullptr};
+
+    const int64_t total = g.batch * out_size;
+    const int64_t block = std::min(total, forward_block(g, sizeof(scalar_t)));
+    const int64_t blocks = ceil_div(total, block);
+    // Per position: kk * channels samples (4 units each) and a 2 * out_c * kk * cg GEMM column.
+    const int64_t block_work =
+        cpu::total_work(block, kk * g.channels * 4 + 2 * g.out_channels * kk * cg);
+    cpu::parallel_for_work(blocks, block_work, [&](int64_t begin, int64_t end) {
+      Tensor columns = alloc_empty(w, {g.groups, block, kk * cg});
+      cpu::DeformIm2colArgs<scalar_t> args = proto;
+      args.stride = block;
+      args.columns = columns.mutable_data_ptr<scalar_t>();
+      for (int64_t blk = begin; blk < end; ++blk) {
+        const int64_t q0 = blk * block;
+        const int64_t n = std::min(total, q0 + block) - q0;
+        args.q0 = q0;
+        args.q1 = q0 + n;
+        im2col_block(args);
+        // (groups, n, kk * cg) @ (groups, kk * cg, out_c / groups): positions x out_c, the
+        // orientation in which the columns need no transposing inside the GEMM.
+        const Tensor part = batched_matmul(narrowed(columns, 1, 0, n), w_t);
+        const scalar_t* src = part.const_data_ptr<scalar_t>();
+        // The block's positions, split where they cross into the next image, in runs of at
+        // most 64 so that the product rows a run reads stay in L1 across the channels.
+        for (int64_t q = q0; q < q0 + n;) {
+          const int64_t image = q / out_size, p = q % out_size;
+          const int64_t run = std::min({q0 + n - q, out_size - p, int64_t(64)});
+          for (int64_t oc = 0; oc < g.out_channels; ++oc) {
+            const scalar_t b = bias_ptr[oc];
+            const int64_t grp = oc / ocg;
+            const scalar_t* from = src + (grp * n + (q - q0)) * ocg + (oc - grp * ocg);
+            scalar_t* to = out_ptr + (image * g.out_channels + oc) * out_size + p;
+            for (int64_t i = 0; i < run; ++i) {
+              to[i] = from[i * ocg] + b;
+            }
+          }
+          q += run;
+        }
+      }
+    });
   });
   return output;
 }

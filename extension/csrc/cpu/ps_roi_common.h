@@ -87,21 +87,24 @@ std::tuple<Tensor, Tensor> ps_roi_forward(const char* op, const Tensor& input, c
 }
 
 // Checks the backward's arguments (then sampling_ratio: 0 for ps_roi_pool) and calls impl(grad,
-// rois, channel_mapping, grad_input) with the scalar type dispatched, grad_input zeros of the
-// opmath type; returns it in grad's type.
+// rois, channel_mapping, grad_input) with the scalar type dispatched, grad_input of the opmath
+// type: zeros, or (impl_zeroes) uninitialized for impl to zero every element before adding into
+// it; returns it in grad's type.
 template <typename Impl>
 Tensor ps_roi_backward(const char* op, const Tensor& grad, const Tensor& rois,
                        const Tensor& channel_mapping, int64_t pooled_height, int64_t pooled_width,
                        int64_t batch_size, int64_t channels, int64_t height, int64_t width,
-                       int64_t sampling_ratio, const Impl& impl) {
+                       int64_t sampling_ratio, const Impl& impl, bool impl_zeroes = false) {
   check_ps_roi_backward_inputs(op, grad, rois, channel_mapping, pooled_height, pooled_width,
                                batch_size, channels, height, width);
   check_sampling_ratio(op, sampling_ratio, pooled_height, pooled_width);
   const auto acc_dtype = opmath_dtype(grad.scalar_type());
-  Tensor grad_input = alloc_zeros(grad, {batch_size, channels, height, width}, acc_dtype);
-  if (grad.numel() == 0 || grad_input.numel() == 0) {
-    return to_dtype(grad_input, grad.scalar_type());
+  const std::vector<int64_t> shape{batch_size, channels, height, width};
+  if (grad.numel() == 0 || batch_size == 0 || channels == 0 || height == 0 || width == 0) {
+    return to_dtype(alloc_zeros(grad, shape, acc_dtype), grad.scalar_type());
   }
+  Tensor grad_input =
+      impl_zeroes ? alloc_empty(grad, shape, acc_dtype) : alloc_zeros(grad, shape, acc_dtype);
   const Tensor grad_c = as_contiguous(grad);
   const Tensor rois_c = as_contiguous(rois);
   const Tensor mapping_c = as_contiguous(channel_mapping);
