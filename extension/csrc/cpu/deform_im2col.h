@@ -54,8 +54,8 @@ struct DeformIm2colArgs {
 template <bool masked, typename T>
 [[gnu::always_inline]] inline void bilinear_run(T* __restrict dst, const T* __restrict a,
                                                 const T* __restrict b, const T* __restrict d,
-                                                const T* __restrict e, T w0, T w1, T w2, T w3,
-                                                T m, int64_t n) {
+                                                const T* __restrict e, T w0, T w1, T w2, T w3, T m,
+                                                int64_t n) {
   for (int64_t c = 0; c < n; ++c) {
     const T v = ((w0 * a[c] + w1 * b[c]) + w2 * d[c]) + w3 * e[c];
     dst[c] = masked ? m * v : v;
@@ -106,8 +106,7 @@ template <bool masked, typename T>
       T* dst_q = a.columns + (g_first * a.stride + (q - a.q0)) * row + (c_first - g_first * cg);
       for (int64_t tap = 0, ki = 0, kj = 0; tap < kk; ++tap) {
         const T y = static_cast<T>(y_pos + ki * g.dilation_h) + off[2 * tap * out_size + p];
-        const T x =
-            static_cast<T>(x_pos + kj * g.dilation_w) + off[(2 * tap + 1) * out_size + p];
+        const T x = static_cast<T>(x_pos + kj * g.dilation_w) + off[(2 * tap + 1) * out_size + p];
         const T m = masked ? msk[tap * out_size + p] : T(1);
         if (++kj == g.kernel_w) {
           kj = 0;
@@ -130,20 +129,23 @@ template <bool masked, typename T>
           const T* r1 = r0 + width * channels;
           const bool vy0 = y0 >= 0, vy1 = y0 + 1 <= height - 1;
           const bool vx0 = x0 >= 0, vx1 = x0 + 1 <= width - 1;
-          if (vy0 && vx0) v[0] = r0;
-          if (vy0 && vx1) v[1] = r0 + channels;
-          if (vy1 && vx0) v[2] = r1;
-          if (vy1 && vx1) v[3] = r1 + channels;
+          if (vy0 && vx0)
+            v[0] = r0;
+          if (vy0 && vx1)
+            v[1] = r0 + channels;
+          if (vy1 && vx0)
+            v[2] = r1;
+          if (vy1 && vx1)
+            v[3] = r1 + channels;
         }
         const T fill = inside || !(std::isnan(y) || std::isnan(x)) ? T(0) : nan;
         // The offset group's channels, one run per group they fall in.
         T* dst = dst_q + tap * cg;
-        for (int64_t c0 = c_first, grp_end = (g_first + 1) * cg; c0 < c_last;
-             grp_end += cg) {
+        for (int64_t c0 = c_first, grp_end = (g_first + 1) * cg; c0 < c_last; grp_end += cg) {
           const int64_t c1 = std::min(c_last, grp_end);
           if (inside) {
-            bilinear_run<masked>(dst, v[0] + c0, v[1] + c0, v[2] + c0, v[3] + c0, w[0], w[1],
-                                 w[2], w[3], m, c1 - c0);
+            bilinear_run<masked>(dst, v[0] + c0, v[1] + c0, v[2] + c0, v[3] + c0, w[0], w[1], w[2],
+                                 w[3], m, c1 - c0);
           } else {
             fill_run(dst, fill, c1 - c0);
           }
@@ -159,7 +161,8 @@ template <bool masked, typename T>
           // The next image.
           p = -1;
           off += off_step;
-          if (masked) msk += mask_step;
+          if (masked)
+            msk += mask_step;
           image_base += image_elems;
         }
       }

@@ -199,17 +199,17 @@ void ps_roi_pool_backward_impl(const Tensor& grad, const Tensor& rois,
     if (!forward_mapping) {
       // Any mapping: every chunk reads every entry, adding those of its own channels.
       zero_channels(c_begin, c_end);
-      for_each_owned_entry(mapping, false, g, num_rois, per_roi, bins, c_begin, c_end,
-                           [&](int64_t n, int64_t e, int64_t bin, int64_t c_in) {
-                             const BinSpan& span = spans[bin * num_rois + n];
-                             if (span.rows == 0) {
-                               return;
-                             }
-                             const acc_t value = static_cast<acc_t>(g[n * per_roi + e]) /
-                                                 static_cast<acc_t>(span.rows * span.cols);
-                             add_span(gi + image_offset[n] + c_in * plane_size + span.offset,
-                                      span, width, value);
-                           });
+      for_each_owned_entry(
+          mapping, false, g, num_rois, per_roi, bins, c_begin, c_end,
+          [&](int64_t n, int64_t e, int64_t bin, int64_t c_in) {
+            const BinSpan& span = spans[bin * num_rois + n];
+            if (span.rows == 0) {
+              return;
+            }
+            const acc_t value =
+                static_cast<acc_t>(g[n * per_roi + e]) / static_cast<acc_t>(span.rows * span.cols);
+            add_span(gi + image_offset[n] + c_in * plane_size + span.offset, span, width, value);
+          });
       return;
     }
     // The forward's mapping: channel c's entries are entry c of every roi. Plane by plane: the
@@ -227,8 +227,8 @@ void ps_roi_pool_backward_impl(const Tensor& grad, const Tensor& rois,
         if (span.rows == 0) {
           continue;
         }
-        const acc_t value = static_cast<acc_t>(gc[n * per_roi]) /
-                            static_cast<acc_t>(span.rows * span.cols);
+        const acc_t value =
+            static_cast<acc_t>(gc[n * per_roi]) / static_cast<acc_t>(span.rows * span.cols);
         add_span(gi_c + image_offset[n] + span.offset, span, width, value);
       }
     }
@@ -252,16 +252,16 @@ Tensor ps_roi_pool_backward_kernel(const Tensor& grad, const Tensor& rois,
                                    const Tensor& channel_mapping, double spatial_scale,
                                    int64_t pooled_height, int64_t pooled_width, int64_t batch_size,
                                    int64_t channels, int64_t height, int64_t width) {
-  return ps_roi_backward("_ps_roi_pool_backward", grad, rois, channel_mapping, pooled_height,
-                         pooled_width, batch_size, channels, height, width,
-                         /*sampling_ratio=*/0,
-                         [&](auto scalar, const Tensor& grad_c, const Tensor& rois_c,
-                             const Tensor& mapping_c, Tensor& grad_input) {
-                           ps_roi_pool_backward_impl<decltype(scalar)>(grad_c, rois_c, mapping_c,
-                                                                       grad_input, spatial_scale,
-                                                                       pooled_height, pooled_width);
-                         },
-                         /*impl_zeroes=*/true);
+  return ps_roi_backward(
+      "_ps_roi_pool_backward", grad, rois, channel_mapping, pooled_height, pooled_width, batch_size,
+      channels, height, width,
+      /*sampling_ratio=*/0,
+      [&](auto scalar, const Tensor& grad_c, const Tensor& rois_c, const Tensor& mapping_c,
+          Tensor& grad_input) {
+        ps_roi_pool_backward_impl<decltype(scalar)>(grad_c, rois_c, mapping_c, grad_input,
+                                                    spatial_scale, pooled_height, pooled_width);
+      },
+      /*impl_zeroes=*/true);
 }
 
 }  // namespace

@@ -106,14 +106,13 @@ void max_fixed_bins(const ScanBins& s, const scalar_t* image, int64_t plane_size
 // Any bins (empty, or wider than kMaxSide), the plain scan.
 template <typename scalar_t>
 void max_any_bins(const PoolBins& bins, const scalar_t* image, int64_t plane_size, int64_t width,
-                  int64_t c_begin, int64_t c_end, int64_t pooled_h, int64_t pooled_w,
-                  scalar_t* out, int32_t* arg) {
+                  int64_t c_begin, int64_t c_end, int64_t pooled_h, int64_t pooled_w, scalar_t* out,
+                  int32_t* arg) {
   for (int64_t c = c_begin; c < c_end; ++c) {
     const scalar_t* plane = image + c * plane_size;
     for (int64_t ph = 0; ph < pooled_h; ++ph) {
       for (int64_t pw = 0; pw < pooled_w; ++pw) {
-        const bool empty =
-            bins.h_end[ph] <= bins.h_start[ph] || bins.w_end[pw] <= bins.w_start[pw];
+        const bool empty = bins.h_end[ph] <= bins.h_start[ph] || bins.w_end[pw] <= bins.w_start[pw];
         // An empty bin outputs 0 with argmax -1; NaN never wins the comparison.
         scalar_t best = empty ? scalar_t(0) : std::numeric_limits<scalar_t>::lowest();
         int64_t best_index = -1;
@@ -151,8 +150,8 @@ void roi_pool_forward_planes(const Tensor& input, const Tensor& rois, Tensor& ou
   std::vector<PoolBins> pool_bins(num_rois);
   std::vector<ScanBins> scan_bins(num_rois);
   for (int64_t n = 0; n < num_rois; ++n) {
-    compute_pool_bins(pool_bins[n], roi_p + n * 5, spatial_scale, height, width, pooled_h,
-                      pooled_w, /*position_sensitive=*/false);
+    compute_pool_bins(pool_bins[n], roi_p + n * 5, spatial_scale, height, width, pooled_h, pooled_w,
+                      /*position_sensitive=*/false);
     fill_scan_bins(scan_bins[n], pool_bins[n], width);
   }
   // Each (roi, channel) compares the pixels of every bin once.
