@@ -63,12 +63,18 @@ def load_libraries():
 def forward_backward(call, lib, inputs, grad):
     """A closure running call(lib, ...) forward and backward on fresh grads of inputs[grad]."""
     leaves = [t.detach().requires_grad_() if i in grad else t for i, t in enumerate(inputs)]
+    # The output's gradient is made once, outside the timed call: it is torch's fill, the same
+    # on both sides, and on a busy machine with two threads its OpenMP team alone can take
+    # milliseconds (a scheduler time slice), which would hide the op's own 2t/1t.
+    seed = []
 
     def run():
         for i in grad:
             leaves[i].grad = None
         out = call(lib, *leaves)
-        out.backward(torch.ones_like(out))
+        if not seed or seed[0].shape != out.shape or seed[0].dtype != out.dtype:
+            seed[:] = [torch.ones_like(out)]
+        out.backward(seed[0])
         return [leaves[i].grad for i in grad]
 
     return run

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -235,6 +236,17 @@ inline Tensor alloc_empty(const Tensor& like, const std::vector<int64_t>& sizes)
 }
 
 inline Tensor alloc_zeros(const Tensor& like, const std::vector<int64_t>& sizes, ScalarType dtype) {
+  // On the CPU the zeros are written here, on the calling thread: ATen's fill goes to its
+  // OpenMP team above 32k elements, and on a busy machine a kernel's backward would wait a
+  // scheduler time slice for that team's second thread before its own work began (issue 28).
+  if (device_type(like) == DeviceType::CPU) {
+    Tensor t = alloc_empty(like, sizes, dtype);
+    const int64_t n = t.numel();
+    if (n > 0) {
+      std::memset(t.data_ptr(), 0, static_cast<size_t>(n) * t.element_size());
+    }
+    return t;
+  }
 #ifdef OPFORGE_STABLE_ABI
   Tensor t = alloc_empty(like, sizes, dtype);
   detail::shim_call([&] {

@@ -9,7 +9,8 @@
 // machine and, on a busy one, can cost a scheduler time slice (milliseconds) while
 // the caller waits for it. Above it, the items are handed out in chunks of about
 // kChunkWork units (at most 8 a thread) from a shared counter, so a thread that the scheduler holds
-// back takes fewer chunks instead of holding up the call with a fixed half of it.
+// back takes fewer chunks instead of holding up the call with a fixed half of it; the call
+// waits only for threads that took a chunk, never for one that has not run (work_pool.h).
 #pragma once
 
 #include <algorithm>
@@ -19,6 +20,7 @@
 #include <limits>
 
 #include "../abi.h"
+#include "work_pool.h"
 
 namespace opforge::cpu {
 
@@ -40,13 +42,16 @@ inline bool worth_threads(int64_t items, int64_t item_work) {
 }
 
 // Calls f(begin, end) over [0, items) in chunks, on one thread or several as the work
-// asks; f must be safe to run on disjoint ranges at once.
+// asks; f must be safe to run on disjoint ranges at once. The threads are the calling one and
+// the extension's own pool (work_pool.h); a call made inside a chunk, or while another thread's
+// call holds the pool, runs on its own thread. The first exception a chunk throws is rethrown
+// here.
 template <typename F>
 void parallel_for_work(int64_t items, int64_t item_work, const F& f) {
   if (items <= 0) {
     return;
   }
-  if (!worth_threads(items, item_work)) {
+  if (pool::t_in_pool || !worth_threads(items, item_work)) {
     f(int64_t(0), items);
     return;
   }
@@ -56,18 +61,16 @@ void parallel_for_work(int64_t items, int64_t item_work, const F& f) {
   const int64_t fewest = (items + threads * 8 - 1) / (threads * 8);
   const int64_t chunk =
       std::clamp<int64_t>(kChunkWork / std::max<int64_t>(item_work, 1), fewest, per_thread);
-  const int64_t chunks = (items + chunk - 1) / chunk;
-  std::atomic<int64_t> next{0};
-  parallel_for(0, std::min(threads, chunks), 1, [&](int64_t, int64_t) {
-    try {
-      for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1)) {
-        f(c * chunk, std::min(items, (c + 1) * chunk));
-      }
-    } catch (...) {
-      next.store(chunks);  // the other threads stop at their next chunk
-      throw;
-    }
-  });
+  pool::Job job;
+  job.run = &pool::run_chunk<F>;
+  job.body = &f;
+  job.items = items;
+  job.chunk = chunk;
+  job.chunks = (items + chunk - 1) / chunk;
+  job.helpers = static_cast<int>(std::min(threads, job.chunks) - 1);
+  if (job.helpers < 1 || !pool::instance().run(job)) {
+    f(int64_t(0), items);
+  }
 }
 
 }  // namespace opforge::cpu
