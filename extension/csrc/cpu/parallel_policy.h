@@ -68,7 +68,8 @@ void parallel_for_work(int64_t items, int64_t item_work, const F& f) {
   job.chunk = chunk;
   job.chunks = (items + chunk - 1) / chunk;
   job.helpers = static_cast<int>(std::min(threads, job.chunks) - 1);
-  if (job.helpers < 1 || !pool::instance().run(job)) {
+  pool::Pool& workers = pool::instance();
+  if (job.helpers < 1 || workers.backing_off() || !workers.run(job)) {
     f(int64_t(0), items);
   }
 }

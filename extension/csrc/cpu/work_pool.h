@@ -16,6 +16,10 @@
 //   thread) or from inside a chunk (nesting) runs all its items on its own thread;
 // - idle workers sleep on a condition variable; they spin only briefly after a job (kSpinNs),
 //   for the next call of a sequence of ops;
+// - a caller that had to wait on a worker that claimed a chunk and was then preempted (far
+//   longer than the rest of a chunk) makes later calls stay on their own thread for a while
+//   (judge_wait): on a machine with more runnable threads than cores a second thread costs a
+//   time slice, not a speed-up;
 // - the first exception from a chunk is kept and rethrown on the caller; no new chunk starts;
 // - after fork() the child gets a fresh pool (the parent's threads do not exist there: the old
 //   pool is leaked, not touched); the pool is never destroyed, so exit joins no thread;
@@ -60,8 +64,8 @@ using GetInt = int (*)();
 using SetIntRet = int (*)(int);
 
 struct RuntimeHooks {
-  SetInt omp_set = nullptr;     // omp_set_num_threads: this thread's ICV
-  GetInt omp_get = nullptr;     // omp_get_max_threads
+  SetInt omp_set = nullptr;       // omp_set_num_threads: this thread's ICV
+  GetInt omp_get = nullptr;       // omp_get_max_threads
   SetIntRet mkl_local = nullptr;  // mkl_set_num_threads_local: this thread's MKL setting
 };
 
@@ -162,9 +166,11 @@ struct Job {
   std::exception_ptr error;
 
   // Claims and runs chunks until none is left or one throws; the first exception is kept.
-  void work(std::mutex& lock) noexcept {
+  // Returns how many chunks this thread ran.
+  int64_t work(std::mutex& lock) noexcept {
+    int64_t ran = 0;
     for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < chunks;
-         c = next.fetch_add(1, std::memory_order_relaxed)) {
+         c = next.fetch_add(1, std::memory_order_relaxed), ++ran) {
       try {
         run(body, c * chunk, std::min(items, (c + 1) * chunk));
       } catch (...) {
@@ -173,9 +179,10 @@ struct Job {
         if (!error) {
           error = std::current_exception();
         }
-        return;
+        return ran;
       }
     }
+    return ran;
   }
 };
 
@@ -184,6 +191,14 @@ inline thread_local bool t_in_pool = false;
 
 class Pool {
  public:
+  using Clock = std::chrono::steady_clock;
+
+  // Whether calls should stay on their own thread for now: the last jobs made their callers
+  // wait on a worker (below).
+  bool backing_off() const {
+    return Clock::now().time_since_epoch().count() < backoff_until_.load(std::memory_order_relaxed);
+  }
+
   // Runs job on the calling thread and up to job.helpers workers; returns once every chunk has
   // run (or one threw: rethrown here). False, having run nothing, when the pool is busy.
   bool run(Job& job) {
@@ -209,17 +224,21 @@ class Pool {
       posted_seq_.fetch_add(1, std::memory_order_release);
     }
     wake_.notify_all();
+    const auto started = Clock::now();
+    int64_t ran = 0;
     {
       t_in_pool = true;
       ThreadCap cap;
-      job.work(mutex_);
+      ran = job.work(mutex_);
       t_in_pool = false;
     }
+    const auto claimed = Clock::now();
     {
       std::unique_lock<std::mutex> lk(mutex_);
       posted_ = nullptr;
       left_.wait(lk, [&] { return job.inside == 0; });
     }
+    judge_wait(started, claimed, Clock::now(), ran);
     if (job.error) {
       std::rethrow_exception(job.error);
     }
@@ -265,6 +284,37 @@ class Pool {
       }
     }
   }
+
+  // After the caller has claimed the last chunk it waits for the workers still inside the
+  // job. On a quiet machine that is at most the rest of one chunk. A wait of more than two of
+  // the caller's own chunks (and over kWaitFloorNs) means a worker that claimed a chunk was
+  // preempted: the machine has more runnable threads than cores, and a second thread costs a
+  // scheduler time slice instead of saving time. Then calls stay on their own thread for a
+  // while (kBackoffNs, doubling while such waits go on, up to kBackoffMaxNs), after which the
+  // next large call tries the workers again; a job without such a wait resets the period.
+  void judge_wait(Clock::time_point started, Clock::time_point claimed, Clock::time_point done,
+                  int64_t ran) {
+    using std::chrono::duration_cast;
+    using std::chrono::nanoseconds;
+    const int64_t worked = duration_cast<nanoseconds>(claimed - started).count();
+    const int64_t waited = duration_cast<nanoseconds>(done - claimed).count();
+    // a caller that ran no chunk (the workers took them all) has nothing to compare with
+    if (ran > 0 && waited > kWaitFloorNs && waited > 2 * (worked / ran)) {
+      const int64_t period = std::min(backoff_ns_ * 2, kBackoffMaxNs);
+      backoff_ns_ = period;
+      backoff_until_.store(
+          (done + duration_cast<Clock::duration>(nanoseconds(period))).time_since_epoch().count(),
+          std::memory_order_relaxed);
+    } else {
+      backoff_ns_ = kBackoffNs / 2;
+    }
+  }
+
+  static constexpr int64_t kWaitFloorNs = 200'000;
+  static constexpr int64_t kBackoffNs = 100'000'000;
+  static constexpr int64_t kBackoffMaxNs = 1'600'000'000;
+  int64_t backoff_ns_ = kBackoffNs / 2;       // only the pool's holder (busy_) touches it
+  std::atomic<Clock::rep> backoff_until_{0};  // steady_clock ticks
 
   std::mutex mutex_;
   std::condition_variable wake_;  // workers: a job was posted
