@@ -188,11 +188,19 @@ def test_an_op_slower_than_its_plain_op_allows_fails(project):
 
 
 def spinners() -> set[int]:
-    """Pids of processes running the busy loop, from `ps` (Linux and macOS alike)."""
-    listing = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True,
-                             check=True).stdout
-    return {int(line.split(None, 1)[0]) for line in listing.splitlines()
-            if "parent = os.getppid()" in line}
+    """Pids of live processes running the busy loop, from `ps` (Linux and macOS alike).
+
+    ``-ww``: without it ps cuts each line at $COLUMNS (80 where CI sets it), which can cut
+    the busy loop's command line before the text looked for. A zombie (state Z) has left.
+    """
+    listing = subprocess.run(["ps", "-ww", "-eo", "pid=,stat=,args="], capture_output=True,
+                             text=True, check=True).stdout
+    pids = set()
+    for line in listing.splitlines():
+        pid, stat, args = (line.split(None, 2) + ["", ""])[:3]
+        if "parent = os.getppid()" in args and not stat.startswith("Z"):
+            pids.add(int(pid))
+    return pids
 
 
 NO_PS = shutil.which("ps") is None  # Windows: no ps to list the busy processes with
