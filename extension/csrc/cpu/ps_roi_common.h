@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "../common.h"
+#include "contiguous.h"
 #include "roi_grid.h"
 
 namespace opforge::cpu {
@@ -77,7 +78,7 @@ std::tuple<Tensor, Tensor> ps_roi_forward(const char* op, const Tensor& input, c
   if (output.numel() == 0) {
     return {output, channel_mapping};
   }
-  const Tensor input_c = as_contiguous(input);
+  const Tensor input_c = contiguous_planes(input);
   const Tensor rois_c = as_contiguous(rois);
   OPFORGE_DISPATCH_FLOATING_TYPES(input.scalar_type(), op, [&] {
     check_rois_values(op, rois_c.const_data_ptr<scalar_t>(), rois_c.size(0), input.size(0));
@@ -105,9 +106,9 @@ Tensor ps_roi_backward(const char* op, const Tensor& grad, const Tensor& rois,
   }
   Tensor grad_input =
       impl_zeroes ? alloc_empty(grad, shape, acc_dtype) : alloc_zeros(grad, shape, acc_dtype);
-  const Tensor grad_c = as_contiguous(grad);
+  const Tensor grad_c = contiguous_planes(grad);
   const Tensor rois_c = as_contiguous(rois);
-  const Tensor mapping_c = as_contiguous(channel_mapping);
+  const Tensor mapping_c = contiguous_planes(channel_mapping);
   check_channel_mapping_values(op, mapping_c, channels);
   OPFORGE_DISPATCH_FLOATING_TYPES(grad.scalar_type(), op, [&] {
     check_rois_values(op, rois_c.const_data_ptr<scalar_t>(), rois_c.size(0), batch_size);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "../common.h"
+#include "contiguous.h"
 #include "channels_last.h"
 #include "parallel_policy.h"
 #include "roi_grid.h"
@@ -141,7 +142,7 @@ void roi_align_forward_impl(const Tensor& input, const Tensor& rois, Tensor& out
                                     sampling_ratio, aligned, samples);
     return;
   }
-  const Tensor input_c = as_contiguous(input);
+  const Tensor input_c = contiguous_planes(input);
   // Channels-first, a sample's four neighbours are four scattered loads per channel. When the
   // rois sample the images more than a few times over, transposing them to channels-last once
   // (one pass over the input) costs less than it saves.
@@ -237,7 +238,7 @@ Tensor roi_align_backward_kernel(const Tensor& grad, const Tensor& rois, double 
   if (grad.numel() == 0 || grad_input.numel() == 0) {
     return to_dtype(grad_input, grad.scalar_type());
   }
-  const Tensor grad_c = as_contiguous(grad);
+  const Tensor grad_c = contiguous_planes(grad);
   const Tensor rois_c = as_contiguous(rois);
   OPFORGE_DISPATCH_FLOATING_TYPES(grad.scalar_type(), "opforge_roi_align_backward_cpu", [&] {
     check_rois_values("_roi_align_backward", rois_c.mutable_data_ptr<scalar_t>(), rois_c.size(0),

@@ -80,20 +80,25 @@ def _batched_nms_vanilla(
 ) -> Tensor:
     # Group the boxes by category once (a stable sort keeps each category's boxes in input
     # order, as torch.where would), then one nms per contiguous slice.
+    # Every gather is index_select, which stays on the calling thread at these sizes: advanced
+    # indexing (x[order]) starts torch's OpenMP team, and on a busy machine each of its
+    # parallel regions can wait a scheduler time slice for the second thread.
     order = torch.sort(idxs, stable=True)[1]
-    counts: list[int] = torch.unique_consecutive(idxs[order], return_counts=True)[1].tolist()
-    grouped_boxes = boxes[order].split(counts)
-    grouped_scores = scores[order].split(counts)
+    counts: list[int] = torch.unique_consecutive(
+        idxs.index_select(0, order), return_counts=True)[1].tolist()
+    grouped_boxes = boxes.index_select(0, order).split(counts)
+    grouped_scores = scores.index_select(0, order).split(counts)
     # positions in the sorted order (one gather back through order at the end: a small
-    # gather per category is slower, and multi-threaded)
+    # gather per category is slower)
     kept: list[Tensor] = [order[:0]]  # no categories (no boxes): nothing kept
     start = 0
     for i in range(len(counts)):
         k = torch.ops.opforge.nms(grouped_boxes[i], grouped_scores[i], iou_threshold)
         kept.append(k + start)
         start += counts[i]
-    keep = order[torch.cat(kept)].sort()[0]
-    return keep[scores[keep].sort(descending=True, stable=True)[1]]
+    keep = order.index_select(0, torch.cat(kept)).sort()[0]
+    by_score = scores.index_select(0, keep).sort(descending=True, stable=True)[1]
+    return keep.index_select(0, by_score)
 
 
 @torch.library.register_fake("opforge::nms")

@@ -101,12 +101,16 @@ def _ps_roi_align_setup_context(ctx, inputs, output):
     input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio = inputs
     _, channel_mapping = output
     ctx.mark_non_differentiable(channel_mapping)
+    # no zero-filled gradient for channel_mapping (an output-sized fill per backward)
+    ctx.set_materialize_grads(False)
     ctx.save_for_backward(rois, channel_mapping)
     ctx.input_shape = input.shape
     ctx.args = (spatial_scale, pooled_height, pooled_width, sampling_ratio)
 
 
 def _ps_roi_align_backward(ctx, grad_output, grad_channel_mapping):
+    if grad_output is None:  # grads are not materialized: nothing reached the output
+        return None, None, None, None, None, None
     rois, channel_mapping = ctx.saved_tensors
     spatial_scale, pooled_height, pooled_width, sampling_ratio = ctx.args
     batch_size, channels, height, width = ctx.input_shape

@@ -85,12 +85,16 @@ def _roi_pool_setup_context(ctx, inputs, output):
     input, rois, spatial_scale, pooled_height, pooled_width = inputs
     _, argmax = output
     ctx.mark_non_differentiable(argmax)
+    # no zero-filled gradient for argmax (an output-sized fill per backward)
+    ctx.set_materialize_grads(False)
     ctx.save_for_backward(rois, argmax)
     ctx.input_shape = input.shape
     ctx.args = (spatial_scale, pooled_height, pooled_width)
 
 
 def _roi_pool_backward(ctx, grad_output, grad_argmax):
+    if grad_output is None:  # grads are not materialized: nothing reached the output
+        return None, None, None, None, None
     rois, argmax = ctx.saved_tensors
     spatial_scale, pooled_height, pooled_width = ctx.args
     batch_size, channels, height, width = ctx.input_shape

@@ -134,18 +134,28 @@ void roi_align_impl(const at::Tensor& input, const std::vector<float>& rois, at:
                                                pooled_w, sampling_ratio);
   // When the rois sample the image more than a few times over, one pass converting it to
   // channels-last floats costs less than the scattered loads it saves.
+  // A contiguous input's integers are read where they are, and converted on the extension's
+  // threads: int_repr() and copy_ would each run on torch's OpenMP team, which on a busy
+  // machine waits a scheduler time slice for its second thread (issue 28).
+  at::Tensor ints;  // a non-contiguous input's integers, made contiguous
+  const int_t* raw = nullptr;
+  if (input.is_contiguous()) {
+    raw = reinterpret_cast<const int_t*>(input.const_data_ptr<scalar_t>());
+  } else {
+    ints = input.int_repr().contiguous();
+    raw = ints.const_data_ptr<int_t>();
+  }
   if (cpu::total_work(num_rois, samples) >= height * width / 2) {
     at::Tensor image = at::empty({height, width, channels}, input.options().dtype(at::kFloat));
-    image.copy_(input.int_repr()[0].permute({1, 2, 0}));
+    cpu::to_channels_last<int_t, float>(raw, image.mutable_data_ptr<float>(), 1, channels,
+                                        height * width);
     roi_align_channels_last<int_t>(image.const_data_ptr<float>(), rois.data(), out, num_rois,
                                    channels, height, width, fscale, pooled_h, pooled_w,
                                    sampling_ratio, aligned, scale, zero_point, samples);
     return;
   }
-  const at::Tensor values = input.int_repr().contiguous();
-  roi_align_planes<int_t>(values.const_data_ptr<int_t>(), rois.data(), out, num_rois, channels,
-                          height, width, fscale, pooled_h, pooled_w, sampling_ratio, aligned, scale,
-                          zero_point);
+  roi_align_planes<int_t>(raw, rois.data(), out, num_rois, channels, height, width, fscale,
+                          pooled_h, pooled_w, sampling_ratio, aligned, scale, zero_point);
 }
 
 at::Tensor roi_align_kernel(const at::Tensor& input, const at::Tensor& rois, double spatial_scale,
