@@ -47,10 +47,10 @@ def threads(request):
     torch.set_num_threads(before)
 
 
-def same(a, b):
+def same(a, b, what=""):
     for x, y in zip(a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple) else (b,)):
-        assert x.is_contiguous()
-        assert torch.equal(x, y)
+        assert x.is_contiguous(), what
+        assert torch.equal(x, y), what
 
 
 @pytest.mark.parametrize(("size", "shape"), SIZES, ids=[s for s, _ in SIZES])
@@ -59,12 +59,12 @@ def test_forward_on_a_plane_dense_view_equals_the_contiguous_input(size, shape, 
     rois = rois_for(6, n, h, w)
     for name, view in views(shape):
         dense = view.contiguous()
-        same(OPS.roi_align(view, rois, 0.5, 3, 3, 2, True), OPS.roi_align(dense, rois, 0.5, 3, 3, 2, True))
-        same(OPS.roi_pool(view, rois, 0.5, 3, 3), OPS.roi_pool(dense, rois, 0.5, 3, 3))
+        same(OPS.roi_align(view, rois, 0.5, 3, 3, 2, True), OPS.roi_align(dense, rois, 0.5, 3, 3, 2, True), name)
+        same(OPS.roi_pool(view, rois, 0.5, 3, 3), OPS.roi_pool(dense, rois, 0.5, 3, 3), name)
         ps = view[:, : (c // 4) * 4]  # ps ops take C = channels_out * 2 * 2
         ps_dense = ps.contiguous()
-        same(OPS.ps_roi_align(ps, rois, 0.5, 2, 2, 2), OPS.ps_roi_align(ps_dense, rois, 0.5, 2, 2, 2))
-        same(OPS.ps_roi_pool(ps, rois, 0.5, 2, 2), OPS.ps_roi_pool(ps_dense, rois, 0.5, 2, 2))
+        same(OPS.ps_roi_align(ps, rois, 0.5, 2, 2, 2), OPS.ps_roi_align(ps_dense, rois, 0.5, 2, 2, 2), name)
+        same(OPS.ps_roi_pool(ps, rois, 0.5, 2, 2), OPS.ps_roi_pool(ps_dense, rois, 0.5, 2, 2), name)
 
 
 @pytest.mark.parametrize(("size", "shape"), SIZES, ids=[s for s, _ in SIZES])
