@@ -443,3 +443,21 @@ def torchvision_cases():
     yield Case("roi_align", "quantized-input-float-rois",
                lambda: (quantize(torch.rand(1, 2, 8, 8), 0.02, 10, torch.quint8), rois(3, 1, 8, 8)),
                lambda ns, a: ns.roi_align(a[0], a[1], 2))
+
+
+# A list of per-image boxes becomes Tensor[K, 5] rois whose first column is the image index:
+# a few rows take the Python-list path, more than 256 the bucketize path; both eager and
+# TorchScript, in the boxes' dtype, with images that have no boxes.
+@pytest.mark.parametrize("counts", [(3,), (0, 4), (2, 0, 5), (100, 157), (200, 300, 1), (0, 0)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+def test_list_boxes_become_rois_indexed_by_image(counts, dtype):
+    g = torch.Generator().manual_seed(sum(counts))
+    boxes = [(torch.rand(n, 4, generator=g) * 20).to(dtype) for n in counts]
+    expected = torch.cat([torch.cat([torch.full((n, 1), float(i), dtype=dtype), b], dim=1)
+                          for i, (n, b) in enumerate(zip(counts, boxes))])
+    rois = opforge_ops.ops._utils.rois_from_boxes(boxes)
+    assert rois.dtype == dtype and torch.equal(rois, expected)
+    x = torch.rand(len(counts), 3, 24, 24, generator=g).to(dtype)
+    eager = opforge_ops.roi_align(x, boxes, 2, 1.0, 2)
+    assert torch.equal(eager, opforge_ops.roi_align(x, expected, 2, 1.0, 2))
+    assert torch.equal(torch.jit.script(opforge_ops.roi_align)(x, boxes, 2, 1.0, 2), eager)

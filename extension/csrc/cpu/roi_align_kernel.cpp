@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "../common.h"
@@ -147,10 +148,11 @@ void roi_align_forward_impl(const Tensor& input, const Tensor& rois, Tensor& out
   // rois sample the images more than a few times over, transposing them to channels-last once
   // (one pass over the input) costs less than it saves.
   if (vector_wide && total_work(num_rois, samples) >= batch * height * width / 2) {
-    std::vector<acc_t> transposed(batch * channels * height * width);
-    to_channels_last(input_c.const_data_ptr<scalar_t>(), transposed.data(), batch, channels,
+    // uninitialized: the transpose writes every element (a vector would zero it first)
+    std::unique_ptr<acc_t[]> transposed(new acc_t[batch * channels * height * width]);
+    to_channels_last(input_c.const_data_ptr<scalar_t>(), transposed.get(), batch, channels,
                      height * width);
-    roi_align_forward_channels_last<scalar_t>(transposed.data(), roi_p, out, num_rois, channels,
+    roi_align_forward_channels_last<scalar_t>(transposed.get(), roi_p, out, num_rois, channels,
                                               height, width, spatial_scale, pooled_h, pooled_w,
                                               sampling_ratio, aligned, samples);
     return;
