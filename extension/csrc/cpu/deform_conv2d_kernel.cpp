@@ -393,6 +393,19 @@ OPFORGE_VECTOR_CLONES void pad_image(const double* src, double* dst, const cpu::
   cpu::pad_image_from_nchw(src, dst, pad, height, width);
 }
 
+// A block's product into the output (deform_im2col.h's transpose_block), compiled once per
+// vector width.
+OPFORGE_VECTOR_CLONES void write_output(const float* src, int64_t src_ld, float* dst,
+                                        int64_t dst_ld, int64_t rows, int64_t cols,
+                                        const float* bias) {
+  cpu::transpose_block<false>(src, src_ld, dst, dst_ld, rows, cols, bias);
+}
+OPFORGE_VECTOR_CLONES void write_output(const double* src, int64_t src_ld, double* dst,
+                                        int64_t dst_ld, int64_t rows, int64_t cols,
+                                        const double* bias) {
+  cpu::transpose_block<false>(src, src_ld, dst, dst_ld, rows, cols, bias);
+}
+
 // Positions sampled and multiplied together: one block's columns (positions x kk * channels)
 // stay in a core's L2 between the sampling that writes them and the GEMM that reads them,
 // beside the padded copy of the image being sampled.
@@ -511,19 +524,15 @@ Tensor forward_impl(const Tensor& input_, const Tensor& weight_, const Tensor& o
         // orientation in which the columns need no transposing inside the GEMM.
         const Tensor part = batched_matmul(narrowed(columns, 1, 0, n), w_t);
         const scalar_t* src = part.const_data_ptr<scalar_t>();
-        // The block's positions, split where they cross into the next image, in runs of at
-        // most 64 so that the product rows a run reads stay in L1 across the channels.
+        // The block's positions, split where they cross into the next image: (positions, out_c
+        // of the group) -> (out_c of the group, positions) in the output, plus the bias.
         for (int64_t q = q0; q < q0 + n;) {
           const int64_t image = q / out_size, p = q % out_size;
-          const int64_t run = std::min({q0 + n - q, out_size - p, int64_t(64)});
-          for (int64_t oc = 0; oc < g.out_channels; ++oc) {
-            const scalar_t b = bias_ptr[oc];
-            const int64_t grp = oc / ocg;
-            const scalar_t* from = src + (grp * n + (q - q0)) * ocg + (oc - grp * ocg);
-            scalar_t* to = out_ptr + (image * g.out_channels + oc) * out_size + p;
-            for (int64_t i = 0; i < run; ++i) {
-              to[i] = from[i * ocg] + b;
-            }
+          const int64_t run = std::min(q0 + n - q, out_size - p);
+          for (int64_t grp = 0; grp < g.groups; ++grp) {
+            write_output(src + (grp * n + (q - q0)) * ocg, ocg,
+                         out_ptr + (image * g.out_channels + grp * ocg) * out_size + p, out_size,
+                         run, g.out_channels / g.groups, bias_ptr + grp * ocg);
           }
           q += run;
         }

@@ -28,10 +28,12 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "../common.h"
 
@@ -46,6 +48,11 @@
 #else
 #define OPFORGE_VECTOR_CLONES
 #endif
+
+// The transpose tiles' vectors travel by value only between always-inlined functions: no
+// call passes one, whatever a clone's vector ABI.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
 
 namespace opforge::cpu {
 
@@ -81,29 +88,117 @@ void zero_padding_border(T* dst, const DeformPadding& pad, int64_t height, int64
   std::fill(dst + (height + 1) * row, dst + (height + 3) * row, T(0));
 }
 
-// One NCHW image (channels, height, width) into the interior of a padded copy: 16 x 16
-// tiles of (channel, pixel), so that both the rows read and the pixels written stay in L1.
+// dst[j * dst_ld + i] = src[i * src_ld + j] + (add ? add[j] : 0) for i < rows, j < cols: a
+// transpose in square tiles of one vector's width (8 floats, 4 doubles) held in registers,
+// the edges element by element. Addition of +0 changes no value.
+#if defined(__GNUC__) && (defined(__clang__) || __GNUC__ >= 12)
+#define OPFORGE_SHUFFLE_TILES 1
+template <typename T>
+struct TransposeTile {
+  static constexpr int64_t size = 32 / sizeof(T);
+  typedef T V __attribute__((vector_size(32), aligned(sizeof(T))));
+  [[gnu::always_inline]] static V load(const T* p) {
+    V v;
+    std::memcpy(&v, p, sizeof(V));
+    return v;
+  }
+  [[gnu::always_inline]] static void store(T* p, V v) { std::memcpy(p, &v, sizeof(V)); }
+  // The tile of rows r[0..size) transposed in place.
+  [[gnu::always_inline]] static void transpose(V* r) {
+    if constexpr (size == 8) {
+      V t[8], u[8];
+      for (int k = 0; k < 8; k += 2) {
+        t[k] = __builtin_shufflevector(r[k], r[k + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+        t[k + 1] = __builtin_shufflevector(r[k], r[k + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+      }
+      for (int k = 0; k < 8; k += 4) {
+        u[k] = __builtin_shufflevector(t[k], t[k + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+        u[k + 1] = __builtin_shufflevector(t[k], t[k + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+        u[k + 2] = __builtin_shufflevector(t[k + 1], t[k + 3], 0, 1, 8, 9, 4, 5, 12, 13);
+        u[k + 3] = __builtin_shufflevector(t[k + 1], t[k + 3], 2, 3, 10, 11, 6, 7, 14, 15);
+      }
+      for (int k = 0; k < 4; ++k) {
+        r[k] = __builtin_shufflevector(u[k], u[k + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+        r[k + 4] = __builtin_shufflevector(u[k], u[k + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+      }
+    } else {
+      static_assert(size == 4);
+      const V t0 = __builtin_shufflevector(r[0], r[1], 0, 4, 2, 6);
+      const V t1 = __builtin_shufflevector(r[0], r[1], 1, 5, 3, 7);
+      const V t2 = __builtin_shufflevector(r[2], r[3], 0, 4, 2, 6);
+      const V t3 = __builtin_shufflevector(r[2], r[3], 1, 5, 3, 7);
+      r[0] = __builtin_shufflevector(t0, t2, 0, 1, 4, 5);
+      r[1] = __builtin_shufflevector(t1, t3, 0, 1, 4, 5);
+      r[2] = __builtin_shufflevector(t0, t2, 2, 3, 6, 7);
+      r[3] = __builtin_shufflevector(t1, t3, 2, 3, 6, 7);
+    }
+  }
+};
+#endif
+
+// rows_outer: tiles in source row order (reads front to back), else in destination row order
+// (writes front to back).
+template <bool rows_outer, typename T>
+[[gnu::always_inline]] inline void transpose_block(const T* __restrict src, int64_t src_ld,
+                                                   T* __restrict dst, int64_t dst_ld, int64_t rows,
+                                                   int64_t cols, const T* add) {
+  const auto element = [&](int64_t i, int64_t j) {
+    dst[j * dst_ld + i] = add ? src[i * src_ld + j] + add[j] : src[i * src_ld + j];
+  };
+  int64_t full_rows = 0, full_cols = 0;
+#ifdef OPFORGE_SHUFFLE_TILES
+  using Tile = TransposeTile<T>;
+  constexpr int64_t k = Tile::size;
+  full_rows = rows / k * k;
+  full_cols = cols / k * k;
+  const auto tile = [&](int64_t i0, int64_t j0) {
+    typename Tile::V r[k];
+    for (int64_t i = 0; i < k; ++i) {
+      r[i] = Tile::load(src + (i0 + i) * src_ld + j0);
+    }
+    Tile::transpose(r);
+    for (int64_t j = 0; j < k; ++j) {
+      Tile::store(dst + (j0 + j) * dst_ld + i0, add ? r[j] + add[j0 + j] : r[j]);
+    }
+  };
+  if constexpr (rows_outer) {
+    for (int64_t i0 = 0; i0 < full_rows; i0 += k) {
+      for (int64_t j0 = 0; j0 < full_cols; j0 += k) {
+        tile(i0, j0);
+      }
+    }
+  } else {
+    for (int64_t j0 = 0; j0 < full_cols; j0 += k) {
+      for (int64_t i0 = 0; i0 < full_rows; i0 += k) {
+        tile(i0, j0);
+      }
+    }
+  }
+#endif
+  // The edges: the columns past the last full tile, then the rows past it.
+  for (int64_t i = 0; i < full_rows; ++i) {
+    for (int64_t j = full_cols; j < cols; ++j) {
+      element(i, j);
+    }
+  }
+  for (int64_t i = full_rows; i < rows; ++i) {
+    for (int64_t j = 0; j < cols; ++j) {
+      element(i, j);
+    }
+  }
+}
+
+// One NCHW image (channels, height, width) into the interior of a padded copy, row by row.
 // (Called from a function cloned per vector width, like deform_im2col_run.)
 template <typename T>
 [[gnu::always_inline]] inline void pad_image_from_nchw(const T* __restrict src,
                                                        T* __restrict dst, const DeformPadding& pad,
                                                        int64_t height, int64_t width) {
-  constexpr int64_t tile = 16;
   const int64_t channels = pad.channels, plane = height * width;
   for (int64_t y = 0; y < height; ++y) {
-    T* out_row = dst + ((y + 1) * pad.row_cells + 1) * channels;
-    for (int64_t c0 = 0; c0 < channels; c0 += tile) {
-      const int64_t c1 = std::min(channels, c0 + tile);
-      for (int64_t x0 = 0; x0 < width; x0 += tile) {
-        const int64_t x1 = std::min(width, x0 + tile);
-        for (int64_t c = c0; c < c1; ++c) {
-          const T* in = src + c * plane + y * width;
-          for (int64_t x = x0; x < x1; ++x) {
-            out_row[x * channels + c] = in[x];
-          }
-        }
-      }
-    }
+    // (channels, width) at stride plane -> (width, channels)
+    transpose_block<true>(src + y * width, plane, dst + ((y + 1) * pad.row_cells + 1) * channels,
+                       channels, channels, width, static_cast<const T*>(nullptr));
   }
 }
 
@@ -151,7 +246,9 @@ template <bool masked, typename T>
   const int64_t row_cells = a.pad.row_cells;
   const int64_t zero_cell = a.pad.zero_cell(g.height);
   const T height = static_cast<T>(g.height), width = static_cast<T>(g.width);
-  const T nan = std::numeric_limits<T>::quiet_NaN();
+  using Bits = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+  static_assert(sizeof(Bits) == sizeof(T));
+  const Bits nan_bits = std::bit_cast<Bits>(std::numeric_limits<T>::quiet_NaN());
   const T* off = a.offset + (a.image_index * g.offset_groups + og) * 2 * kk * out_size + a.p0;
   const T* msk =
       masked ? a.mask + (a.image_index * g.offset_groups + og) * kk * out_size + a.p0 : nullptr;
@@ -168,24 +265,32 @@ template <bool masked, typename T>
     T* __restrict w2 = w1 + kDeformRun;
     T* __restrict w3 = w2 + kDeformRun;
     int64_t* __restrict corner = a.corners + tap * kDeformRun;
+    // Branch-free, so that the loop vectorizes: values that only matter inside the image are
+    // masked with bit operations (a select of the outside case's constants would make the
+    // compiler split the loop into branches).
     for (int64_t i = 0; i < n; ++i) {
       const T y = (by[i] + dy) + oy[i];
       const T x = (bx[i] + dx) + ox[i];
       // Written so that NaN coordinates fail it.
-      const bool inside = y > T(-1) && y < height && x > T(-1) && x < width;
+      const bool inside = (y > T(-1)) & (y < height) & (x > T(-1)) & (x < width);
+      const Bits keep = Bits(0) - static_cast<Bits>(inside);
       // Outside, 0: no conversion of a value out of an integer's range.
-      const T yc = inside ? y : T(0), xc = inside ? x : T(0);
-      const T fy = std::floor(yc), fx = std::floor(xc);
-      const T ly = yc - fy, lx = xc - fx;
+      const T yc = std::bit_cast<T>(std::bit_cast<Bits>(y) & keep);
+      const T xc = std::bit_cast<T>(std::bit_cast<Bits>(x) & keep);
+      // floor, for values above -1.
+      int32_t iy = static_cast<int32_t>(yc), ix = static_cast<int32_t>(xc);
+      iy -= static_cast<T>(iy) > yc;
+      ix -= static_cast<T>(ix) > xc;
+      const T ly = yc - static_cast<T>(iy), lx = xc - static_cast<T>(ix);
       const T hy = T(1) - ly, hx = T(1) - lx;
-      const T mi = masked ? m[i] : T(1);
-      const T outside = (y != y || x != x) ? nan : T(0);
-      w0[i] = inside ? (hy * hx) * mi : outside;
-      w1[i] = inside ? (hy * lx) * mi : T(0);
-      w2[i] = inside ? (ly * hx) * mi : T(0);
-      w3[i] = inside ? (ly * lx) * mi : T(0);
-      const int64_t cell = static_cast<int64_t>(static_cast<int32_t>(fy)) * row_cells +
-                           static_cast<int64_t>(static_cast<int32_t>(fx));
+      // The mask inside, +0 outside (where the weights are finite): outside weights are 0.
+      const T mi = std::bit_cast<T>(std::bit_cast<Bits>(masked ? m[i] : T(1)) & keep);
+      const Bits is_nan = Bits(0) - static_cast<Bits>((y != y) | (x != x));
+      w0[i] = (hy * hx) * mi + std::bit_cast<T>(nan_bits & is_nan);
+      w1[i] = (hy * lx) * mi;
+      w2[i] = (ly * hx) * mi;
+      w3[i] = (ly * lx) * mi;
+      const int64_t cell = static_cast<int64_t>(iy) * row_cells + ix;
       corner[i] = inside ? cell * channels : zero_cell;
     }
   }
@@ -246,3 +351,5 @@ template <bool masked, typename T>
 }
 
 }  // namespace opforge::cpu
+
+#pragma GCC diagnostic pop
