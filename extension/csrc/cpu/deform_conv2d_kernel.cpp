@@ -368,24 +368,48 @@ Tensor grouped_weight(const Tensor& weight, const Geometry& g) {
 }
 
 // The forward's sampling loop, compiled once per vector width (deform_im2col.h).
-OPFORGE_VECTOR_CLONES void im2col_block(const cpu::DeformIm2colArgs<float>& args) {
+OPFORGE_VECTOR_CLONES void im2col_run(const cpu::DeformIm2colArgs<float>& args) {
   if (args.mask) {
-    cpu::deform_im2col_block<true>(args);
+    cpu::deform_im2col_run<true>(args);
   } else {
-    cpu::deform_im2col_block<false>(args);
+    cpu::deform_im2col_run<false>(args);
   }
 }
-OPFORGE_VECTOR_CLONES void im2col_block(const cpu::DeformIm2colArgs<double>& args) {
+OPFORGE_VECTOR_CLONES void im2col_run(const cpu::DeformIm2colArgs<double>& args) {
   if (args.mask) {
-    cpu::deform_im2col_block<true>(args);
+    cpu::deform_im2col_run<true>(args);
   } else {
-    cpu::deform_im2col_block<false>(args);
+    cpu::deform_im2col_run<false>(args);
   }
 }
 
+// One NCHW image into the padded copy, compiled once per vector width.
+OPFORGE_VECTOR_CLONES void pad_image(const float* src, float* dst, const cpu::DeformPadding& pad,
+                                     int64_t height, int64_t width) {
+  cpu::pad_image_from_nchw(src, dst, pad, height, width);
+}
+OPFORGE_VECTOR_CLONES void pad_image(const double* src, double* dst, const cpu::DeformPadding& pad,
+                                     int64_t height, int64_t width) {
+  cpu::pad_image_from_nchw(src, dst, pad, height, width);
+}
+
+// A block's product into the output (deform_im2col.h's transpose_block), compiled once per
+// vector width.
+OPFORGE_VECTOR_CLONES void write_output(const float* src, int64_t src_ld, float* dst,
+                                        int64_t dst_ld, int64_t rows, int64_t cols,
+                                        const float* bias) {
+  cpu::transpose_block<false>(src, src_ld, dst, dst_ld, rows, cols, bias);
+}
+OPFORGE_VECTOR_CLONES void write_output(const double* src, int64_t src_ld, double* dst,
+                                        int64_t dst_ld, int64_t rows, int64_t cols,
+                                        const double* bias) {
+  cpu::transpose_block<false>(src, src_ld, dst, dst_ld, rows, cols, bias);
+}
+
 // Positions sampled and multiplied together: one block's columns (positions x kk * channels)
-// stay in a core's L2 between the sampling that writes them and the GEMM that reads them.
-constexpr int64_t kForwardColumnBytes = int64_t(1) << 20;
+// stay in a core's L2 between the sampling that writes them and the GEMM that reads them,
+// beside the padded copy of the image being sampled.
+constexpr int64_t kForwardColumnBytes = int64_t(1) << 19;
 
 int64_t forward_block(const Geometry& g, int64_t element_size) {
   const int64_t row_bytes = std::max<int64_t>(1, g.kernel_size() * g.channels * element_size);
@@ -412,10 +436,11 @@ Tensor permuted_weight(const Tensor& weight, const Geometry& g) {
   return out;
 }
 
-// The forward: positions (image-major) in blocks that the work policy hands out; a block is
-// sampled into channels-last columns (deform_im2col.h) and multiplied with the permuted weight
-// by the thread that takes it, one GEMM per block, and the product (positions x out_c) is
-// written to the NCHW output with the bias added.
+// The forward: positions (image-major) in blocks that the work policy hands out. The thread
+// that takes a block copies the block's image into its padded channels-last buffer (once per
+// image it meets), samples the block into channels-last columns (deform_im2col.h) and
+// multiplies them with the permuted weight, one GEMM per block; the product
+// (positions x out_c) is written to the NCHW output with the bias added.
 Tensor forward_impl(const Tensor& input_, const Tensor& weight_, const Tensor& offset_,
                     const Tensor& mask_, const Tensor& bias_, const Geometry& g) {
   const Tensor weight = as_contiguous(weight_);
@@ -431,35 +456,18 @@ Tensor forward_impl(const Tensor& input_, const Tensor& weight_, const Tensor& o
   const int64_t kk = g.kernel_size();
   const int64_t cg = g.channels / g.groups;
   const int64_t ocg = std::max<int64_t>(1, g.out_channels / g.groups);
+  const cpu::DeformPadding pad = cpu::deform_padding(g);
 
   OPFORGE_DISPATCH_FLOAT_AND_DOUBLE(input_.scalar_type(), "opforge_deform_conv2d_forward", [&] {
-    // The input channels-last: as given when it is, else a transposed copy.
-    Tensor input_cl;
-    const scalar_t* in_ptr = nullptr;
-    if (cpu::is_channels_last(input_)) {
-      in_ptr = input_.const_data_ptr<scalar_t>();
-    } else {
-      const Tensor input = as_contiguous(input_);
-      input_cl = alloc_empty(input, {g.batch, g.height, g.width, g.channels});
-      cpu::to_channels_last<scalar_t, scalar_t>(input.const_data_ptr<scalar_t>(),
-                                                input_cl.mutable_data_ptr<scalar_t>(), g.batch,
-                                                g.channels, g.height * g.width);
-      in_ptr = input_cl.const_data_ptr<scalar_t>();
-    }
+    // The input as it is when channels-last, else dense NCHW: each image is copied from it.
+    const bool channels_last = cpu::is_channels_last(input_);
+    const Tensor input = channels_last ? input_ : as_contiguous(input_);
+    const scalar_t* in_ptr = input.const_data_ptr<scalar_t>();
+    const int64_t image_elems = g.channels * g.height * g.width;
     const Tensor w = permuted_weight<scalar_t>(weight, g);
     const Tensor w_t = transposed(w, 1, 2);
-    const std::vector<scalar_t> zeros(g.channels, scalar_t(0));
     const scalar_t* bias_ptr = bias.const_data_ptr<scalar_t>();
     scalar_t* out_ptr = output.mutable_data_ptr<scalar_t>();
-    cpu::DeformIm2colArgs<scalar_t> proto{&g,
-                                          in_ptr,
-                                          offset.const_data_ptr<scalar_t>(),
-                                          g.use_mask ? mask.const_data_ptr<scalar_t>() : nullptr,
-                                          zeros.data(),
-                                          0,
-                                          0,
-                                          0,
-                                          nullptr};
 
     const int64_t total = g.batch * out_size;
     const int64_t block = std::min(total, forward_block(g, sizeof(scalar_t)));
@@ -469,32 +477,62 @@ Tensor forward_impl(const Tensor& input_, const Tensor& weight_, const Tensor& o
         cpu::total_work(block, kk * g.channels * 4 + 2 * g.out_channels * kk * cg);
     cpu::parallel_for_work(blocks, block_work, [&](int64_t begin, int64_t end) {
       Tensor columns = alloc_empty(w, {g.groups, block, kk * cg});
-      cpu::DeformIm2colArgs<scalar_t> args = proto;
-      args.stride = block;
-      args.columns = columns.mutable_data_ptr<scalar_t>();
+      // The padded image, then the sampling tables.
+      const int64_t table_elems = (2 + 4 * kk) * cpu::kDeformRun;
+      Tensor scratch = alloc_empty(w, {pad.elements() + table_elems});
+      std::vector<int64_t> corners(kk * cpu::kDeformRun);
+      scalar_t* padded = scratch.mutable_data_ptr<scalar_t>();
+      cpu::zero_padding_border(padded, pad, g.height, g.width);
+      scalar_t* tables = padded + pad.elements();
+      cpu::DeformIm2colArgs<scalar_t> args{&g,
+                                           pad,
+                                           padded + pad.origin(),
+                                           offset.const_data_ptr<scalar_t>(),
+                                           g.use_mask ? mask.const_data_ptr<scalar_t>() : nullptr,
+                                           -1,
+                                           0,
+                                           0,
+                                           nullptr,
+                                           block * kk * cg,
+                                           tables,
+                                           tables + cpu::kDeformRun,
+                                           tables + 2 * cpu::kDeformRun,
+                                           corners.data()};
+      scalar_t* cols = columns.mutable_data_ptr<scalar_t>();
       for (int64_t blk = begin; blk < end; ++blk) {
         const int64_t q0 = blk * block;
         const int64_t n = std::min(total, q0 + block) - q0;
-        args.q0 = q0;
-        args.q1 = q0 + n;
-        im2col_block(args);
+        for (int64_t q = q0; q < q0 + n;) {
+          const int64_t image = q / out_size, p = q % out_size;
+          const int64_t run = std::min({q0 + n - q, out_size - p, cpu::kDeformRun});
+          if (image != args.image_index) {
+            const scalar_t* src = in_ptr + image * image_elems;
+            if (channels_last) {
+              cpu::pad_image_from_nhwc(src, padded, pad, g.height, g.width);
+            } else {
+              pad_image(src, padded, pad, g.height, g.width);
+            }
+            args.image_index = image;
+          }
+          args.p0 = p;
+          args.p1 = p + run;
+          args.columns = cols + (q - q0) * kk * cg;
+          im2col_run(args);
+          q += run;
+        }
         // (groups, n, kk * cg) @ (groups, kk * cg, out_c / groups): positions x out_c, the
         // orientation in which the columns need no transposing inside the GEMM.
         const Tensor part = batched_matmul(narrowed(columns, 1, 0, n), w_t);
         const scalar_t* src = part.const_data_ptr<scalar_t>();
-        // The block's positions, split where they cross into the next image, in runs of at
-        // most 64 so that the product rows a run reads stay in L1 across the channels.
+        // The block's positions, split where they cross into the next image: (positions, out_c
+        // of the group) -> (out_c of the group, positions) in the output, plus the bias.
         for (int64_t q = q0; q < q0 + n;) {
           const int64_t image = q / out_size, p = q % out_size;
-          const int64_t run = std::min({q0 + n - q, out_size - p, int64_t(64)});
-          for (int64_t oc = 0; oc < g.out_channels; ++oc) {
-            const scalar_t b = bias_ptr[oc];
-            const int64_t grp = oc / ocg;
-            const scalar_t* from = src + (grp * n + (q - q0)) * ocg + (oc - grp * ocg);
-            scalar_t* to = out_ptr + (image * g.out_channels + oc) * out_size + p;
-            for (int64_t i = 0; i < run; ++i) {
-              to[i] = from[i * ocg] + b;
-            }
+          const int64_t run = std::min(q0 + n - q, out_size - p);
+          for (int64_t grp = 0; grp < g.groups; ++grp) {
+            write_output(src + (grp * n + (q - q0)) * ocg, ocg,
+                         out_ptr + (image * g.out_channels + grp * ocg) * out_size + p, out_size,
+                         run, g.out_channels / g.groups, bias_ptr + grp * ocg);
           }
           q += run;
         }

@@ -1,29 +1,44 @@
-// deform_conv2d's forward sampling (the "bilinear im2col") over a channels-last input.
+// deform_conv2d's forward sampling (the "bilinear im2col") over a padded channels-last copy
+// of one image.
 //
-// With channels innermost, the four bilinear neighbours of one sampling point are four
-// contiguous runs of channels: the point's corners, weights and mask are computed once
-// per (output position, kernel tap, offset group) and applied to the whole channel run,
-// a loop the compiler vectorizes. The columns it writes are laid out
+// The image is copied, one image at a time by the thread that samples it (so the copy is
+// still in that core's L2 when it is read), to (height + 3, width + 2, channels) with the
+// image at row 1, column 1 and a zero border. Every corner of a point inside
+// (-1, height) x (-1, width) then lies inside the copy, and the 2x2 cells at row height + 1,
+// column 0 are all zero: a point outside the image reads them. So no corner needs a
+// bounds check.
+//
+// For a run of output positions of one image and one offset group, the sampling tables are
+// computed tap by tap, a loop over positions that the compiler vectorizes: the offset of
+// each point's top-left corner in the copy and its four bilinear weights with the mask
+// folded in. One loop over the channels then does the weighted sum of four contiguous runs
+// of channels, also vectorized. The columns it writes are laid out
 //     columns[group][position][tap][channel in group]
 // so that one group's columns for a block of positions are a (positions, taps * channels)
 // matrix: the GEMM's reduction dimension runs over (tap, channel), and the weight is
 // permuted to (out_channels, kernel_h, kernel_w, in_channels / groups) to match.
 //
-// Each channel's arithmetic is the channels-first kernel's, in its order:
-//     mask * (((w0 * v0 + w1 * v1) + w2 * v2) + w3 * v3)
-// with a neighbour outside the image read from a row of zeros (adding +0 changes no sum);
-// the AVX2 / AVX-512 clones may fuse its multiply-adds, a rounding-level difference.
+// Each channel's arithmetic is
+//     ((mw0 * v0 + mw1 * v1) + mw2 * v2) + mw3 * v3,   mwi = bilinear weight i * mask
+// (the mask multiplied into the weights rather than into the sum: a rounding-level
+// difference from torchvision's mask * (...)); a neighbour outside the image reads a zero
+// of the border. A point outside the image samples 0, a NaN coordinate NaN (its first
+// weight is NaN, and its corners are zeros). The AVX2 / AVX-512 clones may fuse the
+// multiply-adds, also a rounding-level difference.
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "../common.h"
 
 // Vector width is chosen at load time: the kernels are compiled for the baseline x86-64
-// (SSE2) like the rest of the extension, and the sampling loop is cloned for AVX2 and
+// (SSE2) like the rest of the extension, and the sampling loops are cloned for AVX2 and
 // AVX-512 machines (GCC's function multiversioning: an ifunc, which glibc resolves once at
 // load time, picks the clone). Elsewhere the one baseline version.
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && \
@@ -34,141 +49,307 @@
 #define OPFORGE_VECTOR_CLONES
 #endif
 
+// The transpose tiles' vectors travel by value only between always-inlined functions: no
+// call passes one, whatever a clone's vector ABI.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
+
 namespace opforge::cpu {
 
-// What deform_im2col_block reads and writes.
+// Output positions whose sampling tables are computed together: the tables of a run (about
+// 24 bytes per position and tap in float32) stay in L1 while the run's columns are written.
+inline constexpr int64_t kDeformRun = 64;
+
+// The padded copy of one image (see above), in elements of its scalar type.
+struct DeformPadding {
+  int64_t row_cells;  // width + 2
+  int64_t rows;       // height + 3
+  int64_t channels;
+  int64_t elements() const { return rows * row_cells * channels; }
+  // From the start of the copy to the image's (0, 0).
+  int64_t origin() const { return (row_cells + 1) * channels; }
+  // From the image's (0, 0) to the all-zero cells an outside point reads: (height, -1).
+  int64_t zero_cell(int64_t height) const { return (height * row_cells - 1) * channels; }
+};
+
+inline DeformPadding deform_padding(const DeformConv2dGeometry& g) {
+  return {g.width + 2, g.height + 3, g.channels};
+}
+
+// Zeroes the border of a padded copy (the interior is written by pad_image_*).
+template <typename T>
+void zero_padding_border(T* dst, const DeformPadding& pad, int64_t height, int64_t width) {
+  const int64_t c = pad.channels, row = pad.row_cells * c;
+  std::fill(dst, dst + row, T(0));
+  for (int64_t y = 1; y <= height; ++y) {
+    std::fill(dst + y * row, dst + y * row + c, T(0));
+    std::fill(dst + y * row + (width + 1) * c, dst + (y + 1) * row, T(0));
+  }
+  std::fill(dst + (height + 1) * row, dst + (height + 3) * row, T(0));
+}
+
+// dst[j * dst_ld + i] = src[i * src_ld + j] + (add ? add[j] : 0) for i < rows, j < cols: a
+// transpose in square tiles of one vector's width (8 floats, 4 doubles) held in registers,
+// the edges element by element. Addition of +0 changes no value.
+#if defined(__GNUC__) && (defined(__clang__) || __GNUC__ >= 12)
+#define OPFORGE_SHUFFLE_TILES 1
+template <typename T>
+struct TransposeTile {
+  static constexpr int64_t size = 32 / sizeof(T);
+  typedef T V __attribute__((vector_size(32), aligned(sizeof(T))));
+  [[gnu::always_inline]] static V load(const T* p) {
+    V v;
+    std::memcpy(&v, p, sizeof(V));
+    return v;
+  }
+  [[gnu::always_inline]] static void store(T* p, V v) { std::memcpy(p, &v, sizeof(V)); }
+  // The tile of rows r[0..size) transposed in place.
+  [[gnu::always_inline]] static void transpose(V* r) {
+    if constexpr (size == 8) {
+      V t[8], u[8];
+      for (int k = 0; k < 8; k += 2) {
+        t[k] = __builtin_shufflevector(r[k], r[k + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+        t[k + 1] = __builtin_shufflevector(r[k], r[k + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+      }
+      for (int k = 0; k < 8; k += 4) {
+        u[k] = __builtin_shufflevector(t[k], t[k + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+        u[k + 1] = __builtin_shufflevector(t[k], t[k + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+        u[k + 2] = __builtin_shufflevector(t[k + 1], t[k + 3], 0, 1, 8, 9, 4, 5, 12, 13);
+        u[k + 3] = __builtin_shufflevector(t[k + 1], t[k + 3], 2, 3, 10, 11, 6, 7, 14, 15);
+      }
+      for (int k = 0; k < 4; ++k) {
+        r[k] = __builtin_shufflevector(u[k], u[k + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+        r[k + 4] = __builtin_shufflevector(u[k], u[k + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+      }
+    } else {
+      static_assert(size == 4);
+      const V t0 = __builtin_shufflevector(r[0], r[1], 0, 4, 2, 6);
+      const V t1 = __builtin_shufflevector(r[0], r[1], 1, 5, 3, 7);
+      const V t2 = __builtin_shufflevector(r[2], r[3], 0, 4, 2, 6);
+      const V t3 = __builtin_shufflevector(r[2], r[3], 1, 5, 3, 7);
+      r[0] = __builtin_shufflevector(t0, t2, 0, 1, 4, 5);
+      r[1] = __builtin_shufflevector(t1, t3, 0, 1, 4, 5);
+      r[2] = __builtin_shufflevector(t0, t2, 2, 3, 6, 7);
+      r[3] = __builtin_shufflevector(t1, t3, 2, 3, 6, 7);
+    }
+  }
+};
+#endif
+
+// rows_outer: tiles in source row order (reads front to back), else in destination row order
+// (writes front to back).
+template <bool rows_outer, typename T>
+[[gnu::always_inline]] inline void transpose_block(const T* __restrict src, int64_t src_ld,
+                                                   T* __restrict dst, int64_t dst_ld, int64_t rows,
+                                                   int64_t cols, const T* add) {
+  const auto element = [&](int64_t i, int64_t j) {
+    dst[j * dst_ld + i] = add ? src[i * src_ld + j] + add[j] : src[i * src_ld + j];
+  };
+  int64_t full_rows = 0, full_cols = 0;
+#ifdef OPFORGE_SHUFFLE_TILES
+  using Tile = TransposeTile<T>;
+  constexpr int64_t k = Tile::size;
+  full_rows = rows / k * k;
+  full_cols = cols / k * k;
+  const auto tile = [&](int64_t i0, int64_t j0) {
+    typename Tile::V r[k];
+    for (int64_t i = 0; i < k; ++i) {
+      r[i] = Tile::load(src + (i0 + i) * src_ld + j0);
+    }
+    Tile::transpose(r);
+    for (int64_t j = 0; j < k; ++j) {
+      Tile::store(dst + (j0 + j) * dst_ld + i0, add ? r[j] + add[j0 + j] : r[j]);
+    }
+  };
+  if constexpr (rows_outer) {
+    for (int64_t i0 = 0; i0 < full_rows; i0 += k) {
+      for (int64_t j0 = 0; j0 < full_cols; j0 += k) {
+        tile(i0, j0);
+      }
+    }
+  } else {
+    for (int64_t j0 = 0; j0 < full_cols; j0 += k) {
+      for (int64_t i0 = 0; i0 < full_rows; i0 += k) {
+        tile(i0, j0);
+      }
+    }
+  }
+#endif
+  // The edges: the columns past the last full tile, then the rows past it.
+  for (int64_t i = 0; i < full_rows; ++i) {
+    for (int64_t j = full_cols; j < cols; ++j) {
+      element(i, j);
+    }
+  }
+  for (int64_t i = full_rows; i < rows; ++i) {
+    for (int64_t j = 0; j < cols; ++j) {
+      element(i, j);
+    }
+  }
+}
+
+// One NCHW image (channels, height, width) into the interior of a padded copy, row by row.
+// (Called from a function cloned per vector width, like deform_im2col_run.)
+template <typename T>
+[[gnu::always_inline]] inline void pad_image_from_nchw(const T* __restrict src,
+                                                       T* __restrict dst, const DeformPadding& pad,
+                                                       int64_t height, int64_t width) {
+  const int64_t channels = pad.channels, plane = height * width;
+  for (int64_t y = 0; y < height; ++y) {
+    // (channels, width) at stride plane -> (width, channels)
+    transpose_block<true>(src + y * width, plane, dst + ((y + 1) * pad.row_cells + 1) * channels,
+                       channels, channels, width, static_cast<const T*>(nullptr));
+  }
+}
+
+// One channels-last image (height, width, channels) into the interior of a padded copy.
+template <typename T>
+void pad_image_from_nhwc(const T* src, T* dst, const DeformPadding& pad, int64_t height,
+                         int64_t width) {
+  const int64_t channels = pad.channels;
+  for (int64_t y = 0; y < height; ++y) {
+    std::memcpy(dst + ((y + 1) * pad.row_cells + 1) * channels, src + y * width * channels,
+                sizeof(T) * width * channels);
+  }
+}
+
+// What deform_im2col_run reads and writes.
 template <typename T>
 struct DeformIm2colArgs {
   const DeformConv2dGeometry* g;
-  const T* input;   // (batch, height, width, channels), dense
+  DeformPadding pad;
+  const T* image;   // the padded copy of image `image_index`, at its (0, 0)
   const T* offset;  // (batch, offset_groups * kk * 2, out_h, out_w), dense
   const T* mask;    // (batch, offset_groups * kk, out_h, out_w), dense; nullptr: no mask
-  const T* zeros;   // `channels` zeros: the row a neighbour outside the image reads
-  int64_t q0, q1;   // positions [q0, q1) of the flattened (image, out_y, out_x) index
-  int64_t stride;   // positions one group's slab of `columns` holds (>= q1 - q0)
-  T* columns;       // (groups, stride, kk * channels / groups)
+  int64_t image_index;
+  int64_t p0, p1;   // positions [p0, p1) of that image, at most kDeformRun of them
+  T* columns;       // position p0's row in group 0's slab
+  int64_t stride;   // elements from one group's slab to the next
+  // Scratch of kDeformRun positions: base_y, base_x (kDeformRun each), weights
+  // (4 * kk * kDeformRun), corners (kk * kDeformRun).
+  T* base_y;
+  T* base_x;
+  T* weights;
+  int64_t* corners;
 };
 
-// dst[c] = m * (((w0 * a[c] + w1 * b[c]) + w2 * d[c]) + w3 * e[c]) for c in [0, n);
-// without a mask, the same sum unscaled.
+// Sampling tables of one offset group for positions [p0, p1): for tap t and position i of the
+// run, corners[t * kDeformRun + i] is the top-left corner's offset from the image's (0, 0)
+// and weights[(4 * t + k) * kDeformRun + i] the k-th corner's weight times the mask.
 template <bool masked, typename T>
-[[gnu::always_inline]] inline void bilinear_run(T* __restrict dst, const T* __restrict a,
-                                                const T* __restrict b, const T* __restrict d,
-                                                const T* __restrict e, T w0, T w1, T w2, T w3, T m,
-                                                int64_t n) {
-  for (int64_t c = 0; c < n; ++c) {
-    const T v = ((w0 * a[c] + w1 * b[c]) + w2 * d[c]) + w3 * e[c];
-    dst[c] = masked ? m * v : v;
-  }
-}
-
-template <typename T>
-[[gnu::always_inline]] inline void fill_run(T* __restrict dst, T value, int64_t n) {
-  for (int64_t c = 0; c < n; ++c) {
-    dst[c] = value;
-  }
-}
-
-// Samples positions [q0, q1) for every tap and channel into `columns` (layout above).
-// Sampling semantics are torchvision's: a point with y <= -1, y >= height, x <= -1 or
-// x >= width samples 0 (NaN when a coordinate is NaN); otherwise the bilinear
-// interpolation of its four neighbours, neighbours outside the image counting as 0.
-// Taps run innermost: a position's taps and its neighbours' read the same few input rows,
-// which stay in L1, and the columns are written in order. No integer division below the
-// offset group loop: positions, taps and channel runs advance by steps.
-template <bool masked, typename T>
-[[gnu::always_inline]] inline void deform_im2col_block(const DeformIm2colArgs<T>& a) {
+[[gnu::always_inline]] inline void deform_tables(const DeformIm2colArgs<T>& a, int64_t og) {
   const DeformConv2dGeometry& g = *a.g;
   const int64_t kk = g.kernel_size();
   const int64_t out_size = g.out_size();
-  const int64_t channels = g.channels;
+  const int64_t n = a.p1 - a.p0;
+  const int64_t channels = a.pad.channels;
+  const int64_t row_cells = a.pad.row_cells;
+  const int64_t zero_cell = a.pad.zero_cell(g.height);
+  const T height = static_cast<T>(g.height), width = static_cast<T>(g.width);
+  using Bits = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+  static_assert(sizeof(Bits) == sizeof(T));
+  const Bits nan_bits = std::bit_cast<Bits>(std::numeric_limits<T>::quiet_NaN());
+  const T* off = a.offset + (a.image_index * g.offset_groups + og) * 2 * kk * out_size + a.p0;
+  const T* msk =
+      masked ? a.mask + (a.image_index * g.offset_groups + og) * kk * out_size + a.p0 : nullptr;
+  const T* __restrict by = a.base_y;
+  const T* __restrict bx = a.base_x;
+  for (int64_t tap = 0; tap < kk; ++tap) {
+    const T dy = static_cast<T>((tap / g.kernel_w) * g.dilation_h);
+    const T dx = static_cast<T>((tap % g.kernel_w) * g.dilation_w);
+    const T* __restrict oy = off + 2 * tap * out_size;
+    const T* __restrict ox = oy + out_size;
+    const T* __restrict m = masked ? msk + tap * out_size : nullptr;
+    T* __restrict w0 = a.weights + 4 * tap * kDeformRun;
+    T* __restrict w1 = w0 + kDeformRun;
+    T* __restrict w2 = w1 + kDeformRun;
+    T* __restrict w3 = w2 + kDeformRun;
+    int64_t* __restrict corner = a.corners + tap * kDeformRun;
+    // Branch-free, so that the loop vectorizes: values that only matter inside the image are
+    // masked with bit operations (a select of the outside case's constants would make the
+    // compiler split the loop into branches).
+    for (int64_t i = 0; i < n; ++i) {
+      const T y = (by[i] + dy) + oy[i];
+      const T x = (bx[i] + dx) + ox[i];
+      // Written so that NaN coordinates fail it.
+      const bool inside = (y > T(-1)) & (y < height) & (x > T(-1)) & (x < width);
+      const Bits keep = Bits(0) - static_cast<Bits>(inside);
+      // Outside, 0: no conversion of a value out of an integer's range.
+      const T yc = std::bit_cast<T>(std::bit_cast<Bits>(y) & keep);
+      const T xc = std::bit_cast<T>(std::bit_cast<Bits>(x) & keep);
+      // floor, for values above -1.
+      int32_t iy = static_cast<int32_t>(yc), ix = static_cast<int32_t>(xc);
+      iy -= static_cast<T>(iy) > yc;
+      ix -= static_cast<T>(ix) > xc;
+      const T ly = yc - static_cast<T>(iy), lx = xc - static_cast<T>(ix);
+      const T hy = T(1) - ly, hx = T(1) - lx;
+      // The mask inside, +0 outside (where the weights are finite): outside weights are 0.
+      const T mi = std::bit_cast<T>(std::bit_cast<Bits>(masked ? m[i] : T(1)) & keep);
+      const Bits is_nan = Bits(0) - static_cast<Bits>((y != y) | (x != x));
+      w0[i] = (hy * hx) * mi + std::bit_cast<T>(nan_bits & is_nan);
+      w1[i] = (hy * lx) * mi;
+      w2[i] = (ly * hx) * mi;
+      w3[i] = (ly * lx) * mi;
+      const int64_t cell = static_cast<int64_t>(iy) * row_cells + ix;
+      corner[i] = inside ? cell * channels : zero_cell;
+    }
+  }
+}
+
+// Samples positions [p0, p1) of one image for every tap and channel into `columns` (layout
+// above). Sampling semantics are torchvision's: a point with y <= -1, y >= height, x <= -1
+// or x >= width samples 0 (NaN when a coordinate is NaN); otherwise the bilinear
+// interpolation of its four neighbours, neighbours outside the image counting as 0.
+template <bool masked, typename T>
+[[gnu::always_inline]] inline void deform_im2col_run(const DeformIm2colArgs<T>& a) {
+  const DeformConv2dGeometry& g = *a.g;
+  const int64_t kk = g.kernel_size();
+  const int64_t channels = a.pad.channels;
+  const int64_t below = a.pad.row_cells * channels;  // from a cell to the one below it
   const int64_t cpg = g.channels_per_offset_group();
   const int64_t cg = channels / g.groups;  // channels of one group
   const int64_t row = kk * cg;             // one position's entries in one group's slab
-  const int64_t height = g.height, width = g.width;
-  const int64_t image_elems = height * width * channels;
-  const T nan = std::numeric_limits<T>::quiet_NaN();
-  const int64_t first_image = a.q0 / out_size;
-  const int64_t first_p = a.q0 % out_size;
-  const int64_t first_oh = first_p / g.out_w, first_ow = first_p % g.out_w;
-  const int64_t off_step = g.offset_groups * 2 * kk * out_size;  // one image of offsets
-  const int64_t mask_step = g.offset_groups * kk * out_size;
+  const int64_t n = a.p1 - a.p0;
 
+  // The run's integer sampling origins, once for every tap and offset group.
+  for (int64_t i = 0, oh = a.p0 / g.out_w, ow = a.p0 % g.out_w; i < n; ++i) {
+    a.base_y[i] = static_cast<T>(oh * g.stride_h - g.pad_h);
+    a.base_x[i] = static_cast<T>(ow * g.stride_w - g.pad_w);
+    if (++ow == g.out_w) {
+      ow = 0;
+      ++oh;
+    }
+  }
   for (int64_t og = 0; og < g.offset_groups; ++og) {
+    deform_tables<masked>(a, og);
     const int64_t c_first = og * cpg, c_last = c_first + cpg;
     const int64_t g_first = cg > 0 ? c_first / cg : 0;
-    const T* off = a.offset + (first_image * g.offset_groups + og) * 2 * kk * out_size;
-    const T* msk = masked ? a.mask + (first_image * g.offset_groups + og) * kk * out_size : nullptr;
-    const T* image_base = a.input + first_image * image_elems;
-    int64_t p = first_p, oh = first_oh, ow = first_ow;
-    for (int64_t q = a.q0; q < a.q1; ++q) {
-      const int64_t y_pos = oh * g.stride_h - g.pad_h, x_pos = ow * g.stride_w - g.pad_w;
-      T* dst_q = a.columns + (g_first * a.stride + (q - a.q0)) * row + (c_first - g_first * cg);
-      for (int64_t tap = 0, ki = 0, kj = 0; tap < kk; ++tap) {
-        const T y = static_cast<T>(y_pos + ki * g.dilation_h) + off[2 * tap * out_size + p];
-        const T x = static_cast<T>(x_pos + kj * g.dilation_w) + off[(2 * tap + 1) * out_size + p];
-        const T m = masked ? msk[tap * out_size + p] : T(1);
-        if (++kj == g.kernel_w) {
-          kj = 0;
-          ++ki;
-        }
-        // Written so that NaN coordinates fail it.
-        const bool inside = y > -1 && y < height && x > -1 && x < width;
-        const T* v[4] = {a.zeros, a.zeros, a.zeros, a.zeros};
-        T w[4] = {0, 0, 0, 0};
-        if (inside) {
-          const int64_t y0 = static_cast<int64_t>(std::floor(y));
-          const int64_t x0 = static_cast<int64_t>(std::floor(x));
-          const T ly = y - static_cast<T>(y0), lx = x - static_cast<T>(x0);
-          const T hy = 1 - ly, hx = 1 - lx;
-          w[0] = hy * hx;
-          w[1] = hy * lx;
-          w[2] = ly * hx;
-          w[3] = ly * lx;
-          const T* r0 = image_base + (y0 * width + x0) * channels;
-          const T* r1 = r0 + width * channels;
-          const bool vy0 = y0 >= 0, vy1 = y0 + 1 <= height - 1;
-          const bool vx0 = x0 >= 0, vx1 = x0 + 1 <= width - 1;
-          if (vy0 && vx0)
-            v[0] = r0;
-          if (vy0 && vx1)
-            v[1] = r0 + channels;
-          if (vy1 && vx0)
-            v[2] = r1;
-          if (vy1 && vx1)
-            v[3] = r1 + channels;
-        }
-        const T fill = inside || !(std::isnan(y) || std::isnan(x)) ? T(0) : nan;
+    for (int64_t i = 0; i < n; ++i) {
+      T* dst_i = a.columns + g_first * a.stride + i * row + (c_first - g_first * cg);
+      for (int64_t tap = 0; tap < kk; ++tap) {
+        const T* __restrict r0 = a.image + a.corners[tap * kDeformRun + i];
+        const T* __restrict r1 = r0 + below;
+        const T* wt = a.weights + 4 * tap * kDeformRun + i;
+        const T w0 = wt[0], w1 = wt[kDeformRun], w2 = wt[2 * kDeformRun],
+                w3 = wt[3 * kDeformRun];
         // The offset group's channels, one run per group they fall in.
-        T* dst = dst_q + tap * cg;
+        T* dst = dst_i + tap * cg;
         for (int64_t c0 = c_first, grp_end = (g_first + 1) * cg; c0 < c_last; grp_end += cg) {
           const int64_t c1 = std::min(c_last, grp_end);
-          if (inside) {
-            bilinear_run<masked>(dst, v[0] + c0, v[1] + c0, v[2] + c0, v[3] + c0, w[0], w[1], w[2],
-                                 w[3], m, c1 - c0);
-          } else {
-            fill_run(dst, fill, c1 - c0);
+          T* __restrict out = dst;
+          for (int64_t c = c0; c < c1; ++c) {
+            out[c - c0] = ((w0 * r0[c] + w1 * r0[c + channels]) + w2 * r1[c]) +
+                          w3 * r1[c + channels];
           }
           // The next group's run starts at its first channel.
-          dst += a.stride * row - (c0 - (grp_end - cg));
+          dst += a.stride - (c0 - (grp_end - cg));
           c0 = c1;
         }
       }
-      if (++ow == g.out_w) {
-        ow = 0;
-        if (++oh == g.out_h) {
-          oh = 0;
-          // The next image.
-          p = -1;
-          off += off_step;
-          if (masked)
-            msk += mask_step;
-          image_base += image_elems;
-        }
-      }
-      ++p;
     }
   }
 }
 
 }  // namespace opforge::cpu
+
+#pragma GCC diagnostic pop
