@@ -191,14 +191,14 @@ template <bool rows_outer, typename T>
 // One NCHW image (channels, height, width) into the interior of a padded copy, row by row.
 // (Called from a function cloned per vector width, like deform_im2col_run.)
 template <typename T>
-[[gnu::always_inline]] inline void pad_image_from_nchw(const T* __restrict src,
-                                                       T* __restrict dst, const DeformPadding& pad,
-                                                       int64_t height, int64_t width) {
+[[gnu::always_inline]] inline void pad_image_from_nchw(const T* __restrict src, T* __restrict dst,
+                                                       const DeformPadding& pad, int64_t height,
+                                                       int64_t width) {
   const int64_t channels = pad.channels, plane = height * width;
   for (int64_t y = 0; y < height; ++y) {
     // (channels, width) at stride plane -> (width, channels)
     transpose_block<true>(src + y * width, plane, dst + ((y + 1) * pad.row_cells + 1) * channels,
-                       channels, channels, width, static_cast<const T*>(nullptr));
+                          channels, channels, width, static_cast<const T*>(nullptr));
   }
 }
 
@@ -222,9 +222,9 @@ struct DeformIm2colArgs {
   const T* offset;  // (batch, offset_groups * kk * 2, out_h, out_w), dense
   const T* mask;    // (batch, offset_groups * kk, out_h, out_w), dense; nullptr: no mask
   int64_t image_index;
-  int64_t p0, p1;   // positions [p0, p1) of that image, at most kDeformRun of them
-  T* columns;       // position p0's row in group 0's slab
-  int64_t stride;   // elements from one group's slab to the next
+  int64_t p0, p1;  // positions [p0, p1) of that image, at most kDeformRun of them
+  T* columns;      // position p0's row in group 0's slab
+  int64_t stride;  // elements from one group's slab to the next
   // Scratch of kDeformRun positions: base_y, base_x (kDeformRun each), weights
   // (4 * kk * kDeformRun), corners (kk * kDeformRun).
   T* base_y;
@@ -330,16 +330,15 @@ template <bool masked, typename T>
         const T* __restrict r0 = a.image + a.corners[tap * kDeformRun + i];
         const T* __restrict r1 = r0 + below;
         const T* wt = a.weights + 4 * tap * kDeformRun + i;
-        const T w0 = wt[0], w1 = wt[kDeformRun], w2 = wt[2 * kDeformRun],
-                w3 = wt[3 * kDeformRun];
+        const T w0 = wt[0], w1 = wt[kDeformRun], w2 = wt[2 * kDeformRun], w3 = wt[3 * kDeformRun];
         // The offset group's channels, one run per group they fall in.
         T* dst = dst_i + tap * cg;
         for (int64_t c0 = c_first, grp_end = (g_first + 1) * cg; c0 < c_last; grp_end += cg) {
           const int64_t c1 = std::min(c_last, grp_end);
           T* __restrict out = dst;
           for (int64_t c = c0; c < c1; ++c) {
-            out[c - c0] = ((w0 * r0[c] + w1 * r0[c + channels]) + w2 * r1[c]) +
-                          w3 * r1[c + channels];
+            out[c - c0] =
+                ((w0 * r0[c] + w1 * r0[c + channels]) + w2 * r1[c]) + w3 * r1[c + channels];
           }
           // The next group's run starts at its first channel.
           dst += a.stride - (c0 - (grp_end - cg));
