@@ -162,15 +162,20 @@ class BusyCores:
             proc.wait()
 
 
-def time_row(ours_fn, tv_fn, threads, rounds, min_run_time):
-    """{T: (opforge seconds per round, torchvision seconds per round)}, paired by round."""
+def time_row(ours_fn, tv_fn, threads, rounds, min_run_time, base_fn=None):
+    """({T: (opforge seconds per round, torchvision seconds per round)}, baseline seconds per
+    round): paired by round, the baseline (base_fn, one thread) timed in the same rounds as the
+    one-thread pair so that the ratio to it sees the same machine state."""
     times = {t: ([], []) for t in threads}
+    base = []
     for r in range(rounds):
         for t in threads:
             pair = [(0, ours_fn), (1, tv_fn)]
             for side, fn in pair if r % 2 == 0 else pair[::-1]:
                 times[t][side].append(measure(fn, t, min_run_time))
-    return times
+        if base_fn is not None:
+            base.append(measure(base_fn, 1, min_run_time))
+    return times, base
 
 
 def main(argv=None):
@@ -211,7 +216,9 @@ def main(argv=None):
                 continue
             torch.set_num_threads(threads[-1])
             assert_agree(name, ours_fn(), tv_fn())
-            times = time_row(ours_fn, tv_fn, threads, args.rounds, args.min_run_time)
+            base_fn, floor = baseline if baseline and 1 in threads else (None, None)
+            times, base_s = time_row(ours_fn, tv_fn, threads, args.rounds, args.min_run_time,
+                                     base_fn)
             row = {"case": name}
             for t, (ours_s, tv_s) in times.items():
                 row[f"opforge_ms@{t}"] = statistics.median(ours_s) * 1e3
@@ -220,12 +227,11 @@ def main(argv=None):
             if len(threads) > 1:
                 one, most = times[threads[0]][0], times[threads[-1]][0]
                 row["thread_cost"] = statistics.median(b / a for a, b in zip(one, most))
-            if baseline:
-                base_fn, floor = baseline
-                base_s = [measure(base_fn, 1, args.min_run_time) for _ in range(args.rounds)]
+            if base_s:
                 row["baseline_ms@1"] = statistics.median(base_s) * 1e3
-                row["vs_baseline"] = statistics.median(times[1][0]) / statistics.median(base_s) \
-                    if 1 in times else None
+                # the median of the rounds' ratios (each round's two times are neighbours)
+                row["vs_baseline"] = statistics.median(
+                    a / b for a, b in zip(times[1][0], base_s)) if 1 in times else None
                 row["floor"] = floor
             rows.append(row)
             cells = "".join(f" {row[f'opforge_ms@{t}']:>9.3f} {row[f'speedup@{t}']:>6.2f}"
