@@ -26,27 +26,28 @@ struct Lanes {
   static constexpr int64_t size() { return 32 / static_cast<int64_t>(sizeof(T)); }
   T v[32 / sizeof(T)];
   Lanes() = default;
-  Lanes(T value) {  // NOLINT(google-explicit-constructor): a broadcast, as Vectorized's
+  [[gnu::always_inline]] Lanes(
+      T value) {  // NOLINT(google-explicit-constructor): a broadcast, as Vectorized's
     for (int64_t i = 0; i < size(); ++i)
       v[i] = value;
   }
-  static Lanes loadu(const T* p) {
+  [[gnu::always_inline]] static Lanes loadu(const T* p) {
     Lanes out;
     for (int64_t i = 0; i < size(); ++i)
       out.v[i] = p[i];
     return out;
   }
-  void store(T* p) const {
+  [[gnu::always_inline]] void store(T* p) const {
     for (int64_t i = 0; i < size(); ++i)
       p[i] = v[i];
   }
-  friend Lanes operator+(const Lanes& a, const Lanes& b) {
+  [[gnu::always_inline]] friend Lanes operator+(const Lanes& a, const Lanes& b) {
     Lanes out;
     for (int64_t i = 0; i < size(); ++i)
       out.v[i] = a.v[i] + b.v[i];
     return out;
   }
-  friend Lanes operator*(const Lanes& a, const Lanes& b) {
+  [[gnu::always_inline]] friend Lanes operator*(const Lanes& a, const Lanes& b) {
     Lanes out;
     for (int64_t i = 0; i < size(); ++i)
       out.v[i] = a.v[i] * b.v[i];
@@ -69,8 +70,9 @@ inline bool is_channels_last(const Tensor& t) {
 
 // acc[c] += w0 * p0[c] + w1 * p1[c] + w2 * p2[c] + w3 * p3[c], for c in [0, n).
 template <typename acc_t, typename scalar_t>
-inline void add_bilinear(acc_t* acc, const scalar_t* p0, const scalar_t* p1, const scalar_t* p2,
-                         const scalar_t* p3, const acc_t* w, int64_t n) {
+[[gnu::always_inline]] inline void add_bilinear(acc_t* acc, const scalar_t* p0, const scalar_t* p1,
+                                                const scalar_t* p2, const scalar_t* p3,
+                                                const acc_t* w, int64_t n) {
   int64_t c = 0;
   if constexpr (std::is_same_v<acc_t, scalar_t>) {
     using V = Vec<acc_t>;
@@ -89,7 +91,7 @@ inline void add_bilinear(acc_t* acc, const scalar_t* p0, const scalar_t* p1, con
 
 // out[c] = 0 for c in [0, n).
 template <typename T>
-inline void zero_fill(T* out, int64_t n) {
+[[gnu::always_inline]] inline void zero_fill(T* out, int64_t n) {
   std::fill(out, out + n, T(0));
 }
 

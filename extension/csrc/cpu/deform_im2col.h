@@ -36,18 +36,7 @@
 #include <type_traits>
 
 #include "../common.h"
-
-// Vector width is chosen at load time: the kernels are compiled for the baseline x86-64
-// (SSE2) like the rest of the extension, and the sampling loops are cloned for AVX2 and
-// AVX-512 machines (GCC's function multiversioning: an ifunc, which glibc resolves once at
-// load time, picks the clone). Elsewhere the one baseline version.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && \
-    defined(__GLIBC__)
-#define OPFORGE_VECTOR_CLONES \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define OPFORGE_VECTOR_CLONES
-#endif
+#include "vector_clones.h"  // the sampling loops: AVX2 and AVX-512 clones
 
 // The transpose tiles' vectors travel by value only between always-inlined functions: no
 // call passes one, whatever a clone's vector ABI.

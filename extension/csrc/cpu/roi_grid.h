@@ -115,24 +115,30 @@ void compute_roi_grid(const char* op, RoiGrid<acc_t>& grid, const scalar_t* roi,
   fill_axis(grid.ys, grid.y_range, start_h, bin_h, pooled_h, int64_t(grid_h), height);
   fill_axis(grid.xs, grid.x_range, start_w, bin_w, pooled_w, int64_t(grid_w), width);
 
-  grid.taps.clear();
-  grid.bin_begin.assign(1, 0);
+  // Bin (ph, pw) has a tap per (valid y sample of row ph, valid x sample of column pw): all
+  // bins together have ys.size() * xs.size() of them, written in place (no growth checks).
+  grid.taps.resize(grid.ys.size() * grid.xs.size());
+  grid.bin_begin.resize(pooled_h * pooled_w + 1);
+  Tap<acc_t>* tap = grid.taps.data();
+  int64_t* bin_begin = grid.bin_begin.data();
+  int64_t count = 0;
+  *bin_begin++ = 0;
   for (int64_t ph = 0; ph < pooled_h; ++ph) {
     const AxisRange yr = grid.y_range[ph];
     for (int64_t pw = 0; pw < pooled_w; ++pw) {
       const AxisRange xr = grid.x_range[pw];
       for (int64_t iy = yr.begin; iy < yr.end; ++iy) {
         const AxisSample<acc_t>& y = grid.ys[iy];
+        const int32_t row_low = static_cast<int32_t>(y.low * width);
+        const int32_t row_high = static_cast<int32_t>(y.high * width);
         for (int64_t ix = xr.begin; ix < xr.end; ++ix) {
           const AxisSample<acc_t>& x = grid.xs[ix];
-          grid.taps.push_back({{static_cast<int32_t>(y.low * width + x.low),
-                                static_cast<int32_t>(y.low * width + x.high),
-                                static_cast<int32_t>(y.high * width + x.low),
-                                static_cast<int32_t>(y.high * width + x.high)},
-                               {y.h * x.h, y.h * x.l, y.l * x.h, y.l * x.l}});
+          const int32_t x_low = static_cast<int32_t>(x.low), x_high = static_cast<int32_t>(x.high);
+          tap[count++] = {{row_low + x_low, row_low + x_high, row_high + x_low, row_high + x_high},
+                          {y.h * x.h, y.h * x.l, y.l * x.h, y.l * x.l}};
         }
       }
-      grid.bin_begin.push_back(static_cast<int64_t>(grid.taps.size()));
+      *bin_begin++ = count;
     }
   }
 }
