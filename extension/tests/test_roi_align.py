@@ -447,9 +447,11 @@ def torchvision_cases():
 
 
 # A list of per-image boxes becomes Tensor[K, 5] rois whose first column is the image index:
-# a few rows take the Python-list path, more than 256 the bucketize path; both eager and
-# TorchScript, in the boxes' dtype, with images that have no boxes.
-@pytest.mark.parametrize("counts", [(3,), (0, 4), (2, 0, 5), (100, 157), (200, 300, 1), (0, 0)])
+# up to three images each image's boxes padded with its index; from four, a few rows take the
+# Python-list path, more than 256 the bucketize path; both eager and TorchScript, in the
+# boxes' dtype, with images that have no boxes.
+@pytest.mark.parametrize("counts", [(3,), (0, 4), (2, 0, 5), (100, 157), (200, 300, 1), (0, 0),
+                                    (1, 0, 2, 3), (0, 5, 0, 0, 7), (70, 0, 70, 70, 70)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
 def test_list_boxes_become_rois_indexed_by_image(counts, dtype):
     g = torch.Generator().manual_seed(sum(counts))

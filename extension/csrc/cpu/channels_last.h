@@ -18,6 +18,7 @@
 
 #include "../abi.h"
 #include "parallel_policy.h"
+#include "transpose.h"
 
 namespace opforge::cpu {
 
@@ -95,11 +96,45 @@ template <typename T>
   std::fill(out, out + n, T(0));
 }
 
-// A dense (N, C, H, W) array as (N, H, W, C), converted to acc_t: the blocked
-// transpose runs over (image, channel block) items as the work asks.
+// Channels [c0, c1) of one dense (C, plane) image into its (plane, C) copy, converted to
+// acc_t: same-type float and double in register tiles (transpose.h), other types in 16 x 16
+// blocks element by element.
 template <typename scalar_t, typename acc_t>
+[[gnu::always_inline]] inline void channels_to_last(const scalar_t* src, acc_t* dst,
+                                                    int64_t channels, int64_t plane, int64_t c0,
+                                                    int64_t c1) {
+  if constexpr (std::is_same_v<scalar_t, acc_t> &&
+                (std::is_same_v<acc_t, float> || std::is_same_v<acc_t, double>)) {
+    transpose_block<true>(src + c0 * plane, plane, dst + c0, channels, c1 - c0, plane,
+                          static_cast<const acc_t*>(nullptr));
+  } else {
+    constexpr int64_t block = 16;
+    for (int64_t p0 = 0; p0 < plane; p0 += block) {
+      const int64_t p1 = std::min(plane, p0 + block);
+      for (int64_t c = c0; c < c1; ++c) {
+        for (int64_t p = p0; p < p1; ++p) {
+          dst[p * channels + c] = static_cast<acc_t>(src[c * plane + p]);
+        }
+      }
+    }
+  }
+}
+
+// channels_to_last as a callable; a kernel file may pass its own, compiled for wider vectors
+// (vector_clones.h), to to_channels_last.
+struct ChannelsToLast {
+  template <typename scalar_t, typename acc_t>
+  void operator()(const scalar_t* src, acc_t* dst, int64_t channels, int64_t plane, int64_t c0,
+                  int64_t c1) const {
+    channels_to_last(src, dst, channels, plane, c0, c1);
+  }
+};
+
+// A dense (N, C, H, W) array as (N, H, W, C), converted to acc_t: the transpose runs over
+// (image, block of 16 channels) items as the work asks.
+template <typename scalar_t, typename acc_t, typename Transpose = ChannelsToLast>
 void to_channels_last(const scalar_t* in, acc_t* out, int64_t batch, int64_t channels,
-                      int64_t plane) {
+                      int64_t plane, Transpose transpose = {}) {
   constexpr int64_t block = 16;
   const int64_t blocks = (channels + block - 1) / block;
   parallel_for_work(batch * blocks, block * plane, [&](int64_t begin, int64_t end) {
@@ -107,16 +142,7 @@ void to_channels_last(const scalar_t* in, acc_t* out, int64_t batch, int64_t cha
       const int64_t n = item / blocks;
       const int64_t c0 = (item % blocks) * block;
       const int64_t c1 = std::min(channels, c0 + block);
-      const scalar_t* src = in + n * channels * plane;
-      acc_t* dst = out + n * channels * plane;
-      for (int64_t p0 = 0; p0 < plane; p0 += block) {
-        const int64_t p1 = std::min(plane, p0 + block);
-        for (int64_t c = c0; c < c1; ++c) {
-          for (int64_t p = p0; p < p1; ++p) {
-            dst[p * channels + c] = static_cast<acc_t>(src[c * plane + p]);
-          }
-        }
-      }
+      transpose(in + n * channels * plane, out + n * channels * plane, channels, plane, c0, c1);
     }
   });
 }

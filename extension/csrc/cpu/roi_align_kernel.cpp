@@ -115,6 +115,17 @@ OPFORGE_EXACT_VECTOR_CLONES void sum_roi_bins_wide(double* sums, const double* i
   sum_roi_bins(sums, image, grid, bins, channels);
 }
 
+// channels_to_last for float and double, also compiled for AVX2 and AVX-512 (a transpose
+// moves values: every clone gives the same result).
+OPFORGE_VECTOR_CLONES void channels_to_last_wide(const float* src, float* dst, int64_t channels,
+                                                 int64_t plane, int64_t c0, int64_t c1) {
+  channels_to_last(src, dst, channels, plane, c0, c1);
+}
+OPFORGE_VECTOR_CLONES void channels_to_last_wide(const double* src, double* dst, int64_t channels,
+                                                 int64_t plane, int64_t c0, int64_t c1) {
+  channels_to_last(src, dst, channels, plane, c0, c1);
+}
+
 // Channels-last: `in` is (N, H, W, C). A roi's bins are summed as vectors of channels into
 // a (bins, C) buffer, then written out channels-first.
 template <typename scalar_t, typename elem_t>
@@ -177,8 +188,16 @@ void roi_align_forward_impl(const Tensor& input, const Tensor& rois, Tensor& out
   if (vector_wide && total_work(num_rois, samples) >= batch * height * width / 2) {
     // uninitialized: the transpose writes every element (a vector would zero it first)
     std::unique_ptr<acc_t[]> transposed(new acc_t[batch * channels * height * width]);
+    const auto transpose = [](const scalar_t* src, acc_t* dst, int64_t c, int64_t plane, int64_t c0,
+                              int64_t c1) {
+      if constexpr (std::is_same_v<scalar_t, acc_t>) {
+        channels_to_last_wide(src, dst, c, plane, c0, c1);
+      } else {
+        channels_to_last(src, dst, c, plane, c0, c1);
+      }
+    };
     to_channels_last(input_c.const_data_ptr<scalar_t>(), transposed.get(), batch, channels,
-                     height * width);
+                     height * width, transpose);
     roi_align_forward_channels_last<scalar_t>(transposed.get(), roi_p, out, num_rois, channels,
                                               height, width, spatial_scale, pooled_h, pooled_w,
                                               sampling_ratio, aligned, samples);

@@ -22,10 +22,17 @@ from typing import Any
 
 import torch
 import torch.fx
+import torch.nn.functional as F
 from torch import Tensor
+
+# The types most arguments have: passed over without an isinstance check, since the search
+# runs on every eager call (a tensor subclass, e.g. a Parameter, takes the slower checks).
+_PLAIN_TYPES = (Tensor, int, float, bool)
 
 
 def _find_proxy(value: Any) -> torch.fx.Proxy | None:
+    if type(value) in _PLAIN_TYPES:
+        return None
     if isinstance(value, torch.fx.Proxy):
         return value
     if isinstance(value, (list, tuple)):
@@ -94,6 +101,10 @@ def convert_boxes_to_roi_format(boxes: list[Tensor]) -> Tensor:
             plain = False
         total += b.size(0)
         ends.append(total)
+    if plain and len(boxes) <= 3:
+        # a few images: each one's boxes padded with its index column, then one torch.cat
+        # (per image one op; below four images fewer than the general path's four)
+        return torch.cat([F.pad(b, (1, 0), value=float(i)) for i, b in enumerate(boxes)], dim=0)
     if plain:
         stacked = torch.cat(boxes, dim=0)
         if total <= 256:
