@@ -183,11 +183,14 @@ def test_channels_last_path_matches_channels_first(dtype, channels):
         torch.testing.assert_close(OP(strided, rois, *args), got, rtol=0, atol=0)
 
 
-def test_many_rois_on_channels_first_input_match_one_roi_at_a_time():
-    # Many rois on a small image: the input is transposed once and sampled channels-last; one
-    # roi at a time samples it in place, channels-first. Both must give the same bins.
-    input = torch.randn(2, 24, 20, 20)
-    rois = random_rois(64, 2, 20, 20)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("channels,height,width", [(24, 20, 20), (13, 21, 19), (40, 9, 7)])
+def test_many_rois_on_channels_first_input_match_one_roi_at_a_time(dtype, channels, height, width):
+    # Many rois on a small image: the input is transposed once (register tiles and their
+    # edges: channels and planes that are not whole tiles) and sampled channels-last; one roi
+    # at a time samples it in place, channels-first. Both must give the same bins.
+    input = torch.randn(2, channels, height, width, dtype=dtype)
+    rois = random_rois(64, 2, height, width, dtype=dtype)
     for args in ((1.0, 7, 7, 2, True), (0.5, 3, 3, -1, False)):
         one_by_one = torch.cat([OP(input, rois[i : i + 1], *args) for i in range(len(rois))])
         torch.testing.assert_close(OP(input, rois, *args), one_by_one, rtol=0, atol=0)
