@@ -1,6 +1,6 @@
 """deform_conv2d's CPU forward samples a channels-last copy of the input in blocks of output
-positions (about 1 MiB of columns each: 112 positions at 256 channels and a 3x3 kernel in
-float32, 448 at 64 channels) and multiplies each block on its own. These cases make blocks
+positions (about 512 KiB of columns each, and at least 128 positions: 128 positions at 256
+channels and a 3x3 kernel, 224 at 64 channels in float32) and multiplies each block on its own. These cases make blocks
 that end inside an image, groups that split offset groups and offset groups that split
 groups, and compare with the float64 reference of test_deform_conv2d.py; the layout and
 thread count of a call must not change a single bit of its output."""
@@ -17,10 +17,10 @@ from opforge_ops import deform_conv2d
 
 
 def _wide_case(groups, offset_groups, dtype, use_mask=True, batch=2):
-    # 256 input channels, 8x8 outputs: 64 positions an image, 128 in all, so a float32 call
-    # has a block of 112 positions that ends inside the second image and a short last block
-    # (float64: blocks of 48).
-    return make_case(batch=batch, in_c=256, out_c=8, size=(8, 8), padding=(1, 1), groups=groups,
+    # 256 input channels, 10x10 outputs: 100 positions an image, 200 in all, so a call (float32
+    # and float64 alike) has a block of 128 positions that ends inside the second image and a
+    # short last block.
+    return make_case(batch=batch, in_c=256, out_c=8, size=(10, 10), padding=(1, 1), groups=groups,
                      offset_groups=offset_groups, use_mask=use_mask, offset_scale=2.0, dtype=dtype)
 
 
@@ -70,7 +70,7 @@ def test_nan_and_far_offsets_sample_nan_and_zero():
 
 
 def test_forward_on_two_threads_gives_the_same_bits_as_one():
-    # 3 images of 20x20 at 64 channels: 1200 positions, blocks of 448 that end inside images,
+    # 3 images of 20x20 at 64 channels: 1200 positions, blocks of 224 that end inside images,
     # enough work for the policy to hand the blocks to two threads.
     case = make_case(batch=3, in_c=64, out_c=64, size=(20, 20), padding=(1, 1),
                      dtype=torch.float32, offset_scale=1.5)
