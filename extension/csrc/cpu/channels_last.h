@@ -27,8 +27,9 @@ struct Lanes {
   static constexpr int64_t size() { return 32 / static_cast<int64_t>(sizeof(T)); }
   T v[32 / sizeof(T)];
   Lanes() = default;
-  [[gnu::always_inline]] Lanes(
-      T value) {  // NOLINT(google-explicit-constructor): a broadcast, as Vectorized's
+  // A broadcast, implicit as Vectorized's is.
+  // NOLINTNEXTLINE(google-explicit-constructor)
+  [[gnu::always_inline]] Lanes(T value) {
     for (int64_t i = 0; i < size(); ++i)
       v[i] = value;
   }

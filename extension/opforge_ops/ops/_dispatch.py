@@ -1,6 +1,6 @@
 """Dispatch-key kernels registered from Python where the compiled library has none.
 
-A legacy build registers Autocast (csrc/autocast), nms's Autograd kernel (csrc/autograd) and the
+A legacy build registers Autocast (csrc/autocast), the Autograd kernels (csrc/autograd) and the
 QuantizedCPU kernels of nms and roi_align (csrc/quantized) in C++. The LibTorch stable ABI has
 no C++ API for the first two and no quantized tensors, so a stable-ABI build leaves them to
 this module, which follows the same rules: each function registers only what the library did
@@ -49,6 +49,30 @@ def register_autocast(name: str) -> None:
             return tuple(map(back, result)) if isinstance(result, tuple) else back(result)
 
         _LIB.impl(name, autocast, key)
+
+
+def register_autograd(name: str, backward, setup_context) -> None:
+    """The op's gradient formula (torch.library.register_autograd) where the library has no
+    Autograd kernel: a stable-ABI build, or a legacy one whose csrc/autograd kernel for the op
+    was left out. A C++ kernel does the same without Python in every call."""
+    if has_kernel(name, "Autograd"):
+        return
+    torch.library.register_autograd(f"opforge::{name}", backward, setup_context=setup_context)
+
+
+def forbid_double_backward(backward_op: str, forward_name: str) -> None:
+    """Backward ops are differentiable once: asking for their gradient is a clear error (the
+    words of csrc/autograd/first_order.h, which registers it in C++ where the library can)."""
+    if has_kernel(backward_op, "Autograd"):
+        return
+
+    def backward(ctx, *grads):
+        raise RuntimeError(
+            f"opforge: {forward_name} supports first-order gradients only; double backward "
+            f"(differentiating opforge::{backward_op}) is not implemented"
+        )
+
+    torch.library.register_autograd(f"opforge::{backward_op}", backward)
 
 
 def register_not_differentiable(name: str) -> None:

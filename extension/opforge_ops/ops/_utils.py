@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 import torch.fx
-import torch.nn.functional as F
 from torch import Tensor
 
 # The types most arguments have: passed over without an isinstance check, since the search
@@ -104,7 +103,9 @@ def convert_boxes_to_roi_format(boxes: list[Tensor]) -> Tensor:
     if plain and len(boxes) <= 3:
         # a few images: each one's boxes padded with its index column, then one torch.cat
         # (per image one op; below four images fewer than the general path's four)
-        return torch.cat([F.pad(b, (1, 0), value=float(i)) for i, b in enumerate(boxes)], dim=0)
+        # (aten's constant_pad_nd directly: F.pad's Python dispatch costs as much as the op)
+        return torch.cat([torch.constant_pad_nd(b, [1, 0], float(i)) for i, b in enumerate(boxes)],
+                         dim=0)
     if plain:
         stacked = torch.cat(boxes, dim=0)
         if total <= 256:

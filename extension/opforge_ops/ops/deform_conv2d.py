@@ -18,7 +18,12 @@ from torch.nn.parameter import Parameter
 
 from ._checks import check_storage_holds, sizes
 from ._checks import scalar_type_name as _scalar_type_name
-from ._dispatch import alert_cuda_atomics, register_autocast
+from ._dispatch import (
+    alert_cuda_atomics,
+    forbid_double_backward,
+    register_autocast,
+    register_autograd,
+)
 from ._utils import fx_leaf_call
 
 __all__ = ["deform_conv2d", "DeformConv2d"]
@@ -368,21 +373,6 @@ def _backward(ctx, grad):
     return (grad_input, grad_weight, grad_offset, grad_mask, grad_bias) + (None,) * len(_PARAMS)
 
 
-torch.library.register_autograd("opforge::deform_conv2d", _backward, setup_context=_setup_context)
-
-
-def _backward_setup_context(ctx, inputs, output):
-    pass
-
-
-def _double_backward(ctx, *grads):
-    raise RuntimeError(
-        "double backward of deform_conv2d is not supported: "
-        "opforge computes first-order gradients only"
-    )
-
-
-torch.library.register_autograd(
-    "opforge::_deform_conv2d_backward", _double_backward, setup_context=_backward_setup_context
-)
+register_autograd("deform_conv2d", _backward, _setup_context)
+forbid_double_backward("_deform_conv2d_backward", "deform_conv2d")
 register_autocast("deform_conv2d")

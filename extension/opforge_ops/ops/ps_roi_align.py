@@ -8,8 +8,12 @@ from torch.jit.annotations import BroadcastingList2
 from torch.nn.modules.utils import _pair
 
 from ._checks import check_ps_roi_backward_inputs, check_ps_roi_inputs, check_sampling_ratio
-from ._dispatch import alert_cuda_atomics, register_autocast
-from ._first_order import forbid_double_backward
+from ._dispatch import (
+    alert_cuda_atomics,
+    forbid_double_backward,
+    register_autocast,
+    register_autograd,
+)
 from ._utils import fx_leaf_call, rois_from_boxes
 
 
@@ -132,8 +136,6 @@ def _ps_roi_align_backward(ctx, grad_output, grad_channel_mapping):
     return grad_input, None, None, None, None, None
 
 
-torch.library.register_autograd(
-    "opforge::ps_roi_align", _ps_roi_align_backward, setup_context=_ps_roi_align_setup_context
-)
-forbid_double_backward("opforge::_ps_roi_align_backward", "ps_roi_align")
+register_autograd("ps_roi_align", _ps_roi_align_backward, _ps_roi_align_setup_context)
+forbid_double_backward("_ps_roi_align_backward", "ps_roi_align")
 register_autocast("ps_roi_align")

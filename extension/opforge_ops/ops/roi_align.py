@@ -17,8 +17,13 @@ from ._checks import (
     check_sampling_ratio,
     scalar_type_name,
 )
-from ._dispatch import alert_cuda_atomics, register_autocast, register_quantized_cpu
-from ._first_order import forbid_double_backward
+from ._dispatch import (
+    alert_cuda_atomics,
+    forbid_double_backward,
+    register_autocast,
+    register_autograd,
+    register_quantized_cpu,
+)
 from ._utils import check_quantized_rois, fx_leaf_call, rois_from_boxes
 
 
@@ -139,10 +144,8 @@ def _roi_align_backward(ctx, grad_output):
     return grad_input, None, None, None, None, None, None
 
 
-torch.library.register_autograd(
-    "opforge::roi_align", _roi_align_backward, setup_context=_roi_align_setup_context
-)
-forbid_double_backward("opforge::_roi_align_backward", "roi_align")
+register_autograd("roi_align", _roi_align_backward, _roi_align_setup_context)
+forbid_double_backward("_roi_align_backward", "roi_align")
 register_autocast("roi_align")
 
 

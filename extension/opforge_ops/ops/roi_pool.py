@@ -11,8 +11,12 @@ from torch.jit.annotations import BroadcastingList2
 from torch.nn.modules.utils import _pair
 
 from ._checks import check_int32_like_grad, check_roi_backward_inputs, check_roi_inputs
-from ._dispatch import alert_cuda_atomics, register_autocast
-from ._first_order import forbid_double_backward
+from ._dispatch import (
+    alert_cuda_atomics,
+    forbid_double_backward,
+    register_autocast,
+    register_autograd,
+)
 from ._utils import fx_leaf_call, rois_from_boxes
 
 
@@ -115,8 +119,6 @@ def _roi_pool_backward(ctx, grad_output, grad_argmax):
     return grad_input, None, None, None, None
 
 
-torch.library.register_autograd(
-    "opforge::roi_pool", _roi_pool_backward, setup_context=_roi_pool_setup_context
-)
-forbid_double_backward("opforge::_roi_pool_backward", "roi_pool")
+register_autograd("roi_pool", _roi_pool_backward, _roi_pool_setup_context)
+forbid_double_backward("_roi_pool_backward", "roi_pool")
 register_autocast("roi_pool")
