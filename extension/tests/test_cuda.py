@@ -442,33 +442,66 @@ def test_forward_ops_run_in_deterministic_mode(deterministic_mode):
 ATOMIC_BACKWARDS = [f"{op[1:]}_cuda" for op in BACKWARD_OPS]
 
 
+class _SavedContext:
+    """What a setup_context calls on its ctx, recorded: saved tensors and attributes."""
+
+    saved_tensors: tuple = ()
+
+    def save_for_backward(self, *tensors):
+        self.saved_tensors = tensors
+
+    def mark_non_differentiable(self, *tensors):
+        pass
+
+    def set_materialize_grads(self, value):
+        pass
+
+
 def _recorded_backward(name):
-    """(autograd node, outputs) of the op whose CUDA backward alerts as `name`, called on real
-    CPU tensors as its smoke recipe calls it (extension/recipes.py): the node holds what the
-    op's setup_context saved. (Recording on fake CUDA tensors would need a CUDA runtime.)"""
+    """(backward, ctx, outputs): the Python gradient formula of the op whose CUDA backward
+    alerts as `name` (registered in a stable build; a legacy one runs csrc/autograd's twin),
+    and its setup_context's record of a call on real CPU tensors as the op's smoke recipe
+    makes it (extension/recipes.py). (Recording on fake CUDA tensors would need a CUDA
+    runtime.) The op's own arguments are caught below autograd by a dispatch mode."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from opforge_ops.ops._dispatch import AUTOGRAD_FORMULAS
+
     op = name.removesuffix("_backward_cuda")
     recipe = recipes()[op]
-    args = [a.requires_grad_(i in recipe["grad"]) if isinstance(a, torch.Tensor) else a
-            for i, a in enumerate(recipe["inputs"](torch.float32))]
-    out = getattr(ops, op)(*args)
-    outputs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
-    return outputs[0].grad_fn, outputs
+    calls = []
+
+    class Capture(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func.namespace == "opforge" and func.__name__.split(".")[0] == op:
+                calls.append((args, out))
+            return out
+
+    with Capture():
+        getattr(ops, op)(*recipe["inputs"](torch.float32))
+    (args, out), = calls
+    backward, setup_context = AUTOGRAD_FORMULAS[op]
+    ctx = _SavedContext()
+    setup_context(ctx, args, out)
+    return backward, ctx, tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
-def _stable_backward_case(node, outputs, device):
-    """(backward, ctx, grads): the node's Python backward, a context holding what its
-    setup_context saved with every tensor a fake `device` tensor, and a grad for each
-    floating-point output (call under FakeTensorMode)."""
+def _stable_backward_case(recorded, device):
+    """(backward, ctx, grads): the recorded formula, a context holding what its setup_context
+    saved with every tensor a fake `device` tensor, and a grad for each floating-point output
+    (call under FakeTensorMode)."""
+    backward, saved, outputs = recorded
+
     def fake(value):
         if not isinstance(value, torch.Tensor):
             return value
         return torch.empty(value.shape, dtype=value.dtype, device=device)
 
-    ctx = SimpleNamespace(**{key: fake(value) for key, value in vars(node).items()},
-                          saved_tensors=tuple(fake(t) for t in node.saved_tensors),
-                          needs_input_grad=node.needs_input_grad)
+    ctx = SimpleNamespace(**{key: fake(value) for key, value in vars(saved).items()})
+    ctx.saved_tensors = tuple(fake(t) for t in saved.saved_tensors)
     grads = tuple(fake(o) if o.is_floating_point() else None for o in outputs)
-    return node._forward_cls.backward, ctx, grads
+    return backward, ctx, grads
 
 
 @pytest.mark.parametrize("name", ATOMIC_BACKWARDS)
@@ -483,9 +516,9 @@ def test_stable_build_alerts_from_python_with_atens_words(name, stable, determin
     with pytest.raises(RuntimeError) as aten:
         torch.zeros(3).put_(torch.tensor([0]), torch.tensor([1.0]))
     expected = str(aten.value).replace("put_", f"opforge::{name}", 1)
-    node, outputs = _recorded_backward(name)
+    recorded = _recorded_backward(name)
     with FakeTensorMode():
-        backward, ctx, grads = _stable_backward_case(node, outputs, "cuda")
+        backward, ctx, grads = _stable_backward_case(recorded, "cuda")
         if stable:
             with pytest.raises(RuntimeError) as ours:
                 backward(ctx, *grads)
@@ -497,7 +530,7 @@ def test_stable_build_alerts_from_python_with_atens_words(name, stable, determin
     # a legacy library's CUDA kernel alerts itself: nothing from Python
     assert [str(w.message) for w in caught if "deterministic" in str(w.message)] == ([expected] if stable else [])
     with FakeTensorMode():
-        backward, ctx, grads = _stable_backward_case(node, outputs, "cpu")
+        backward, ctx, grads = _stable_backward_case(recorded, "cpu")
         torch.use_deterministic_algorithms(True)
         backward(ctx, *grads)  # the CPU kernels are deterministic: no alert in either build
 

@@ -55,6 +55,12 @@ struct Lanes {
       out.v[i] = a.v[i] * b.v[i];
     return out;
   }
+  [[gnu::always_inline]] friend Lanes operator/(const Lanes& a, const Lanes& b) {
+    Lanes out;
+    for (int64_t i = 0; i < size(); ++i)
+      out.v[i] = a.v[i] / b.v[i];
+    return out;
+  }
 };
 template <typename T>
 using Vec = Lanes<T>;

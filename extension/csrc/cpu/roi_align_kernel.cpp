@@ -85,9 +85,6 @@ void roi_align_forward_planes(const Tensor& input, const Tensor& rois, Tensor& o
   });
 }
 
-// The taps [tap, end) of one bin applied to kVecs vectors of channels of the channels-last
-// image, summed in registers (one store per bin, not a load and a store per tap): each
-// lane's additions are add_bilinear's, in the same order, so the sums are the same.
 // One vector of channels of a bilinear sample, add_bilinear's expression. (A function, not a
 // lambda: GCC does not inline a lambda into a target clone, even one marked always_inline.)
 template <typename V, typename T>
@@ -97,9 +94,14 @@ template <typename V, typename T>
   return w0 * V::loadu(p0) + w1 * V::loadu(p1) + w2 * V::loadu(p2) + w3 * V::loadu(p3);
 }
 
+// The taps [tap, end) of one bin applied to kVecs vectors of channels of the channels-last
+// image, summed in registers (one store per bin, not a load and a store per tap) and divided
+// by the bin's sample count: each lane's operations are add_bilinear's and the channels-first
+// loop's division, in the same order, so the means are the same.
 template <int kVecs, typename acc_t>
-[[gnu::always_inline]] inline void sum_taps(acc_t* out, const acc_t* image, const Tap<acc_t>* tap,
-                                            const Tap<acc_t>* end, int64_t channels) {
+[[gnu::always_inline]] inline void mean_taps(acc_t* out, const acc_t* image, const Tap<acc_t>* tap,
+                                             const Tap<acc_t>* end, int64_t channels,
+                                             acc_t count) {
   static_assert(kVecs >= 1 && kVecs <= 4);
   using V = Vec<acc_t>;
   constexpr int64_t L = V::size();
@@ -123,48 +125,49 @@ template <int kVecs, typename acc_t>
       a3 = a3 + bilinear_sample(w0, w1, w2, w3, p0 + 3 * L, p1 + 3 * L, p2 + 3 * L, p3 + 3 * L);
     }
   }
-  a0.store(out);
+  const V n(count);
+  (a0 / n).store(out);
   if constexpr (kVecs > 1) {
-    a1.store(out + L);
+    (a1 / n).store(out + L);
   }
   if constexpr (kVecs > 2) {
-    a2.store(out + 2 * L);
+    (a2 / n).store(out + 2 * L);
   }
   if constexpr (kVecs > 3) {
-    a3.store(out + 3 * L);
+    (a3 / n).store(out + 3 * L);
   }
 }
 
-// One roi's bins as vectors of channels: sums (bins, C) = the taps of each bin applied to the
-// channels-last image (H, W, C). Same-type images are summed four vectors of channels at a
-// time in registers, other types (and the channels after the last whole vector) through
-// add_bilinear.
+// One roi's bins as vectors of channels: means (bins, C) = the taps of each bin applied to the
+// channels-last image (H, W, C), divided by the samples per bin. Same-type images are summed
+// four vectors of channels at a time in registers, other types (and the channels after the
+// last whole vector) through add_bilinear.
 template <typename acc_t, typename elem_t>
-[[gnu::always_inline]] inline void sum_roi_bins(acc_t* sums, const elem_t* image,
-                                                const RoiGrid<acc_t>& grid, int64_t bins,
-                                                int64_t channels) {
+[[gnu::always_inline]] inline void mean_roi_bins(acc_t* means, const elem_t* image,
+                                                 const RoiGrid<acc_t>& grid, int64_t bins,
+                                                 int64_t channels) {
   int64_t c_done = 0;  // channels [0, c_done) summed in registers
   if constexpr (std::is_same_v<acc_t, elem_t>) {
     constexpr int64_t lanes = Vec<acc_t>::size();
     c_done = channels - channels % lanes;
     const Tap<acc_t>* taps = grid.taps.data();
     for (int64_t bin = 0; bin < bins; ++bin) {
-      acc_t* sum = sums + bin * channels;
+      acc_t* mean = means + bin * channels;
       const Tap<acc_t>* begin = taps + grid.bin_begin[bin];
       const Tap<acc_t>* end = taps + grid.bin_begin[bin + 1];
       int64_t c = 0;
       for (; c + 4 * lanes <= c_done; c += 4 * lanes) {
-        sum_taps<4>(sum + c, image + c, begin, end, channels);
+        mean_taps<4>(mean + c, image + c, begin, end, channels, grid.count);
       }
       switch ((c_done - c) / lanes) {
         case 3:
-          sum_taps<3>(sum + c, image + c, begin, end, channels);
+          mean_taps<3>(mean + c, image + c, begin, end, channels, grid.count);
           break;
         case 2:
-          sum_taps<2>(sum + c, image + c, begin, end, channels);
+          mean_taps<2>(mean + c, image + c, begin, end, channels, grid.count);
           break;
         case 1:
-          sum_taps<1>(sum + c, image + c, begin, end, channels);
+          mean_taps<1>(mean + c, image + c, begin, end, channels, grid.count);
           break;
         default:
           break;
@@ -176,28 +179,36 @@ template <typename acc_t, typename elem_t>
   }
   const int64_t rest = channels - c_done;
   for (int64_t bin = 0; bin < bins; ++bin) {
-    acc_t* sum = sums + bin * channels + c_done;
-    zero_fill(sum, rest);
+    acc_t* mean = means + bin * channels + c_done;
+    zero_fill(mean, rest);
     for (int64_t t = grid.bin_begin[bin]; t < grid.bin_begin[bin + 1]; ++t) {
       const Tap<acc_t>& tap = grid.taps[t];
-      add_bilinear(sum, image + tap.pos[0] * channels + c_done,
+      add_bilinear(mean, image + tap.pos[0] * channels + c_done,
                    image + tap.pos[1] * channels + c_done, image + tap.pos[2] * channels + c_done,
                    image + tap.pos[3] * channels + c_done, tap.w, rest);
+    }
+    for (int64_t c = 0; c < rest; ++c) {
+      mean[c] = mean[c] / grid.count;
     }
   }
 }
 
-// The same for float and double images, also compiled for AVX2 (without FMA: the same
+// One roi of a float or double image: its bins' means, then written channels-first into `out`
+// (C, bins) with register-tile transposes. Also compiled for AVX2 (without FMA: the same
 // results on every machine, vector_clones.h).
-OPFORGE_EXACT_VECTOR_CLONES void sum_roi_bins_wide(float* sums, const float* image,
-                                                   const RoiGrid<float>& grid, int64_t bins,
-                                                   int64_t channels) {
-  sum_roi_bins(sums, image, grid, bins, channels);
+OPFORGE_EXACT_VECTOR_CLONES void roi_bins_wide(float* out, float* means, const float* image,
+                                               const RoiGrid<float>& grid, int64_t bins,
+                                               int64_t channels) {
+  mean_roi_bins(means, image, grid, bins, channels);
+  transpose_block<false>(means, channels, out, bins, bins, channels,
+                         static_cast<const float*>(nullptr));
 }
-OPFORGE_EXACT_VECTOR_CLONES void sum_roi_bins_wide(double* sums, const double* image,
-                                                   const RoiGrid<double>& grid, int64_t bins,
-                                                   int64_t channels) {
-  sum_roi_bins(sums, image, grid, bins, channels);
+OPFORGE_EXACT_VECTOR_CLONES void roi_bins_wide(double* out, double* means, const double* image,
+                                               const RoiGrid<double>& grid, int64_t bins,
+                                               int64_t channels) {
+  mean_roi_bins(means, image, grid, bins, channels);
+  transpose_block<false>(means, channels, out, bins, bins, channels,
+                         static_cast<const double*>(nullptr));
 }
 
 // channels_to_last for float and double, also compiled for AVX2 and AVX-512 (a transpose
@@ -224,21 +235,21 @@ void roi_align_forward_channels_last(const elem_t* in, const scalar_t* roi_p, sc
   // Vectors of channels: about one unit per sample and channel (four scalar ones: a quarter).
   parallel_for_work(num_rois, samples * channels, [&](int64_t begin, int64_t end) {
     RoiGrid<acc_t> grid;
-    std::vector<acc_t> sums(bins * channels);
+    std::vector<acc_t> means(bins * channels);
     for (int64_t n = begin; n < end; ++n) {
       compute_roi_grid<scalar_t, acc_t>("roi_align", grid, roi_p + n * 5,
                                         static_cast<acc_t>(spatial_scale), height, width, pooled_h,
                                         pooled_w, sampling_ratio, aligned);
       const elem_t* image = in + grid.batch_index * height * width * channels;
-      if constexpr (std::is_same_v<elem_t, acc_t>) {
-        sum_roi_bins_wide(sums.data(), image, grid, bins, channels);
-      } else {
-        sum_roi_bins(sums.data(), image, grid, bins, channels);
-      }
       scalar_t* o = out + n * channels * bins;
-      for (int64_t c = 0; c < channels; ++c) {
-        for (int64_t bin = 0; bin < bins; ++bin) {
-          o[c * bins + bin] = static_cast<scalar_t>(sums[bin * channels + c] / grid.count);
+      if constexpr (std::is_same_v<elem_t, acc_t> && std::is_same_v<scalar_t, acc_t>) {
+        roi_bins_wide(o, means.data(), image, grid, bins, channels);
+      } else {
+        mean_roi_bins(means.data(), image, grid, bins, channels);
+        for (int64_t c = 0; c < channels; ++c) {
+          for (int64_t bin = 0; bin < bins; ++bin) {
+            o[c * bins + bin] = static_cast<scalar_t>(means[bin * channels + c]);
+          }
         }
       }
     }

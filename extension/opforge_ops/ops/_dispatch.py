@@ -51,10 +51,16 @@ def register_autocast(name: str) -> None:
         _LIB.impl(name, autocast, key)
 
 
+# op name -> (backward, setup_context): every op's Python gradient formula, registered or not
+# (the tests run a stable build's formulas on a legacy library too).
+AUTOGRAD_FORMULAS: dict = {}
+
+
 def register_autograd(name: str, backward, setup_context) -> None:
     """The op's gradient formula (torch.library.register_autograd) where the library has no
     Autograd kernel: a stable-ABI build, or a legacy one whose csrc/autograd kernel for the op
     was left out. A C++ kernel does the same without Python in every call."""
+    AUTOGRAD_FORMULAS[name] = (backward, setup_context)
     if has_kernel(name, "Autograd"):
         return
     torch.library.register_autograd(f"opforge::{name}", backward, setup_context=setup_context)
