@@ -13,7 +13,7 @@ namespace opforge::autograd {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// The error a double backward raises (the Python registration's words, _first_order.py).
+// The error a double backward raises (the words of the Python registration, _dispatch.py).
 [[noreturn]] inline void forbid_double_backward(const char* backward_op, const char* forward_name) {
   TORCH_CHECK(false, "opforge: ", forward_name,
               " supports first-order gradients only; double backward (differentiating ",

@@ -102,8 +102,8 @@ def convert_boxes_to_roi_format(boxes: list[Tensor]) -> Tensor:
         ends.append(total)
     if plain and len(boxes) <= 3:
         # a few images: each one's boxes padded with its index column, then one torch.cat
-        # (per image one op; below four images fewer than the general path's four)
-        # (aten's constant_pad_nd directly: F.pad's Python dispatch costs as much as the op)
+        # (per image one op; below four images fewer than the general path's four). aten's
+        # constant_pad_nd, not F.pad, whose Python dispatch costs as much as the op.
         return torch.cat([torch.constant_pad_nd(b, [1, 0], float(i)) for i, b in enumerate(boxes)],
                          dim=0)
     if plain:
