@@ -100,8 +100,7 @@ template <typename V, typename T>
 // loop's division, in the same order, so the means are the same.
 template <int kVecs, typename acc_t>
 [[gnu::always_inline]] inline void mean_taps(acc_t* out, const acc_t* image, const Tap<acc_t>* tap,
-                                             const Tap<acc_t>* end, int64_t channels,
-                                             acc_t count) {
+                                             const Tap<acc_t>* end, int64_t channels, acc_t count) {
   static_assert(kVecs >= 1 && kVecs <= 4);
   using V = Vec<acc_t>;
   constexpr int64_t L = V::size();
