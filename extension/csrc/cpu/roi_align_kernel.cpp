@@ -192,9 +192,16 @@ template <typename acc_t, typename elem_t>
   }
 }
 
+// mean_roi_bins of a half or bfloat16 input's float copy, also compiled for AVX2 (without FMA:
+// the same results on every machine, vector_clones.h).
+OPFORGE_EXACT_VECTOR_CLONES void mean_roi_bins_wide(float* means, const float* image,
+                                                    const RoiGrid<float>& grid, int64_t bins,
+                                                    int64_t channels) {
+  mean_roi_bins(means, image, grid, bins, channels);
+}
+
 // One roi of a float or double image: its bins' means, then written channels-first into `out`
-// (C, bins) with register-tile transposes. Also compiled for AVX2 (without FMA: the same
-// results on every machine, vector_clones.h).
+// (C, bins) with register-tile transposes, in one clone (as above).
 OPFORGE_EXACT_VECTOR_CLONES void roi_bins_wide(float* out, float* means, const float* image,
                                                const RoiGrid<float>& grid, int64_t bins,
                                                int64_t channels) {
@@ -244,7 +251,11 @@ void roi_align_forward_channels_last(const elem_t* in, const scalar_t* roi_p, sc
       if constexpr (std::is_same_v<elem_t, acc_t> && std::is_same_v<scalar_t, acc_t>) {
         roi_bins_wide(o, means.data(), image, grid, bins, channels);
       } else {
-        mean_roi_bins(means.data(), image, grid, bins, channels);
+        if constexpr (std::is_same_v<elem_t, acc_t>) {  // a half / bfloat16 input's float copy
+          mean_roi_bins_wide(means.data(), image, grid, bins, channels);
+        } else {
+          mean_roi_bins(means.data(), image, grid, bins, channels);
+        }
         for (int64_t c = 0; c < channels; ++c) {
           for (int64_t bin = 0; bin < bins; ++bin) {
             o[c * bins + bin] = static_cast<scalar_t>(means[bin * channels + c]);
