@@ -11,13 +11,19 @@ import torch
 
 import opforge_ops  # noqa: F401  (loading it registers the schemas)
 
-OPS = tuple(
-    sorted(
-        schema.name.split("::", 1)[1]
-        for schema in torch._C._jit_get_all_schemas()
-        if schema.name.startswith("opforge::")
-    )
+_ALL = sorted(
+    schema.name.split("::", 1)[1]
+    for schema in torch._C._jit_get_all_schemas()
+    if schema.name.startswith("opforge::")
 )
+# Helpers the wrappers call when the library has them (legacy build: _boxes_to_rois), written
+# once as a CompositeImplicitAutograd kernel over ATen ops: no kernel per backend, no
+# autograd, fake or autocast registration of their own, and not in matrix.yaml's promises.
+COMPOSITE_HELPERS = tuple(
+    op for op in _ALL
+    if torch._C._dispatch_has_kernel_for_dispatch_key(f"opforge::{op}", "CompositeImplicitAutograd")
+)
+OPS = tuple(op for op in _ALL if op not in COMPOSITE_HELPERS)
 FORWARD_OPS = tuple(op for op in OPS if not op.startswith("_"))
 BACKWARD_OPS = tuple(op for op in OPS if op.startswith("_"))
 

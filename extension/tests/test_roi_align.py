@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 from backends import ALL_FLOATS, BACKENDS, DEVICE_NAMES, backend_tolerance
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 import opforge_ops
 from ops_inputs import random_rois
@@ -467,3 +468,76 @@ def test_list_boxes_become_rois_indexed_by_image(counts, dtype):
     eager = opforge_ops.roi_align(x, boxes, 2, 1.0, 2)
     assert torch.equal(eager, opforge_ops.roi_align(x, expected, 2, 1.0, 2))
     assert torch.equal(torch.jit.script(opforge_ops.roi_align)(x, boxes, 2, 1.0, 2), eager)
+
+
+def _python_conversion(boxes):
+    """The wrappers' conversion without the library's helper op: the stable build's and
+    TorchScript's path."""
+    utils = opforge_ops.ops._utils
+    saved, utils._BOXES_TO_ROIS = utils._BOXES_TO_ROIS, None
+    try:
+        return utils.convert_boxes_to_roi_format(boxes)
+    finally:
+        utils._BOXES_TO_ROIS = saved
+
+
+_HELPER = getattr(opforge_ops.ops._utils, "_BOXES_TO_ROIS", None)
+needs_helper = pytest.mark.skipif(
+    _HELPER is None, reason="this library (the stable ABI build) has no opforge::_boxes_to_rois; "
+    "its wrappers convert list boxes in Python, which the test above covers")
+
+
+# opforge::_boxes_to_rois copies plain CPU boxes of one floating dtype directly and composes
+# constant_pad_nd + cat for everything else: both give what the Python conversion gives,
+# value, dtype (torch.cat's promotion) and shape alike.
+@needs_helper
+@pytest.mark.parametrize("case", ["bfloat16", "mixed-dtypes", "strided", "integer", "empty",
+                                  "one-image", "five-images"])
+def test_boxes_to_rois_helper_matches_the_python_conversion(case):
+    g = torch.Generator().manual_seed(7)
+
+    def box(n, dtype=torch.float32):
+        return (torch.rand(n, 4, generator=g) * 30).to(dtype)
+
+    boxes = {
+        "bfloat16": lambda: [box(3, torch.bfloat16), box(2, torch.bfloat16)],
+        "mixed-dtypes": lambda: [box(3), box(2, torch.float64), box(1, torch.float16)],
+        "strided": lambda: [box(8)[::2], (torch.rand(4, 6, generator=g) * 30)[:, 1:5], box(4).t().contiguous().t()],
+        "integer": lambda: [box(3, torch.int64), box(2, torch.int64)],
+        "empty": lambda: [box(0), box(0)],
+        "one-image": lambda: [box(6)],
+        "five-images": lambda: [box(n) for n in (2, 0, 3, 1, 4)],
+    }[case]()
+    got, want = _HELPER(boxes), _python_conversion(boxes)
+    assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
+
+
+@needs_helper
+def test_boxes_to_rois_helper_keeps_autograd_fake_and_meta():
+    boxes = [torch.rand(3, 4, requires_grad=True), torch.rand(2, 4)]
+    rois = _HELPER(boxes)
+    assert rois.requires_grad  # composed from differentiable ATen ops, not the direct copy
+    rois.sum().backward()
+    assert torch.equal(boxes[0].grad, torch.ones(3, 4))
+    with torch.no_grad():
+        assert not _HELPER(boxes).requires_grad
+    meta = _HELPER([torch.empty(3, 4, device="meta"), torch.empty(2, 4, device="meta")])
+    assert meta.device.type == "meta" and meta.shape == (5, 5)
+    with FakeTensorMode():
+        fake = _HELPER([torch.empty(3, 4), torch.empty(0, 4, dtype=torch.float64)])
+        assert fake.shape == (3, 5) and fake.dtype == torch.float64
+    with pytest.raises(RuntimeError, match="empty list"):
+        _HELPER([])
+
+
+@needs_helper
+def test_list_boxes_compile_through_the_helper():
+    g = torch.Generator().manual_seed(3)
+    x = torch.rand(2, 4, 12, 12, generator=g)
+    boxes = [torch.rand(n, 4, generator=g) * 5 for n in (3, 2)]
+    for b in boxes:
+        b[:, 2:] += b[:, :2]
+    eager = opforge_ops.roi_align(x, boxes, 3, 1.0, 2, True)
+    compiled = torch.compile(lambda x, b: opforge_ops.roi_align(x, b, 3, 1.0, 2, True),
+                             fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(x, boxes), eager)

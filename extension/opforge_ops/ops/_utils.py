@@ -78,6 +78,12 @@ def check_roi_boxes_shape(boxes: Tensor | list[Tensor]) -> None:
         raise AssertionError("boxes must be a Tensor[K, 5] or a list of Tensor[L, 4]")
 
 
+# The legacy library's one-call conversion of plain 2-D boxes (csrc/ops/boxes_to_rois.cpp); the
+# stable ABI build has none and converts below, as TorchScript does.
+_BOXES_TO_ROIS = (torch.ops.opforge._boxes_to_rois.default
+                  if hasattr(torch.ops.opforge, "_boxes_to_rois") else None)
+
+
 def convert_boxes_to_roi_format(boxes: list[Tensor]) -> Tensor:
     """[Tensor[L_i, 4]] -> Tensor[K, 5] whose first column is the image index i."""
     if len(boxes) == 0:
@@ -85,6 +91,15 @@ def convert_boxes_to_roi_format(boxes: list[Tensor]) -> Tensor:
             "boxes is an empty list: pass one Tensor[L, 4] per image (L may be 0), "
             "or a Tensor[0, 5] for no boxes"
         )
+    if not torch.jit.is_scripting():
+        if _BOXES_TO_ROIS is not None:
+            plain = True
+            for b in boxes:
+                if b.dim() != 2 or b.is_quantized:
+                    plain = False
+                    break
+            if plain:
+                return _BOXES_TO_ROIS(boxes)
     if len(boxes) == 1 and not boxes[0].is_quantized:  # (zero_ has no QuantizedCPU kernel)
         return torch.cat([torch.zeros_like(boxes[0][:, :1]), boxes[0]], dim=1)
     # Fast path (a constant number of ATen calls, not two per image): plain 2-D boxes. The
