@@ -1,91 +1,25 @@
 // ps_roi_pool's Autograd kernel: the gradient flows to the input only; channel_mapping is an index
-// output (not differentiable) that the backward reads.
-#include <ATen/core/dispatch/Dispatcher.h>
+// output (not differentiable) that the backward reads (index_pool.h, shared with roi_pool).
 #include <torch/library.h>
 
 #include "../ops/ps_roi_pool.h"
-#include "first_order.h"
+#include "index_pool.h"
 
 namespace opforge::autograd {
 namespace {
 
-class PSRoIPoolBackwardFunction : public torch::autograd::Function<PSRoIPoolBackwardFunction> {
- public:
-  static at::Tensor forward(AutogradContext* /*ctx*/, const at::Tensor& grad,
-                            const at::Tensor& rois, const at::Tensor& channel_mapping,
-                            double spatial_scale, c10::SymInt pooled_height,
-                            c10::SymInt pooled_width, c10::SymInt batch_size, c10::SymInt channels,
-                            c10::SymInt height, c10::SymInt width) {
-    at::AutoDispatchBelowADInplaceOrView below;
-    return ops::_ps_roi_pool_backward(grad, rois, channel_mapping, spatial_scale,
-                                      std::move(pooled_height), std::move(pooled_width),
-                                      std::move(batch_size), std::move(channels), std::move(height),
-                                      std::move(width));
-  }
-
-  static variable_list backward(AutogradContext* /*ctx*/, const variable_list& /*grads*/) {
-    forbid_double_backward("opforge::_ps_roi_pool_backward", "ps_roi_pool");
-  }
+struct PSRoIPool {
+  static constexpr const char* name = "ps_roi_pool";
+  static constexpr const char* backward_name = "opforge::_ps_roi_pool_backward";
+  static constexpr auto forward = &ops::ps_roi_pool;
+  static constexpr auto backward = &ops::_ps_roi_pool_backward;
 };
-
-class PSRoIPoolFunction : public torch::autograd::Function<PSRoIPoolFunction> {
- public:
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& input,
-                               const at::Tensor& rois, double spatial_scale,
-                               c10::SymInt pooled_height, c10::SymInt pooled_width) {
-    ctx->saved_data["spatial_scale"] = spatial_scale;
-    ctx->saved_data["pooled_height"] = pooled_height;
-    ctx->saved_data["pooled_width"] = pooled_width;
-    ctx->saved_data["input_shape"] = input.sym_sizes();
-    at::AutoDispatchBelowADInplaceOrView below;
-    auto [output, channel_mapping] = ops::ps_roi_pool(
-        input, rois, spatial_scale, std::move(pooled_height), std::move(pooled_width));
-    ctx->save_for_backward({rois, channel_mapping});
-    ctx->mark_non_differentiable({channel_mapping});
-    // no zero-filled gradient for channel_mapping (an output-sized fill per backward)
-    ctx->set_materialize_grads(false);
-    return {output, channel_mapping};
-  }
-
-  static variable_list backward(AutogradContext* ctx, const variable_list& grads) {
-    if (!grads[0].defined()) {  // not materialized: nothing reached the output
-      return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
-    }
-    const auto saved = ctx->get_saved_variables();
-    const auto shape = ctx->saved_data["input_shape"].toSymIntVector();
-    auto grad_input = PSRoIPoolBackwardFunction::apply(
-        grads[0], saved[0], saved[1], ctx->saved_data["spatial_scale"].toDouble(),
-        saved_symint(ctx, "pooled_height"), saved_symint(ctx, "pooled_width"), shape[0], shape[1],
-        shape[2], shape[3]);
-    return {grad_input, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
-  }
-};
-
-std::tuple<at::Tensor, at::Tensor> ps_roi_pool_autograd(const at::Tensor& input,
-                                                        const at::Tensor& rois,
-                                                        double spatial_scale,
-                                                        c10::SymInt pooled_height,
-                                                        c10::SymInt pooled_width) {
-  auto result = PSRoIPoolFunction::apply(input, rois, spatial_scale, std::move(pooled_height),
-                                         std::move(pooled_width));
-  return {result[0], result[1]};
-}
-
-at::Tensor ps_roi_pool_backward_autograd(const at::Tensor& grad, const at::Tensor& rois,
-                                         const at::Tensor& channel_mapping, double spatial_scale,
-                                         c10::SymInt pooled_height, c10::SymInt pooled_width,
-                                         c10::SymInt batch_size, c10::SymInt channels,
-                                         c10::SymInt height, c10::SymInt width) {
-  return PSRoIPoolBackwardFunction::apply(
-      grad, rois, channel_mapping, spatial_scale, std::move(pooled_height), std::move(pooled_width),
-      std::move(batch_size), std::move(channels), std::move(height), std::move(width));
-}
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(opforge, Autograd, m) {
-  m.impl("ps_roi_pool", TORCH_FN(ps_roi_pool_autograd));
-  m.impl("_ps_roi_pool_backward", TORCH_FN(ps_roi_pool_backward_autograd));
+  m.impl("ps_roi_pool", TORCH_FN(IndexPool<PSRoIPool>::forward_kernel));
+  m.impl("_ps_roi_pool_backward", TORCH_FN(IndexPool<PSRoIPool>::backward_kernel));
 }
 
 }  // namespace opforge::autograd
