@@ -530,14 +530,28 @@ def test_boxes_to_rois_helper_keeps_autograd_fake_and_meta():
         _HELPER([])
 
 
+# Eager calls use the helper; a traced, exported or compiled graph holds the ATen ops instead,
+# so it loads beside the stable build too (which has no _boxes_to_rois).
 @needs_helper
-def test_list_boxes_compile_through_the_helper():
+def test_graphs_of_list_boxes_keep_aten_ops_not_the_helper():
     g = torch.Generator().manual_seed(3)
     x = torch.rand(2, 4, 12, 12, generator=g)
     boxes = [torch.rand(n, 4, generator=g) * 5 for n in (3, 2)]
     for b in boxes:
         b[:, 2:] += b[:, :2]
-    eager = opforge_ops.roi_align(x, boxes, 3, 1.0, 2, True)
-    compiled = torch.compile(lambda x, b: opforge_ops.roi_align(x, b, 3, 1.0, 2, True),
-                             fullgraph=True, backend="aot_eager")
-    torch.testing.assert_close(compiled(x, boxes), eager)
+
+    class Model(torch.nn.Module):
+        def forward(self, x, a, b):
+            return opforge_ops.roi_align(x, [a, b], 3, 1.0, 2, True)
+
+    eager = Model()(x, *boxes)
+    exported = torch.export.export(Model(), (x, *boxes))
+    targets = {str(n.target) for n in exported.graph.nodes if n.op == "call_function"}
+    assert "opforge._boxes_to_rois.default" not in targets and "aten.cat.default" in targets
+    torch.testing.assert_close(exported.module()(x, *boxes), eager)
+    traced = torch.jit.trace(Model(), (x, *boxes))
+    kinds = {n.kind() for n in traced.graph.nodes()}
+    assert "opforge::_boxes_to_rois" not in kinds and "aten::cat" in kinds
+    torch.testing.assert_close(traced(x, *boxes), eager)
+    compiled = torch.compile(Model(), fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(x, *boxes), eager)

@@ -92,7 +92,10 @@ def convert_boxes_to_roi_format(boxes: list[Tensor]) -> Tensor:
             "or a Tensor[0, 5] for no boxes"
         )
     if not torch.jit.is_scripting():
-        if _BOXES_TO_ROIS is not None:
+        # eager only: a traced, exported or compiled graph keeps the ATen ops below, so it
+        # loads beside either build (the stable build has no _boxes_to_rois)
+        if _BOXES_TO_ROIS is not None and not torch.jit.is_tracing() \
+                and not torch.compiler.is_compiling():
             plain = True
             for b in boxes:
                 if b.dim() != 2 or b.is_quantized:
