@@ -107,8 +107,17 @@ def assert_agree(name, ours, theirs):
     if ours is None and theirs is None:  # neither library gives this input a gradient
         return
     if isinstance(ours, torch.Tensor) and ours.is_quantized:
-        if not torch.equal(ours.int_repr(), theirs.int_repr()):
-            fail(f"{name}: opforge and torchvision disagree")
+        # the same quantization, values within one quantum: a kernel that requantizes its float
+        # result (the stable build's Python QuantizedCPU kernel) rounds differently from one that
+        # sums the integer values (torchvision's, the legacy build's), as torchvision's own
+        # tests allow
+        same_q = (ours.dtype, ours.q_scale(), ours.q_zero_point()) == \
+            (theirs.dtype, theirs.q_scale(), theirs.q_zero_point())
+        quanta = (ours.int_repr().int() - theirs.int_repr().int()).abs().max().item() \
+            if ours.numel() else 0
+        if not same_q or ours.shape != theirs.shape or quanta > 1:
+            fail(f"{name}: opforge and torchvision disagree"
+                 f"{f' (by {quanta} quanta)' if same_q and ours.shape == theirs.shape else ''}")
         return
     if isinstance(ours, (list, tuple)):
         for a, b in zip(ours, theirs, strict=True):

@@ -16,14 +16,13 @@ _ALL = sorted(
     for schema in torch._C._jit_get_all_schemas()
     if schema.name.startswith("opforge::")
 )
-# Helpers the wrappers call when the library has them (legacy build: _boxes_to_rois), written
-# once as a CompositeImplicitAutograd kernel over ATen ops: no kernel per backend, no
-# autograd, fake or autocast registration of their own, and not in matrix.yaml's promises.
-COMPOSITE_HELPERS = tuple(
-    op for op in _ALL
-    if torch._C._dispatch_has_kernel_for_dispatch_key(f"opforge::{op}", "CompositeImplicitAutograd")
-)
-OPS = tuple(op for op in _ALL if op not in COMPOSITE_HELPERS)
+_FORWARD = [op for op in _ALL if not op.startswith("_")]
+# Other underscore ops than a forward op's _<op>_backward are helpers the wrappers call
+# (_boxes_to_rois): no kernel per backend, nor autograd and autocast registrations of their
+# own, and not in matrix.yaml's promises; their tests are their callers'.
+HELPER_OPS = tuple(op for op in _ALL if op.startswith("_") and
+                   not (op.endswith("_backward") and op[1:-len("_backward")] in _FORWARD))
+OPS = tuple(op for op in _ALL if op not in HELPER_OPS)
 FORWARD_OPS = tuple(op for op in OPS if not op.startswith("_"))
 BACKWARD_OPS = tuple(op for op in OPS if op.startswith("_"))
 

@@ -244,3 +244,38 @@ def test_torch_export_of_every_op():
     } <= targets
     for got, expected in zip(exported.module()(*args), _Detector()(*args)):
         torch.testing.assert_close(got, expected)
+
+
+# The stable build's Autograd kernels are Python (torch.library.register_autograd); its
+# wrappers call an op below autograd when the call needs no graph, which the Python kernel
+# would do itself after a round trip. Here the rule is exercised on roi_align whichever build
+# this is, by declaring its Autograd kernel Python.
+def test_wrappers_skip_a_python_autograd_kernel_only_when_no_graph_is_needed(monkeypatch):
+    from opforge_ops.ops import _dispatch
+
+    monkeypatch.setattr(_dispatch, "PYTHON_AUTOGRAD", {"roi_align"})
+    skip = _dispatch.below_python_autograd
+    x = torch.rand(2, 3, 10, 10, dtype=torch.float64)
+    rois = random_rois(4, 2, 10, 10, torch.float64)
+    assert skip("roi_align", x, rois) and not skip("roi_pool", x, rois)
+    leaf = x.clone().requires_grad_()
+    assert not skip("roi_align", leaf, rois)
+    with torch.no_grad():
+        assert skip("roi_align", leaf, rois)
+    seen = []
+    torch.func.vmap(lambda t: seen.append(skip("roi_align", t, rois)) or t)(x)
+    torch.jit.trace(lambda t: seen.append(skip("roi_align", t, rois)) or t * 1, (x,), check_trace=False)
+    assert seen == [False, False]
+
+    # results and gradients as through the Autograd kernel
+    plain = opforge_ops.roi_align(x, rois, 3, 0.5, 2, True)
+    monkeypatch.setattr(_dispatch, "PYTHON_AUTOGRAD", set())
+    assert torch.equal(plain, opforge_ops.roi_align(x, rois, 3, 0.5, 2, True))
+    monkeypatch.setattr(_dispatch, "PYTHON_AUTOGRAD", {"roi_align"})
+    out = opforge_ops.roi_align(leaf, rois, 3, 0.5, 2, True)
+    assert out.grad_fn is not None
+    out.sum().backward()
+    monkeypatch.setattr(_dispatch, "PYTHON_AUTOGRAD", set())
+    again = x.clone().requires_grad_()
+    opforge_ops.roi_align(again, rois, 3, 0.5, 2, True).sum().backward()
+    assert torch.equal(leaf.grad, again.grad)

@@ -471,8 +471,8 @@ def test_list_boxes_become_rois_indexed_by_image(counts, dtype):
 
 
 def _python_conversion(boxes):
-    """The wrappers' conversion without the library's helper op: the stable build's and
-    TorchScript's path."""
+    """The wrappers' conversion without the library's helper op: TorchScript's path (and a
+    library's without the helper)."""
     utils = opforge_ops.ops._utils
     saved, utils._BOXES_TO_ROIS = utils._BOXES_TO_ROIS, None
     try:
@@ -481,16 +481,15 @@ def _python_conversion(boxes):
         utils._BOXES_TO_ROIS = saved
 
 
-_HELPER = getattr(opforge_ops.ops._utils, "_BOXES_TO_ROIS", None)
-needs_helper = pytest.mark.skipif(
-    _HELPER is None, reason="this library (the stable ABI build) has no opforge::_boxes_to_rois; "
-    "its wrappers convert list boxes in Python, which the test above covers")
+_HELPER = opforge_ops.ops._utils._BOXES_TO_ROIS
+# the legacy build's helper is composite (autograd, any device); the stable build's a CPU kernel
+_COMPOSITE_HELPER = torch._C._dispatch_has_kernel_for_dispatch_key(
+    "opforge::_boxes_to_rois", "CompositeImplicitAutograd")
 
 
-# opforge::_boxes_to_rois copies plain CPU boxes of one floating dtype directly and composes
-# constant_pad_nd + cat for everything else: both give what the Python conversion gives,
-# value, dtype (torch.cat's promotion) and shape alike.
-@needs_helper
+# opforge::_boxes_to_rois copies plain CPU boxes of one floating dtype directly and composes a
+# pad per image + cat for everything else: both give what the Python conversion gives, value,
+# dtype (torch.cat's promotion) and shape alike.
 @pytest.mark.parametrize("case", ["bfloat16", "mixed-dtypes", "strided", "integer", "empty",
                                   "one-image", "five-images"])
 def test_boxes_to_rois_helper_matches_the_python_conversion(case):
@@ -510,29 +509,42 @@ def test_boxes_to_rois_helper_matches_the_python_conversion(case):
     }[case]()
     got, want = _HELPER(boxes), _python_conversion(boxes)
     assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
+    eager = opforge_ops.ops._utils.rois_from_boxes(boxes)  # the wrappers' path
+    assert eager.dtype == want.dtype and torch.equal(eager, want)
 
 
-@needs_helper
-def test_boxes_to_rois_helper_keeps_autograd_fake_and_meta():
-    boxes = [torch.rand(3, 4, requires_grad=True), torch.rand(2, 4)]
-    rois = _HELPER(boxes)
-    assert rois.requires_grad  # composed from differentiable ATen ops, not the direct copy
-    rois.sum().backward()
-    assert torch.equal(boxes[0].grad, torch.ones(3, 4))
-    with torch.no_grad():
-        assert not _HELPER(boxes).requires_grad
+def test_boxes_to_rois_helper_has_meta_and_fake_kernels():
     meta = _HELPER([torch.empty(3, 4, device="meta"), torch.empty(2, 4, device="meta")])
     assert meta.device.type == "meta" and meta.shape == (5, 5)
     with FakeTensorMode():
         fake = _HELPER([torch.empty(3, 4), torch.empty(0, 4, dtype=torch.float64)])
         assert fake.shape == (3, 5) and fake.dtype == torch.float64
+
+
+def test_list_boxes_that_need_a_graph_keep_it():
+    boxes = [torch.rand(3, 4, requires_grad=True), torch.rand(2, 4)]
+    rois = opforge_ops.ops._utils.rois_from_boxes(boxes)
+    assert rois.requires_grad
+    rois.sum().backward()
+    assert torch.equal(boxes[0].grad, torch.ones(3, 4))
+    with torch.no_grad():
+        assert not opforge_ops.ops._utils.rois_from_boxes(boxes).requires_grad
+
+
+@pytest.mark.skipif(not _COMPOSITE_HELPER, reason="the stable build's _boxes_to_rois is a CPU "
+                    "kernel the wrappers call only for boxes that need no graph (the test above)")
+def test_composite_helper_keeps_autograd_and_says_an_empty_list_is_wrong():
+    boxes = [torch.rand(3, 4, requires_grad=True), torch.rand(2, 4)]
+    rois = _HELPER(boxes)
+    assert rois.requires_grad  # composed from differentiable ATen ops, not the direct copy
+    rois.sum().backward()
+    assert torch.equal(boxes[0].grad, torch.ones(3, 4))
     with pytest.raises(RuntimeError, match="empty list"):
         _HELPER([])
 
 
 # Eager calls use the helper; a traced, exported or compiled graph holds the ATen ops instead,
 # so it loads beside the stable build too (which has no _boxes_to_rois).
-@needs_helper
 def test_graphs_of_list_boxes_keep_aten_ops_not_the_helper():
     g = torch.Generator().manual_seed(3)
     x = torch.rand(2, 4, 12, 12, generator=g)

@@ -64,6 +64,29 @@ def register_autograd(name: str, backward, setup_context) -> None:
     if has_kernel(name, "Autograd"):
         return
     torch.library.register_autograd(f"opforge::{name}", backward, setup_context=setup_context)
+    PYTHON_AUTOGRAD.add(name)
+
+
+# Ops whose Autograd kernel is Python (register_autograd above): every call crosses into Python
+# and back, even one that records nothing (~15 us on a small roi_align).
+PYTHON_AUTOGRAD: set[str] = set()
+
+
+def below_python_autograd(name: str, *tensors) -> bool:
+    """True where a wrapper may call op `name` below autograd: its Autograd kernel is Python,
+    the call is eager (no tracing, compiling or functorch transform) and none of `tensors`
+    needs a graph. That is what the Python kernel does itself in that case (torch.library's
+    no-grad path), without the round trip."""
+    if name not in PYTHON_AUTOGRAD:
+        return False
+    if torch.jit.is_tracing() or torch.compiler.is_compiling() \
+            or torch._C._are_functorch_transforms_active():
+        return False
+    if torch.is_grad_enabled():
+        for t in tensors:
+            if t.requires_grad:
+                return False
+    return True
 
 
 def forbid_double_backward(backward_op: str, forward_name: str) -> None:

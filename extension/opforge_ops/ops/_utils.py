@@ -78,10 +78,16 @@ def check_roi_boxes_shape(boxes: Tensor | list[Tensor]) -> None:
         raise AssertionError("boxes must be a Tensor[K, 5] or a list of Tensor[L, 4]")
 
 
-# The legacy library's one-call conversion of plain 2-D boxes (csrc/ops/boxes_to_rois.cpp); the
-# stable ABI build has none and converts below, as TorchScript does.
+# The library's one-call conversion of list boxes (csrc/ops/boxes_to_rois.cpp): a composite
+# kernel in the legacy build, a CPU kernel (with the fake kernel below) in the stable one. A
+# library without it (built before it existed) converts below, as TorchScript does.
 _BOXES_TO_ROIS = (torch.ops.opforge._boxes_to_rois.default
                   if hasattr(torch.ops.opforge, "_boxes_to_rois") else None)
+if _BOXES_TO_ROIS is not None and not torch._C._dispatch_has_kernel_for_dispatch_key(
+        "opforge::_boxes_to_rois", "CompositeImplicitAutograd"):
+    @torch.library.register_fake("opforge::_boxes_to_rois")
+    def _boxes_to_rois_fake(boxes):
+        return torch.cat([b.new_empty((b.size(0), 5)) for b in boxes])
 
 
 def convert_boxes_to_roi_format(boxes: list[Tensor]) -> Tensor:
@@ -93,12 +99,15 @@ def convert_boxes_to_roi_format(boxes: list[Tensor]) -> Tensor:
         )
     if not torch.jit.is_scripting():
         # eager only: a traced, exported or compiled graph keeps the ATen ops below, so it
-        # loads beside either build (the stable build has no _boxes_to_rois)
+        # loads beside a library without _boxes_to_rois. Plain CPU tensors that need no graph:
+        # the stable build's kernel is a CPU one, below autograd.
         if _BOXES_TO_ROIS is not None and not torch.jit.is_tracing() \
                 and not torch.compiler.is_compiling():
+            grad = torch.is_grad_enabled()
             plain = True
             for b in boxes:
-                if b.dim() != 2 or b.is_quantized:
+                if type(b) is not Tensor or b.dim() != 2 or b.is_quantized \
+                        or b.device.type != "cpu" or (grad and b.requires_grad):
                     plain = False
                     break
             if plain:

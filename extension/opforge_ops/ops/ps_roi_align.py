@@ -10,6 +10,7 @@ from torch.nn.modules.utils import _pair
 from ._checks import check_ps_roi_backward_inputs, check_ps_roi_inputs, check_sampling_ratio
 from ._dispatch import (
     alert_cuda_atomics,
+    below_python_autograd,
     forbid_double_backward,
     register_autocast,
     register_autograd,
@@ -41,6 +42,12 @@ def ps_roi_align(
             return leaf
     rois = rois_from_boxes(boxes)
     output_size = _pair(output_size)
+    if not torch.jit.is_scripting():
+        if below_python_autograd("ps_roi_align", input, rois):  # (the stable build)
+            with torch._C._AutoDispatchBelowAutograd():
+                return torch.ops.opforge.ps_roi_align(
+                    input, rois, spatial_scale, output_size[0], output_size[1], sampling_ratio
+                )[0]
     output, _ = torch.ops.opforge.ps_roi_align(
         input, rois, spatial_scale, output_size[0], output_size[1], sampling_ratio
     )

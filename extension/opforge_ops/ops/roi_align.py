@@ -19,6 +19,7 @@ from ._checks import (
 )
 from ._dispatch import (
     alert_cuda_atomics,
+    below_python_autograd,
     forbid_double_backward,
     register_autocast,
     register_autograd,
@@ -52,6 +53,12 @@ def roi_align(
     output_size = _pair(output_size)
     if not torch.jit.is_scripting():
         check_quantized_rois(input, rois)
+        if below_python_autograd("roi_align", input, rois):  # (the stable build)
+            with torch._C._AutoDispatchBelowAutograd():
+                return torch.ops.opforge.roi_align(
+                    input, rois, spatial_scale, output_size[0], output_size[1], sampling_ratio,
+                    aligned
+                )
     return torch.ops.opforge.roi_align(
         input, rois, spatial_scale, output_size[0], output_size[1], sampling_ratio, aligned
     )

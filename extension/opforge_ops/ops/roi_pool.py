@@ -13,6 +13,7 @@ from torch.nn.modules.utils import _pair
 from ._checks import check_int32_like_grad, check_roi_backward_inputs, check_roi_inputs
 from ._dispatch import (
     alert_cuda_atomics,
+    below_python_autograd,
     forbid_double_backward,
     register_autocast,
     register_autograd,
@@ -39,6 +40,12 @@ def roi_pool(
             return leaf
     rois = rois_from_boxes(boxes)
     output_size = _pair(output_size)
+    if not torch.jit.is_scripting():
+        if below_python_autograd("roi_pool", input, rois):  # (the stable build)
+            with torch._C._AutoDispatchBelowAutograd():
+                return torch.ops.opforge.roi_pool(
+                    input, rois, spatial_scale, output_size[0], output_size[1]
+                )[0]
     output, _ = torch.ops.opforge.roi_pool(input, rois, spatial_scale, output_size[0], output_size[1])
     return output
 
