@@ -19,7 +19,7 @@ _ALL = sorted(
 _FORWARD = [op for op in _ALL if not op.startswith("_")]
 # Other underscore ops than a forward op's _<op>_backward are helpers the wrappers call
 # (_boxes_to_rois): no kernel per backend, nor autograd and autocast registrations of their
-# own, and not in matrix.yaml's promises; their tests are their callers'.
+# own, and not in matrix.yaml's promises (_boxes_to_rois: test_roi_align.py).
 HELPER_OPS = tuple(op for op in _ALL if op.startswith("_") and
                    not (op.endswith("_backward") and op[1:-len("_backward")] in _FORWARD))
 OPS = tuple(op for op in _ALL if op not in HELPER_OPS)
