@@ -63,6 +63,25 @@ def test_per_op_keys_override_extend_and_drop_device_keys(tmp_path):
     assert ext.ops == ("nms", "cpu_only", "on_cuda_too", "extra", "roi_align")
 
 
+def test_no_kernel_by_design_drops_that_devices_keys_and_reaches_the_probe(tmp_path):
+    text = DEFAULT.replace(
+        OPS_LINE, "  ops:\n    - nms: {no_kernel: [cpu]}\n    - roi_align: {no_kernel: [cuda]}")
+    path = tmp_path / "matrix.yaml"
+    path.write_text(text)
+    matrix = load_matrix(path)
+    ext = matrix.extension
+    cpu, cu = ext.op_keys(matrix.variant("cpu")), ext.op_keys(matrix.variant("cu130"))
+    assert cpu["nms"] == ("Meta", "Autograd") and cu["nms"] == ("CUDA", "Meta", "Autograd",
+                                                                 "AutocastCUDA")
+    assert cu["roi_align"] == ("CPU", "Meta", "Autograd", "AutocastCPU")
+    promised = matrix.promises(matrix.variant("cu130"))
+    assert promised.no_kernel == {"nms": ("cpu",), "roi_align": ("cuda",)}
+    from opforge.smoke.runner import ProbeRequest
+
+    spec = ProbeRequest(package="p", namespace="n").promising(promised).spec()
+    assert spec["no_kernel"] == {"nms": ["cpu"], "roi_align": ["cuda"]}
+
+
 def test_any_torch_dispatch_key_is_accepted_and_nothing_is_forced(tmp_path):
     text = DEFAULT.replace("    expected_keys: [CPU, CUDA, Meta, Autograd, AutocastCPU, AutocastCUDA]",
                            "    expected_keys: [CUDA, XPU, PrivateUse1, CompositeExplicitAutograd]")
@@ -177,8 +196,22 @@ MALFORMED = [
      "extension.ops.nms.remove[0]", "unknown dispatch key 'Autogard'", "{remove: [Autogard]}"),
     ("op-unknown-field", _with(OPS_LINE,
                                "  ops:\n    - roi_align\n    - nms: {without: [Autograd]}"),
-     "extension.ops.nms.without", "unknown key (allowed: add, backward, keys, max_slowdown, remove)",
+     "extension.ops.nms.without",
+     "unknown key (allowed: add, backward, keys, max_slowdown, no_kernel, remove)",
      "{without: [Autograd]}"),
+    ("op-no-kernel-names-a-key", _with(OPS_LINE,
+                                       "  ops:\n    - roi_align\n    - nms: {no_kernel: [CPU]}"),
+     "extension.ops.nms.no_kernel[0]", "'CPU' is not a device (did you mean cpu?)",
+     "{no_kernel: [CPU]}"),
+    ("op-no-kernel-unknown-device", _with(OPS_LINE,
+                                          "  ops:\n    - nms: {no_kernel: [tpu]}"),
+     "extension.ops.nms.no_kernel[0]", "one of cpu, cuda, mps", "{no_kernel: [tpu]}"),
+    ("op-no-kernel-not-a-list", _with(OPS_LINE,
+                                      "  ops:\n    - roi_align\n    - nms: {no_kernel: cpu}"),
+     "extension.ops.nms.no_kernel", "expected a list", "{no_kernel: cpu}"),
+    ("op-no-kernel-twice", _with(OPS_LINE,
+                                 "  ops:\n    - nms: {no_kernel: [cpu, cpu]}"),
+     "extension.ops.nms.no_kernel[1]", "'cpu' is listed twice", "{no_kernel: [cpu, cpu]}"),
     ("op-two-names", _with(OPS_LINE,
                            "  ops:\n    - {nms: {backward: true}, roi_align: {}}"),
      "extension.ops[0]", "an op with fields is one mapping", "{nms: {backward: true}"),

@@ -37,6 +37,9 @@ class Op:
     ``keys`` replaces the defaults, ``add`` / ``remove`` edit them; a backward-only op
     (``backward: true``) defaults to the variant's backend keys and Meta. In a variant that
     does not build a device, that device's keys (CUDA, AutocastCUDA, ...) are dropped.
+    ``no_kernel`` names the devices the op has no kernel for by design (its kernel raises
+    "No CPU version supported"): their keys are not expected, and the smoke test skips the
+    op's checks there with that reason.
     """
 
     name: str
@@ -44,6 +47,7 @@ class Op:
     keys: tuple[str, ...] | None = None
     add: tuple[str, ...] = ()
     remove: tuple[str, ...] = ()
+    no_kernel: tuple[str, ...] = ()     # devices (cpu, cuda, mps) without a kernel by design
     max_slowdown: float | None = None   # the smoke speed check's factor for this op
 
     def expected_keys(self, variant: Variant) -> tuple[str, ...]:
@@ -54,8 +58,19 @@ class Op:
         else:
             keys = list(variant.expected_keys)
         keys += [k for k in self.add if k not in keys]
-        keys = [k for k in keys if k not in self.remove]
+        keys = [k for k in keys if k not in self.remove and k not in self.no_kernel_keys]
         return tuple(k for k in keys if device_of(k) in (None, *variant.backends))
+
+
+    @property
+    def no_kernel_keys(self) -> frozenset[str]:
+        """The keys of the ``no_kernel`` devices: the backend's, its autocast's and autograd's."""
+        words = [NO_KERNEL_DEVICES[d] for d in self.no_kernel]
+        return frozenset(k for w in words for k in (w, f"Autocast{w}", f"Autograd{w}"))
+
+
+# the devices an op may declare it has no kernel for (the devices the smoke test runs on)
+NO_KERNEL_DEVICES = {"cpu": "CPU", "cuda": "CUDA", "mps": "MPS"}
 
 
 @dataclass(frozen=True)
@@ -87,6 +102,8 @@ class Promises:
     backward_ops: tuple[str, ...] = ()
     default_keys: tuple[str, ...] = ()
     modules: tuple[Module, ...] = ()
+    # op -> the devices it has no kernel for by design (matrix.yaml: no_kernel)
+    no_kernel: dict[str, tuple[str, ...]] = field(default_factory=dict, hash=False)
 
     @property
     def empty(self) -> bool:
@@ -117,8 +134,10 @@ def promises(extension: Extension | None, variant: Variant | None, *,
         else:
             op_keys[op] = default
     modules = extension.modules_for(variant) if extension and variant else ()
+    no_kernel = {op: specs[op].no_kernel for op in op_keys
+                 if op in specs and specs[op].no_kernel}
     return Promises(op_keys=op_keys, backward_ops=backward, default_keys=default,
-                    modules=modules)
+                    modules=modules, no_kernel=no_kernel)
 
 
 @dataclass(frozen=True)

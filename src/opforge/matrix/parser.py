@@ -26,6 +26,7 @@ from opforge.matrix.model import (
     COMPAT_WORDS,
     MODULE_BACKENDS,
     MODULE_LOADS,
+    NO_KERNEL_DEVICES,
     Extension,
     Matrix,
     MatrixError,
@@ -297,7 +298,7 @@ def _factor(r: Reader, node: yaml.Node, key: str) -> float:
 
 
 _OP_FIELDS = {"keys": False, "add": False, "remove": False, "backward": False,
-              "max_slowdown": False}
+              "max_slowdown": False, "no_kernel": False}
 
 
 def _ops(r: Reader, node: yaml.Node, key: str) -> list[Op]:
@@ -330,8 +331,25 @@ def _ops(r: Reader, node: yaml.Node, key: str) -> list[Op]:
             if "backward" in fields else False
         factor = _factor(r, fields["max_slowdown"], f"{where}.max_slowdown") \
             if "max_slowdown" in fields else None
-        ops.append(Op(name=name, backward=backward, max_slowdown=factor, **lists))
+        no_kernel = tuple(_devices(r, fields["no_kernel"], f"{where}.no_kernel")) \
+            if "no_kernel" in fields else ()
+        ops.append(Op(name=name, backward=backward, max_slowdown=factor, no_kernel=no_kernel,
+                      **lists))
     return ops
+
+
+def _devices(r: Reader, node: yaml.Node, key: str) -> list[str]:
+    """``no_kernel: [cpu]``: devices (not dispatch keys) the op has no kernel for by design."""
+    devices = []
+    for j, (d, dnode) in enumerate(r.str_list(node, key)):
+        if d not in NO_KERNEL_DEVICES:
+            word = next((dev for dev, k in NO_KERNEL_DEVICES.items()
+                         if d.lower() in (dev, k.lower())), None)
+            hint = f" (did you mean {word}?)" if word else ""
+            raise r.fail(dnode, f"{key}[{j}]", f"{d!r} is not a device{hint}: no_kernel names "
+                                              f"devices, one of {', '.join(NO_KERNEL_DEVICES)}")
+        devices.append(d)
+    return devices
 
 
 def _keys(r: Reader, node: yaml.Node, key: str) -> list[str]:

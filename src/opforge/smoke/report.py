@@ -99,7 +99,8 @@ def cause_lines(doc: dict) -> list[Text]:
 
 SKIP_LABEL = {"no-device": "no device", "no-kernel": "no kernel", "import-failed": "not run",
               "disabled": "disabled",
-              "no-recipe": "census only"}
+              "no-recipe": "census only", "by-design": "by design",
+              "stub-rejected": "not run"}
 
 
 def run_categories() -> dict[str, str | None]:
@@ -121,6 +122,8 @@ def _cell(checks: list[dict]) -> Text:
         bad = [c.get("device") or c["category"] for c in checks if c["status"] == "fail"]
         detail = ",".join(sorted({b for b in bad if b})) if checks[0]["category"] == "autocast" else ""
         return Text("FAIL" + (f" {detail}" if detail else ""), style=STATUS_STYLE["fail"])
+    if any(c.get("reason") == "stub-rejected" and c["status"] == "warn" for c in checks):
+        return Text("stub refused", style=STATUS_STYLE["warn"])  # the op refused made-up inputs
     passed = [c for c in checks if c["status"] in ("pass", "warn")]
     if passed:
         if checks[0]["category"] == "autocast":

@@ -53,6 +53,8 @@ class ProbeRequest:
     speed: dict = field(default_factory=dict)
     # the compiled modules the variant promises: [{name, backend, load, functions}]
     modules: tuple[dict, ...] = ()
+    # op -> the devices it has no kernel for by design (matrix.yaml: no_kernel)
+    no_kernel: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def promises(self) -> bool:
@@ -64,14 +66,16 @@ class ProbeRequest:
                          "functions": list(m.functions)} for m in promises.modules)
         return replace(self, op_keys=dict(promises.op_keys),
                        backward_ops=tuple(promises.backward_ops),
-                       default_keys=tuple(promises.default_keys), modules=modules)
+                       default_keys=tuple(promises.default_keys), modules=modules,
+                       no_kernel=dict(promises.no_kernel))
 
     def spec(self) -> dict:
         return {"op_keys": {op: list(keys) for op, keys in self.op_keys.items()},
                 "backward_ops": list(self.backward_ops),
                 "default_keys": list(self.default_keys),
                 "recipes": str(self.recipes.resolve()) if self.recipes else None,
-                "speed": self.speed, "modules": list(self.modules)}
+                "speed": self.speed, "modules": list(self.modules),
+                "no_kernel": {op: list(d) for op, d in self.no_kernel.items()}}
 
     def argv(self, out: Path, spec_path: Path) -> list[str]:
         return ["--package", self.package, "--namespace", self.namespace,

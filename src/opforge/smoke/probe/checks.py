@@ -107,6 +107,8 @@ def device_runs(runner, call: Call):
     for device in DEVICES:
         check_id = f"run:{op}:{device}{tag}"
         wants_grad = bool(recipe.get("grad")) and "backward" not in (recipe.get("skip") or {})
+        if runner.by_design(op, device, check_id, "run", device=device):
+            continue
         if device not in runner.devices:
             message, reason = runner.absent(device)
             runner.report.check(check_id, "run", "skip", message, op=op, device=device,
@@ -120,7 +122,8 @@ def device_runs(runner, call: Call):
             runner.report.check(check_id, "run", "skip", f"no {key} kernel registered and "
                                 "none expected", op=op, device=device, reason="no-kernel")
             continue
-        if runner.skipped(op, recipe, "run", check_id, "run", device=device):
+        if runner.skipped(op, recipe, "run", check_id, "run", device=device) or \
+                runner.blocked(op, check_id, "run", device=device):
             continue
         cpu_args = runner.inputs(op, recipe, dtype)
         args = [to_device(t, a, device) for a in cpu_args]
@@ -128,7 +131,10 @@ def device_runs(runner, call: Call):
             out = fn(*args)
             got = [o.cpu() if isinstance(o, t.Tensor) else o
                    for o in runner.results(recipe, args, out)]
-            if device != "cpu":
+            if device != "cpu" and "cpu" in runner.no_kernel.get(op, ()):
+                problem = None  # no CPU kernel by design: nothing to compare with
+                ok_message = f"{op} on {device} runs (no cpu kernel to compare with, by design)"
+            elif device != "cpu":
                 problem = compare(t, cpu_out, got, recipe.get("atol", 1e-4),
                                   recipe.get("rtol", 1e-3)) if cpu_out is not None else \
                     "CPU run failed, nothing to compare with"
@@ -148,7 +154,7 @@ def device_runs(runner, call: Call):
             raise
         except Exception as exc:  # noqa: BLE001
             runner.report.check(check_id, "run", "fail", f"{op} on {device}: {first_line(exc)}",
-                                op=op, device=device)
+                                op=op, device=device, error=exc)
             continue
         if wants_grad:
             grads = backward(runner, op, fn, recipe, dtype, device, cpu_grads, check_id)
@@ -206,7 +212,7 @@ def backward(runner, op, fn, recipe, dtype, device, cpu_grads, run_id):
         return grads
     except Exception as exc:  # noqa: BLE001
         runner.report.check(check_id, "backward", "fail", f"{op} backward on {device}: "
-                            f"{first_line(exc)}", op=op, device=device)
+                            f"{first_line(exc)}", op=op, device=device, error=exc)
         return None
 
 
@@ -215,8 +221,12 @@ def fake_run(runner, call: Call):
     """Under FakeTensorMode: the fake (Meta) kernel's shapes and dtypes against the CPU's."""
     t = runner.t
     op, fn, recipe, dtype, cpu_out = call.op, call.fn, call.recipe, call.dtype, call.cpu_out
-    if runner.skipped(op, recipe, "fake", f"fake:{op}", "fake"):
+    if runner.skipped(op, recipe, "fake", f"fake:{op}", "fake") or \
+            runner.blocked(op, f"fake:{op}", "fake"):
         return
+    meta = runner.rows[op]["keys"].get("Meta", {}).get("status") in ("ok", "present")
+    if not meta and runner.by_design(op, "cpu", f"fake:{op}", "fake"):
+        return  # fake tensors of CPU tensors reach its CPU kernel unless it has a Meta one
     cpu_args = runner.inputs(op, recipe, dtype)
     try:
         from torch._subclasses.fake_tensor import FakeTensorMode
@@ -241,7 +251,7 @@ def fake_run(runner, call: Call):
                             problem or f"{op} runs under FakeTensorMode", op=op)
     except Exception as exc:  # noqa: BLE001
         runner.report.check(f"fake:{op}", "fake", "fail", f"{op} under FakeTensorMode: "
-                            f"{first_line(exc)}", op=op)
+                            f"{first_line(exc)}", op=op, error=exc)
 
 
 
@@ -250,7 +260,9 @@ def compile_run(runner, call: Call):
     t = runner.t
     op, fn, recipe, dtype, cpu_out = call.op, call.fn, call.recipe, call.dtype, call.cpu_out
     if "cpu" not in runner.devices or \
-            runner.skipped(op, recipe, "compile", f"compile:{op}", "compile"):
+            runner.skipped(op, recipe, "compile", f"compile:{op}", "compile") or \
+            runner.blocked(op, f"compile:{op}", "compile") or \
+            runner.by_design(op, "cpu", f"compile:{op}", "compile"):
         return
     cpu_args = runner.inputs(op, recipe, dtype)
     try:
@@ -280,7 +292,7 @@ def compile_run(runner, call: Call):
     except Exception as exc:  # noqa: BLE001
         runner.report.check(f"compile:{op}", "compile", "fail",
                             f"torch.compile(fullgraph=True, backend='aot_eager') of {op}: "
-                            f"{first_line(exc)}", op=op)
+                            f"{first_line(exc)}", op=op, error=exc)
 
 
 
@@ -293,6 +305,8 @@ def autocast_runs(runner, call: Call):
     for device in DEVICES:
         check_id = f"autocast:{op}:{device}"
         key = AUTOCAST_KEY[device]
+        if runner.by_design(op, device, check_id, "autocast", device=device):
+            continue
         if device not in runner.devices:
             message, reason = runner.absent(device)
             runner.report.check(check_id, "autocast", "skip", message, op=op, device=device,
@@ -302,7 +316,8 @@ def autocast_runs(runner, call: Call):
             runner.report.check(check_id, "autocast", "skip", f"no {key} kernel registered and "
                                 "none expected", op=op, device=device, reason="no-kernel")
             continue
-        if runner.skipped(op, recipe, "autocast", check_id, "autocast", device=device):
+        if runner.skipped(op, recipe, "autocast", check_id, "autocast", device=device) or \
+                runner.blocked(op, check_id, "autocast", device=device):
             continue
         low = t.bfloat16 if device == "cpu" else t.float16
         ref_args = [to_device(t, a, device) for a in runner.inputs(op, recipe, t.float32)]
@@ -325,7 +340,8 @@ def autocast_runs(runner, call: Call):
                                 device=device)
         except Exception as exc:  # noqa: BLE001
             runner.report.check(check_id, "autocast", "fail", f"{op} under torch.autocast("
-                                f"'{device}', {low}): {first_line(exc)}", op=op, device=device)
+                                f"'{device}', {low}): {first_line(exc)}", op=op, device=device,
+                                error=exc)
 
 
 
@@ -350,6 +366,10 @@ def speed_runs(runner, call: Call):
     for device in devices:
         check_id = f"speed:{op}:{device}"
         key = DEVICE_KEY.get(device, "Meta" if device == "meta" else device.upper())
+        if runner.by_design(op, "cpu", check_id, "speed", device=device) or \
+                runner.by_design(op, device, check_id, "speed", device=device) or \
+                runner.blocked(op, check_id, "speed", device=device):
+            continue  # timed against the CPU's kernel, which is not there or was not run
         if device not in extra and ran.get(f"run:{op}:{device}") != "pass":
             if f"run:{op}:{device}" in ran:
                 runner.report.check(check_id, "speed", "skip", f"{op} on {device} did not "

@@ -47,7 +47,8 @@ def parse_args(argv):
     p.add_argument("--namespace", required=True)
     # JSON: what the variant under test promises (the runner chose it): op_keys {op: [keys]},
     # backward_ops, default_keys, modules [{name, backend, load, functions}] (the compiled
-    # modules to check); recipes (a path); speed {enabled, factor, op_factors, devices}
+    # modules to check); recipes (a path); speed {enabled, factor, op_factors, devices};
+    # no_kernel {op: [devices]} (the devices an op has no kernel for by design)
     p.add_argument("--spec", type=_read_spec, default={})
     p.add_argument("--device-checks", choices=("auto", "skip"), default="auto")
     p.add_argument("--out", required=True)
@@ -90,7 +91,7 @@ def probe(args) -> dict:
     path = args.spec.get("recipes")
     recipes = load_recipes(report, path) if import_ok else None
     OpRunner(report, torch, args.namespace, rows, devices, recipes, path,
-             args.spec.get("speed")).run_all(import_ok)
+             args.spec.get("speed"), args.spec.get("no_kernel")).run_all(import_ok)
     if recipes is not None:
         run_functions(report, torch, devices, path, import_ok)
     try:

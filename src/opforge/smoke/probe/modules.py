@@ -21,6 +21,7 @@ import sys
 
 from .common import Report, err_text, first_line
 from .recipes import RecipeError, check_fields, where
+from .rejections import REJECTED, classify, op_message
 
 FUNCTION_FIELDS = {"inputs", "dtypes", "devices", "expected", "atol", "rtol", "stub", "skip"}
 # A fresh interpreter per library: import torch and load one library, print its new ops.
@@ -225,9 +226,14 @@ def run_functions(report: Report, t, devices: list[str], path: str | None,
                 report.check(f"call:{key}", "run", "fail", f"{key} cannot be reached: "
                              f"{exc if isinstance(exc, ImportError) else first_line(exc)}")
                 continue
-        cpu_out = None
+        cpu_out = refused = None
         for device in wanted:
             check_id = f"call:{key}:{device}"
+            if refused:
+                report.check(check_id, "run", "skip", f"{key} refused the stub's inputs on cpu "
+                             f"({refused}): nothing to check until its recipe is written",
+                             device=device, reason="stub-rejected")
+                continue
             if device not in devices:
                 entry = report.doc["devices"].get(device) or {}
                 report.check(check_id, "run", "skip", f"skipped-no-device: "
@@ -249,8 +255,19 @@ def run_functions(report: Report, t, devices: list[str], path: str | None,
             try:
                 out = fn(*args)
             except Exception as exc:  # noqa: BLE001 - the call-time failure is the finding
+                kind, _ = classify(exc)
+                if recipe.get("stub") and kind == REJECTED:  # the function's own checks
+                    said = op_message(exc)
+                    report.check(check_id, "run", "warn", f"stub inputs rejected by {key}"
+                                 + ("" if device == "cpu" else f" on {device}")
+                                 + f": \"{said}\" \u2014 write a recipe for {key} in {path} "
+                                 "(FUNCTIONS; docs/adopt.md#2-fill-in-the-recipes) or run "
+                                 "opforge recipes --derive", device=device,
+                                 reason="stub-rejected", rejected=said)
+                    refused = check_id if device == "cpu" else None
+                    continue
                 report.check(check_id, "run", "fail", f"{key} on {device} raised "
-                             f"{first_line(exc)}", device=device)
+                             f"{first_line(exc)}", device=device, error_kind=kind)
                 continue
             got = [o.cpu() if isinstance(o, t.Tensor) else o for o in outputs_of(out)]
             problem = None

@@ -5,17 +5,24 @@ op: everything op-specific comes from the recipes file."""
 
 from __future__ import annotations
 
-from . import checks
+from . import checks, rejections
 from .common import Report, first_line
 from .recipes import RecipeError, validate, where
 from .values import outputs_of
 
 
 class _ExplainingReport:
-    """Adds to a failing run the census gap that explains it (no CPU kernel, no Meta kernel)."""
+    """Adds to a failing run the census gap that explains it (no CPU kernel, no Meta kernel),
+    and judges the exception of one that has none (``rejections``): a stub's inputs refused by
+    the op's own checks are a warning that names the recipe to write; an op saying it has no
+    kernel for a device gets the matrix.yaml declaration that would say so."""
 
-    def __init__(self, report: Report, rows: dict[str, dict]):
+    def __init__(self, report: Report, rows: dict[str, dict], namespace: str = "",
+                 path: str | None = None):
         self.report, self.rows, self.doc = report, rows, report.doc
+        self.ns, self.path = namespace, path
+        self.stubs: set[str] = set()        # ops whose recipe is a stub
+        self.rejected: dict[str, str] = {}  # op -> the id of the CPU run its op refused
 
     def explanation(self, category: str, op: str, device: str | None) -> str | None:
         check = next((c for c in checks.CHECKS if c.name == category), None)
@@ -24,20 +31,46 @@ class _ExplainingReport:
         gaps = [k for k in keys if cells.get(k or "", {}).get("status") in ("missing", "absent")]
         return f"census: {op} has no {' and no '.join(gaps)} kernel" if gaps else None
 
-    def check(self, check_id, category, status, message, **fields):
+    def check(self, check_id, category, status, message, error=None, **fields):
         if status == "fail" and fields.get("op") and not fields.get("recipe_error"):
-            why = self.explanation(category, fields["op"], fields.get("device"))
+            op = fields["op"]
+            why = self.explanation(category, op, fields.get("device"))
             if why:
                 message, fields["explained_by"] = f"{message} [{why}]", why
+            elif error is not None:
+                kind, detail = rejections.classify(error)
+                fields["error_kind"] = kind
+                if kind == rejections.NO_KERNEL:
+                    message += (f" [{op} says it has no {detail} kernel: if that is its design, "
+                                f"declare it in matrix.yaml (extension.ops: - {op}: "
+                                f"{{no_kernel: [{detail}]}})]")
+                elif kind == rejections.REJECTED and op in self.stubs:
+                    status, message = "warn", self.stub_rejected(op, category, fields, error)
+                    fields["reason"] = "stub-rejected"
+                    if category == "run" and fields.get("device") == "cpu":
+                        self.rejected[op] = check_id
         return self.report.check(check_id, category, status, message, **fields)
+
+    def stub_rejected(self, op: str, category: str, fields: dict, error) -> str:
+        said = rejections.op_message(error)
+        fields["rejected"] = said
+        where_ = {"run": f" on {fields.get('device')}", "backward": " in backward",
+                  "fake": " under FakeTensorMode", "compile": " in torch.compile",
+                  "autocast": f" under autocast on {fields.get('device')}"}.get(category, "")
+        where_ = "" if where_ == " on cpu" else where_
+        recipes = self.path or "the recipes file (matrix.yaml: extension.recipes)"
+        return (f"stub inputs rejected by {self.ns}::{op}{where_}: \"{said}\" \u2014 write a "
+                f"recipe for {op} in {recipes} (docs/adopt.md#2-fill-in-the-recipes) or run "
+                "opforge recipes --derive")
 
 
 class OpRunner:
     def __init__(self, report: Report, t, namespace: str, rows: dict[str, dict],
                  devices: list[str], recipes: dict | None, recipes_path: str | None,
-                 speed: dict | None = None):
-        self.report = _ExplainingReport(report, rows)
+                 speed: dict | None = None, no_kernel: dict | None = None):
+        self.report = _ExplainingReport(report, rows, namespace, recipes_path)
         self.speed = speed or {}
+        self.no_kernel = {op: list(devices) for op, devices in (no_kernel or {}).items()}
         self.t, self.ns, self.rows, self.devices = t, namespace, rows, devices
         self.recipes, self.path = recipes, recipes_path
 
@@ -104,6 +137,7 @@ class OpRunner:
                 self.report.check(f"run:{op}", "run", "fail", problem, op=op, recipe_error=True)
                 continue
             if recipe.get("stub"):
+                self.report.stubs.add(op)
                 self.report.check(f"stub:{op}", "run", "warn", f"the recipe for {op} is the "
                                   "stub opforge init wrote from its schema: it calls the op once "
                                   "per device; edit it (known answers, grad, workloads) and drop "
@@ -139,6 +173,26 @@ class OpRunner:
         if entry.get("present"):
             return "present, device checks disabled (--device-checks skip)", "disabled"
         return f"skipped-no-device: {entry.get('detail')}", "no-device"
+
+    def by_design(self, op: str, missing: str, check_id: str, category: str, **fields) -> bool:
+        """Skip (and say so) a check that needs a device's kernel matrix.yaml says the op has
+        not, by design (``missing``: that device)."""
+        if missing not in self.no_kernel.get(op, ()):
+            return False
+        self.report.check(check_id, category, "skip", f"by design: matrix.yaml declares that "
+                          f"{op} has no {missing} kernel (no_kernel: [{missing}])", op=op,
+                          reason="by-design", **fields)
+        return True
+
+    def blocked(self, op: str, check_id: str, category: str, **fields) -> bool:
+        """Skip a check that needs the CPU run when the op refused its stub's inputs there."""
+        refused = self.report.rejected.get(op)
+        if refused is None:
+            return False
+        self.report.check(check_id, category, "skip", f"{op} refused the stub's inputs on cpu "
+                          f"({refused}): nothing to check until its recipe is written", op=op,
+                          reason="stub-rejected", **fields)
+        return True
 
     def runnable(self, op: str, key: str) -> bool:
         """Run when the kernel is registered, or promised (then the user sees the real error)."""
