@@ -55,7 +55,7 @@ _DEVICE = r"(cpu|cuda|gpu|mps|xpu)"
 # the op's own words for "no kernel for this device" (its design or its build)
 _NO_KERNEL = (
     re.compile(rf"\bno {_DEVICE} (?:version|implementation|kernel|support)", re.IGNORECASE),
-    re.compile(rf"\b{_DEVICE} (?:version|implementation|kernel)s? (?:is |are )?(?:not|un)"
+    re.compile(rf"\b{_DEVICE} (?:version|implementation|kernel)s? (?:is |are )?(?:not |un)"
                r"(?:available|supported|implemented)", re.IGNORECASE),
     re.compile(rf"\bnot (?:implemented|supported|available) (?:for|on) (?:the )?{_DEVICE}\b"
                r"(?! ?')", re.IGNORECASE),
