@@ -29,6 +29,10 @@ REFUSALS = [
     RuntimeError('src.dim() >= index.dim() INTERNAL ASSERT FAILED at "/tmp/pip-build/csrc/cpu/'
                  'segment_coo_cpu.cpp":17, please report a bug to PyTorch. Input mismatch'),
     RuntimeError('"segment_coo" not implemented for \'Bool\''),
+    # AT_DISPATCH raises NotImplementedError for a dtype it has no case for: still the inputs
+    NotImplementedError('"histogram_cpu" not implemented for \'Long\''),
+    # a Python kernel's own argument check
+    AssertionError("index must be 1-D"),
     ValueError("index must be non-negative"),
     TypeError("stubbed::gather() Expected a value of type 'Tensor' for argument 'index' but "
               "instead found type 'int'."),
@@ -68,14 +72,21 @@ def test_registration_faults_are_never_refusals(exc):
 
 @pytest.mark.parametrize("text,device", [
     ("No CPU version supported", "cpu"),
-    ("Not compiled with CUDA support", "cuda"),
-    ("dbscan_torch was built without CUDA support.", "cuda"),
     ("CPU version is not available for Chamfer Distance", "cpu"),
     ("knn: not implemented for CPU", "cpu"),
     ("This op only supports CUDA tensors", "cuda"),
 ])
 def test_an_op_saying_it_has_no_kernel_for_a_device_names_the_device(text, device):
     assert classify(RuntimeError(text)) == (NO_KERNEL, device)
+
+
+@pytest.mark.parametrize("text", [
+    "Not compiled with CUDA support",
+    "dbscan_torch was built without CUDA support.",
+    "not built with MPS",
+])
+def test_a_build_without_the_devices_kernels_is_a_fault_not_a_design(text):
+    assert classify(RuntimeError(text))[0] == REGISTRATION
 
 
 def test_device_faults_and_other_exceptions_are_not_refusals():

@@ -11,11 +11,12 @@ forms, where an internal assert sits), the op's words last:
 
   REGISTRATION  the dispatcher or the loader failed: a fault, reported as a failure
   NO_KERNEL     the op says it has no kernel for this device (``No CPU version supported``,
-                ``Not compiled with CUDA support``): a failure unless matrix.yaml declares
-                it (``no_kernel: [cpu]``)
+                ``CPU kernel not implemented``): a failure unless matrix.yaml declares it
+                (``no_kernel: [cpu]``); ``Not compiled with CUDA support`` is a build fault
   DEVICE_FAULT  the device failed while running the kernel (a CUDA error, out of memory)
   REJECTED      the op's argument checks raised (RuntimeError, IndexError, ValueError,
-                TypeError that is none of the above): for a stub a warning, for a recipe the
+                TypeError, a Python kernel's AssertionError that is none of the above, or
+                AT_DISPATCH refusing a dtype): for a stub a warning, for a recipe the
                 author wrote (or one ``opforge recipes --derive`` found running) a failure
   UNKNOWN       any other exception type (a KeyError in a Python kernel): a failure
 
@@ -59,14 +60,19 @@ _NO_KERNEL = (
                r"(?:available|supported|implemented)", re.IGNORECASE),
     re.compile(rf"\bnot (?:implemented|supported|available) (?:for|on) (?:the )?{_DEVICE}\b"
                r"(?! ?')", re.IGNORECASE),
-    re.compile(rf"\b(?:not compiled|built|compiled) without {_DEVICE}", re.IGNORECASE),
-    re.compile(rf"\bnot compiled with {_DEVICE}", re.IGNORECASE),
     re.compile(rf"\bonly (?:supports?|implemented for|available for|runs? on) {_DEVICE}"
                r"(?: tensors?| devices?| inputs?)?\b", re.IGNORECASE),
 )
+# the package was built without the device's kernels: a build fault, never by design
+_NOT_BUILT = re.compile(rf"\b(?:not (?:compiled|built) with|(?:compiled|built) without) "
+                        rf"(?:the )?{_DEVICE}\b", re.IGNORECASE)
+# AT_DISPATCH's refusal of a dtype (``"histogram_cpu" not implemented for 'Long'``): the op
+# has kernels, only not for the dtype the stub chose
+_DTYPE_REFUSED = re.compile(r"\bnot implemented for '\w+'")
 # the exception types TORCH_CHECK and its kin raise (c10::Error, IndexError, ValueError,
 # TypeError), and a Python kernel's argument checks
-_CHECK_TYPES = ("RuntimeError", "IndexError", "ValueError", "TypeError")
+_CHECK_TYPES = ("RuntimeError", "IndexError", "ValueError", "TypeError",
+                "AssertionError")  # a Python kernel's ``assert x.dim() == 1``
 # types that say "this is not there", never "your arguments are wrong"
 _MISSING_TYPES = ("NotImplementedError", "AttributeError", "ImportError", "ModuleNotFoundError",
                   "OSError", "FileNotFoundError", "SystemError", "RecursionError", "MemoryError",
@@ -92,6 +98,11 @@ def classify(exc: BaseException) -> tuple[str, str | None]:
     names = _type_names(exc)
     if _DISPATCHER.search(text):
         return REGISTRATION, None
+    if _NOT_BUILT.search(text):
+        return REGISTRATION, None
+    if _DTYPE_REFUSED.search(text) and any(n in _CHECK_TYPES + ("NotImplementedError",)
+                                           for n in names):
+        return REJECTED, None
     if any(name in _MISSING_TYPES for name in names[:-2]):  # not ``Exception``/``object``
         return REGISTRATION, None
     if _DEVICE_FAULT.search(text):
