@@ -11,7 +11,9 @@ A backend (cpu, cuda, mps, rocm, xpu, ...) answers six questions about a variant
 - ``repair_step`` / ``repair_tools``: the wheel repair (auditwheel on Linux, delocate on macOS)
   with the accelerator runtime's libraries left to torch;
 - ``check_wheel``: how a built wheel contradicts the variant (device code, platform tags);
-- ``describe``: one line for a plan or a listing.
+- ``describe``: one line for a plan or a listing;
+- ``variant_properties`` / ``variant_provider``: what its wheel variant (PEP 825, drafts)
+  declares, and which provider plugin answers for those properties on a user's host.
 
 A backend is one module that builds one ``Backend`` instance and registers it
 (``opforge.platforms.register``); nothing else in opforge names it.
@@ -148,6 +150,21 @@ class Backend:
     def describe(self, variant: Variant) -> str:
         """One line: what a wheel of this variant holds and where it builds."""
         return f"{variant.name}: {self.name} ({', '.join(variant.platforms)})"
+
+    # ------------------------------------------------------------------ wheel variants
+    # (namespace, requirements, plugin-api) of the provider plugin that tells a host's
+    # support for this backend's properties; None: no provider is published for them
+    variant_provider: tuple[str, tuple[str, ...], str] | None = None
+
+    def variant_properties(self, variant: Variant) -> list[str]:
+        """The variant properties ("namespace :: feature :: value") of this variant's wheel
+        variant; none: the null (default) variant, which platform tags alone select.
+
+        The torch ABI (an exact pin, or a stable variant's ``torch>=floor``) is no property:
+        the ``abi_dependency`` namespace matches the torch already installed where the
+        installer runs (none in a fresh environment, so every variant would be dropped), and
+        Requires-Dist already says it to every installer."""
+        return []
 
     def torch_index(self, variant: Variant) -> str:
         """The PyTorch index its torch comes from (download.pytorch.org/whl/<this>)."""

@@ -108,6 +108,25 @@ class CudaBackend(Backend):
     def torch_index(self, variant) -> str:
         return f"cu{variant.cuda.replace('.', '')}"
 
+    # the names nvidia-variant-provider answers for (driver's CUDA, compute capabilities)
+    variant_provider = ("nvidia", ("nvidia-variant-provider>=0.0.1,<1.0.0",),
+                        "nvidia_variant_provider.plugin:NvidiaVariantPlugin")
+
+    def variant_properties(self, variant) -> list[str]:
+        """The driver's CUDA floor (the toolkit's version: a driver that runs its kernels)
+        and the architectures embedded, as CMake names them (90_real: SASS, 120_virtual: PTX)."""
+        props = [f"nvidia :: cuda_version_lower_bound :: {variant.cuda}"]
+        for entry in split_arch_list(variant.arch_list or ""):
+            match = _ARCH.match(entry)
+            if match is None:
+                continue  # the matrix parser refused it already
+            arch, suffix, ptx = match.groups()
+            number = arch.replace(".", "") + suffix
+            props.append(f"nvidia :: sm_arch :: {number}_real")
+            if ptx:
+                props.append(f"nvidia :: sm_arch :: {number}_virtual")
+        return props
+
     def build_env(self, variant, env, site_dir) -> BuildEnv:
         toolkit = toolchain.variant_toolkit(variant.cuda, env)
         given, unset = toolchain.environment("cuda", toolkit, site_dir)

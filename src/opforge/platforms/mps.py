@@ -27,6 +27,9 @@ class MpsBackend(Backend):
     def wrong_platform(self, variant: str, plat: str) -> str:
         return f"MPS variant {variant!r} cannot target {plat} (MPS needs macOS)"
 
+    # variant_properties: none, the null variant: the platform tag (macOS arm64 at the
+    # deployment target) already selects a Mac whose GPU runs the Metal kernels
+
     def describe(self, variant) -> str:
         target = variant.macos_deployment_target or "the SDK's default"
         return (f"{variant.name}: CPU + MPS (Metal) kernels, macOS {target} and newer "

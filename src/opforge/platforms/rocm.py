@@ -100,6 +100,13 @@ class RocmBackend(Backend):
         return (f"{variant.name}: CPU + ROCm {variant.toolkit} HIP kernels for "
                 f"{variant.arch_list} ({', '.join(variant.platforms)})")
 
+    def variant_properties(self, variant) -> list[str]:
+        """ROCm's floor and the gfx targets built; no provider plugin answers for the ``amd``
+        namespace yet (variant_provider None), so ``opforge build --variants`` refuses it."""
+        targets = sorted({t.split(":", 1)[0] for t in split_arch_list(variant.arch_list or "")})
+        return [f"amd :: rocm_version_lower_bound :: {variant.toolkit}",
+                *(f"amd :: gfx_arch :: {t}" for t in targets)]
+
     def torch_index(self, variant) -> str:
         return f"rocm{variant.toolkit}"
 

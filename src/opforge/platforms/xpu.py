@@ -89,6 +89,13 @@ class XpuBackend(Backend):
         return (f"{variant.name}: CPU + XPU (SYCL) kernels, oneAPI {variant.toolkit}, for "
                 f"{variant.arch_list} ({', '.join(variant.platforms)})")
 
+    def variant_properties(self, variant) -> list[str]:
+        """oneAPI's floor and the ahead-of-time device targets; no provider plugin answers for
+        the ``intel`` namespace yet (variant_provider None): ``build --variants`` refuses it."""
+        return [f"intel :: oneapi_version_lower_bound :: {variant.toolkit}",
+                *(f"intel :: device_arch :: {t}" for t in sorted(split_arch_list(
+                    variant.arch_list or "")))]
+
     def torch_index(self, variant) -> str:
         return "xpu"
 

@@ -1,0 +1,268 @@
+"""Wheel variants of a matrix variant's wheel (``opforge build --variants``, ``inspect``).
+
+The WheelNext proposals (PEP 817, split into PEP 825 "Package Format" and a providers PEP)
+let one index URL serve every build: a wheel carries variant properties in
+``.dist-info/variant.json``, its file name ends in a variant label, the index publishes one
+``{name}-{version}-variants.json`` per version, and a variant-aware installer asks provider
+plugins about the host and picks the best wheel. They are drafts; opforge follows the
+revisions named in ``PROPOSALS``, through ``variantlib`` (the reference library), which writes
+every file of the format: opforge writes none by hand.
+
+What a matrix variant declares comes from its platform backend, in one place
+(``Backend.variant_properties`` / ``variant_provider``): a cuXYZ variant is CUDA's floor and
+its architectures, cpu and mps are the null variant. The variant wheel is the stamped wheel
+with the public version (``1.0``, not ``1.0+cu130``: variants of one release share one
+version, so one variants JSON), its build record saying which label and properties it got.
+A null variant also gets a plain copy (no label) for installers that know nothing of
+variants, so the same URL installs the CPU build with today's pip and uv.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import zipfile
+from dataclasses import dataclass
+from importlib import metadata as importlib_metadata
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
+from opforge.errors import OpforgeError, UsageError
+from opforge.stamp import RECORD_NAME, _write_wheel
+
+if TYPE_CHECKING:
+    from opforge.matrix import Variant
+
+# the revisions read (peps.python.org/pep-0825 and python/peps#5133), and the library
+PROPOSALS = ("PEP 825 (draft, change history to 26-Aug-2026) and the draft providers PEP "
+             "split from PEP 817")
+VARIANTLIB = "0.2.2"
+NULL_LABEL = "null"
+DIST_INFO_FILE = "variant.json"   # variantlib's VARIANT_DIST_INFO_FILENAME (checked in tests)
+SUBDIR = "variants"               # dist/<variant>/variants/: the variant wheels of a build
+_LABEL = re.compile(r"[0-9a-z._]+\Z")
+
+
+def split_label(filename: str) -> tuple[str, str | None]:
+    """``x-1.0-cp311-cp311-linux_x86_64-cu130.whl`` -> (the name without label, ``cu130``).
+
+    Six dash parts are a label unless the third is a build tag (a build tag starts with a
+    digit, a Python tag never does); seven are build tag and label."""
+    if not filename.endswith(".whl"):
+        return filename, None
+    parts = filename[:-4].split("-")
+    if len(parts) == 7 or (len(parts) == 6 and not parts[2][:1].isdigit()):
+        return "-".join(parts[:-1]) + ".whl", parts[-1]
+    return filename, None
+
+
+def require_variantlib(what: str = "--variants") -> str:
+    """variantlib's version; a UsageError (exit 2, one line) when it is not installed."""
+    try:
+        import variantlib  # noqa: F401
+    except ImportError:
+        raise UsageError(f"{what} needs variantlib, the wheel variants reference library: "
+                         "pip install 'opforge[variants]'") from None
+    try:
+        return importlib_metadata.version("variantlib")
+    except importlib_metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def status_line(installed: str) -> str:
+    """The one line a variant command prints: which drafts, which library."""
+    drift = "" if installed == VARIANTLIB else f", tested with {VARIANTLIB}"
+    return (f"wheel variants follow {PROPOSALS}, through variantlib {installed}{drift}: drafts, "
+            "the format may still change")
+
+
+@dataclass(frozen=True)
+class VariantSpec:
+    """What a matrix variant's wheel variant declares."""
+
+    variant: str
+    label: str
+    properties: tuple[str, ...]           # "namespace :: feature :: value", sorted
+    provider: tuple[str, tuple[str, ...], str] | None
+
+    @property
+    def null(self) -> bool:
+        return not self.properties
+
+
+def spec_of(variant: Variant) -> VariantSpec:
+    """The variant's label and properties, from its platform backend."""
+    from opforge.platforms import get
+
+    backend = get(variant.backend)
+    properties = tuple(sorted(backend.variant_properties(variant)))
+    label = variant.name.lower() if properties else NULL_LABEL
+    if properties and (label == NULL_LABEL or not _LABEL.match(label)):
+        raise UsageError(f"variant {variant.name!r} cannot be a variant label (lower-case "
+                         "letters, digits, _ and . only, and not 'null'): rename it in "
+                         "matrix.yaml")
+    return VariantSpec(variant.name, label, properties, backend.variant_provider)
+
+
+def _variantlib_description(spec: VariantSpec):
+    """variantlib's VariantDescription and VariantInfo for ``spec``."""
+    from variantlib.api import VariantDescription, VariantProperty
+    from variantlib.errors import ValidationError
+    from variantlib.models.variant_info import ProviderInfo, VariantInfo
+
+    try:
+        if spec.null:
+            return VariantDescription(), VariantInfo()
+        properties = [VariantProperty.from_str(p) for p in spec.properties]
+        namespaces = sorted({p.namespace for p in properties})
+        if spec.provider is None or {spec.provider[0]} != set(namespaces):
+            raise UsageError(
+                f"variant {spec.variant}: no variant provider plugin is published for its "
+                f"{', '.join(namespaces)} properties, so no installer could select it; build "
+                "it without --variants (its per-variant index pages still serve it)")
+        namespace, requires, plugin_api = spec.provider
+        info = VariantInfo(namespace_priorities=[namespace], providers={
+            namespace: ProviderInfo(requires=list(requires), plugin_api=plugin_api)})
+        return VariantDescription(properties=properties, label=spec.label), info
+    except ValidationError as exc:
+        raise UsageError(f"variant {spec.variant}: variantlib refuses its properties: {exc}") \
+            from None
+
+
+def _rewrite_version(metadata: str, version: str) -> str:
+    head, sep, body = metadata.partition("\n\n")
+    lines = [f"Version: {version}" if line.lower().startswith("version:") else line
+             for line in head.split("\n")]
+    return "\n".join(lines) + sep + body
+
+
+def make_variant_wheels(wheel: Path, variant: Variant, out_dir: Path) -> list[Path]:
+    """Write ``wheel``'s variant wheel (and, for the null variant, its plain public-version
+    copy) into ``out_dir``; return their paths."""
+    require_variantlib()
+    from variantlib.api import make_variant_dist_info
+
+    spec = spec_of(variant)
+    vdesc, info = _variantlib_description(spec)
+    dist_info_text = make_variant_dist_info(vdesc, variant_info=info)
+    try:
+        name, version, build_tag, _tags = parse_wheel_filename(wheel.name)
+    except InvalidWheelFilename as exc:
+        raise UsageError(f"{wheel.name}: not a wheel file name ({exc})") from None
+    public = version.public
+    with zipfile.ZipFile(wheel) as archive:
+        infos = [i for i in archive.infolist() if not i.filename.endswith("/")]
+        tops = {i.filename.split("/", 1)[0] for i in infos}
+        old_info = next((t for t in sorted(tops) if t.endswith(".dist-info")), None)
+        if old_info is None:
+            raise UsageError(f"{wheel.name}: no .dist-info directory: not a wheel")
+        prefix = old_info[:-len(".dist-info")].rsplit("-", 1)[0]
+        old_stem, new_stem = old_info[:-len(".dist-info")], f"{prefix}-{public}"
+        contents: dict[str, bytes] = {}
+        modes: dict[str, int] = {}
+        for entry in infos:
+            top, _, rest = entry.filename.partition("/")
+            if top == old_info and rest in ("RECORD", "RECORD.jws", "RECORD.p7s",
+                                            DIST_INFO_FILE):
+                continue
+            member = entry.filename
+            if top in (old_info, f"{old_stem}.data"):
+                member = f"{new_stem}{top[len(old_stem):]}/{rest}"
+            contents[member] = archive.read(entry)
+            modes[member] = entry.external_attr
+    new_info = f"{new_stem}.dist-info"
+    contents[f"{new_info}/METADATA"] = _rewrite_version(
+        contents[f"{new_info}/METADATA"].decode("utf-8"), public).encode("utf-8")
+    record_name = f"{new_info}/{RECORD_NAME}"
+    if record_name not in contents:
+        raise OpforgeError(f"{wheel.name}: no build record: give the wheel opforge build wrote")
+    record = json.loads(contents[record_name])
+    record["version"] = public
+    record["wheel_variant"] = {"label": spec.label, "properties": list(spec.properties)}
+    contents[record_name] = (json.dumps(record, indent=1) + "\n").encode()
+    base = "-".join([wheel.name.split("-", 1)[0], public.replace("-", "_"),
+                     *([f"{build_tag[0]}{build_tag[1]}"] if build_tag else []),
+                     *wheel.name[:-4].split("-")[-3:]])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    if spec.null:  # the copy today's installers take: same bytes but no variant.json
+        plain = out_dir / f"{base}.whl"
+        _write_wheel(plain, dict(contents), modes, f"{new_info}/RECORD")
+        written.append(plain)
+    contents[f"{new_info}/{DIST_INFO_FILE}"] = dist_info_text.encode("utf-8")
+    labelled = out_dir / f"{base}-{spec.label}.whl"
+    _write_wheel(labelled, contents, modes, f"{new_info}/RECORD")
+    written.insert(0, labelled)
+    return written
+
+
+@dataclass(frozen=True)
+class WheelVariant:
+    """What a variant wheel says of itself: its label (file name) and variant.json."""
+
+    label: str
+    properties: tuple[str, ...]
+    providers: dict[str, dict]
+    record: dict | None
+
+
+def read_variant(path: Path) -> WheelVariant | None:
+    """The variant a wheel declares (None: a non-variant wheel); a UsageError when its
+    variant.json is missing, unreadable or names another label than its file name."""
+    _, label = split_label(path.name)
+    if label is None:
+        return None
+    require_variantlib("reading a variant wheel")
+    from variantlib.errors import ValidationError
+    from variantlib.variant_dist_info import VariantDistInfo
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+            found = [n for n in names if re.fullmatch(r"[^/]+\.dist-info/" +
+                                                       re.escape(DIST_INFO_FILE), n)]
+            if len(found) != 1:
+                raise UsageError(f"{path.name}: a variant label ({label}) but no single "
+                                 f".dist-info/{DIST_INFO_FILE}")
+            text = archive.read(found[0])
+            records = [n for n in names if n.endswith(f".dist-info/{RECORD_NAME}")]
+            record = json.loads(archive.read(records[0])) if records else None
+    except (zipfile.BadZipFile, OSError, ValueError) as exc:
+        raise UsageError(f"{path}: not a readable wheel ({exc})") from None
+    try:
+        info = VariantDistInfo(text, label)
+    except (ValidationError, ValueError) as exc:
+        raise UsageError(f"{path.name}: {DIST_INFO_FILE} is not valid: {exc}") from None
+    properties = tuple(sorted(p.to_str() for p in info.variant_desc.properties))
+    providers = json.loads(info.to_str()).get("providers", {})
+    return WheelVariant(label, properties, providers, record if isinstance(record, dict)
+                        else None)
+
+
+def check_variant_wheel(path: Path, variant: Variant | None) -> list[str]:
+    """How a variant wheel contradicts its build record and (given) its matrix variant."""
+    found = read_variant(path)
+    if found is None:
+        return []
+    problems = []
+    declared = (found.record or {}).get("wheel_variant")
+    if not isinstance(declared, dict):
+        problems.append("the build record names no wheel_variant: not written by "
+                        "opforge build --variants")
+    else:
+        if declared.get("label") != found.label:
+            problems.append(f"label {found.label} in the file name, "
+                            f"{declared.get('label')} in the build record")
+        recorded = tuple(sorted(declared.get("properties") or ()))
+        if recorded != found.properties:
+            problems.append(f"{DIST_INFO_FILE} declares {', '.join(found.properties) or 'none'}"
+                            f", the build record {', '.join(recorded) or 'none'}")
+    if variant is not None:
+        spec = spec_of(variant)
+        if spec.label != found.label or spec.properties != found.properties:
+            problems.append(f"variant {variant.name} maps to label {spec.label} with "
+                            f"{', '.join(spec.properties) or 'no properties'}; the wheel is "
+                            f"{found.label} with {', '.join(found.properties) or 'none'}")
+    return problems
