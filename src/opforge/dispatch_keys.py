@@ -44,6 +44,8 @@ BACKEND_KEYS = ("CPU", "CUDA", "MPS", "XPU", "HIP", "PrivateUse1")
 # a device (torch's device type) -> its backend key, and its autocast key
 DEVICE_KEY = {"cpu": "CPU", "cuda": "CUDA", "mps": "MPS", "xpu": "XPU"}
 AUTOCAST_KEY = {device: f"Autocast{key}" for device, key in DEVICE_KEY.items()}
+# the devices an op may declare it has no kernel for in matrix.yaml (those the smoke runs on)
+NO_KERNEL_DEVICES = {d: DEVICE_KEY[d] for d in ("cpu", "cuda", "mps")}
 # the keys a census always shows, expected or not (and the order `opforge init` writes keys in)
 OBSERVED_KEYS = ("CPU", "CUDA", "MPS", "Meta", "Autograd", "AutocastCPU", "AutocastCUDA",
                  "AutocastMPS")

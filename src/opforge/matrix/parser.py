@@ -18,7 +18,7 @@ from packaging.version import InvalidVersion, Version
 
 from opforge import fields as field_checks
 from opforge import platforms
-from opforge.dispatch_keys import DISPATCH_KEYS, device_of
+from opforge.dispatch_keys import DISPATCH_KEYS, NO_KERNEL_DEVICES, device_of
 from opforge.errors import UsageError
 from opforge.files import read_text
 from opforge.matrix.model import (
@@ -26,7 +26,6 @@ from opforge.matrix.model import (
     COMPAT_WORDS,
     MODULE_BACKENDS,
     MODULE_LOADS,
-    NO_KERNEL_DEVICES,
     Extension,
     Matrix,
     MatrixError,
