@@ -26,9 +26,11 @@ from opforge.init.config import (
     RECIPES_FILE,
     check_copied,
     choose_namespace,
+    device_words,
     render_matrix,
     render_noxfile,
     render_recipes,
+    unchecked_keys,
 )
 from opforge.matrix import parse_matrix
 from opforge.scan import Scan, scan_extension
@@ -91,6 +93,12 @@ def plan_files(root: Path, *, torch_version: str = DEFAULT_TORCH, python: str = 
     except UsageError as exc:
         raise UsageError(f"the matrix.yaml init would write is not valid ({exc}); check "
                          "--torch and --python") from None
+    unchecked = unchecked_keys(scan)
+    if unchecked:
+        scan.notes.append("kernels for devices no variant builds, so none expects them "
+                          "(matrix.yaml records them on each op's line): " + "; ".join(
+                              f"{key} ({device_words([key], scan)}): {', '.join(ops)}"
+                              for key, ops in unchecked.items()))
     pin = workflows_pin(workflows_ref)
     repo = repository_root(root)
     matrix_file = (root.resolve() / "matrix.yaml").relative_to(repo).as_posix()
