@@ -47,10 +47,16 @@ PYPROJECT = """
 DEVOPS = {
     "pyproject.toml": PYPROJECT,
     "devops/__init__.py": """
+        import types
+
         import torch
 
-        # what a device's own package does when it is imported (torch_npu: "npu")
+        # what a device's own package does when it is imported (torch_npu: "npu", torch.npu)
         torch.utils.rename_privateuse1_backend("npu")
+        _npu = types.ModuleType("torch.npu")
+        _npu.is_available = lambda: False
+        _npu.device_count = lambda: 0
+        torch._register_device_module("npu", _npu)
 
         lib = torch.library.Library("devops", "DEF")
         lib.define("scale(Tensor x, float a) -> Tensor")
@@ -103,7 +109,7 @@ def test_init_accepts_every_device_type_and_records_the_unbuilt_ones(tmp_path, c
     assert "also registers HPU, MTIA (no variant builds hpu, mtia)" in text
     assert "also registers AutogradPrivateUse1 (no variant builds npu)" in text
     # reported once, with where 'npu' was read and what it was read as
-    assert "devops/__init__.py:18: 'npu' is not one of torch's device types nor dispatch " \
+    assert "devops/__init__.py:24: 'npu' is not one of torch's device types nor dispatch " \
         "keys: read as the PrivateUse1 backend renamed 'npu'" in err
     assert err.count("renamed 'npu'") == 1
     assert "kernels for devices no variant builds, so none expects them" in err
@@ -192,3 +198,23 @@ def test_a_name_torch_library_refuses_is_a_note_not_an_error(tmp_path, capsys):
     assert "refused/__init__.py:8: 'meta' is not a device type torch has autocast for" in err
     ops = scan_extension(root).namespaces["refused"]
     assert ops["f"].keys == {"CPU"}
+
+
+@pytest.mark.slow
+def test_the_package_is_green_on_its_first_run(tmp_path):
+    """init -> build cpu -> smoke, unedited: kernels for hpu, xpu, mtia and a renamed npu make
+    no red (the package is healthy), the census checks what the cpu wheel must hold."""
+    from adopt_cli import ok, opforge_cli
+
+    root = _project(tmp_path / "devops", DEVOPS)
+    (root / ".git").mkdir()
+    ok(opforge_cli("init", ".", "--workflows-ref", "c" * 40, cwd=root), "init")
+    ok(opforge_cli("build", "--variant", "cpu", cwd=root), "build")
+    smoke = ok(opforge_cli("smoke", "--variant", "cpu", "--json", str(tmp_path / "smoke.json"),
+                           cwd=root), "smoke")
+    assert "PASS devops" in smoke.stdout + smoke.stderr
+    report = json.loads((tmp_path / "smoke.json").read_text())
+    census = {row["op"]: row["expected"] for row in report["census"]["ops"]}
+    assert census == {"scale": ["CPU"], "shift": ["CPU", "Meta"], "rowsum": ["CPU"],
+                      "blend": ["CPU", "Meta", "Autograd"]}
+    assert not [c for c in report["checks"] if c["status"] == "fail"]
