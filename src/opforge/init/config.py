@@ -30,7 +30,11 @@ def choose_namespace(scan: Scan) -> str:
     if not any(scan.namespaces.values()):
         if scan.modules and scan.package:  # pybind11 modules only: no dispatcher ops
             return scan.package
-        by_hand = "".join(f"\n  {line}" for line in scan.by_hand)
+        opt_in = [f"{e.where}: {e.name} is built only when {e.opt_in} is set; a default build "
+                  "compiles nothing to check (set it in a variant's build_env and list the "
+                  "module under extension.modules to check that build)"
+                  for e in scan.extensions if e.opt_in]
+        by_hand = "".join(f"\n  {line}" for line in (*opt_in, *scan.by_hand))
         raise UsageError(f"no op extension in {scan.root}: no TORCH_LIBRARY / "
                          "STABLE_TORCH_LIBRARY block, no torch::RegisterOperators chain, no "
                          "PYBIND11_MODULE a build configuration compiles and no torch.library "

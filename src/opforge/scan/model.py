@@ -69,6 +69,9 @@ class BuiltExtension:
     sources: list[str] | None     # relative to the root; None when computed at build time
     kind: str
     where: str
+    # "TLA_BUILD_EXT=1": built only when the package's own variable is set, which no variant
+    # sets by default (an opt-in build): not promised
+    opt_in: str | None = None
 
     @property
     def backend(self) -> str:
@@ -78,6 +81,9 @@ class BuiltExtension:
                 return backend
         if self.sources and all(s.endswith((".cu", ".cuh")) for s in self.sources):
             return "cuda"
+        if self.kind == "CUDAExtension" and self.sources and \
+                any(s.endswith(".cu") for s in self.sources):
+            return "cuda"  # nvcc compiles it: only a CUDA build has it
         return "cpu"
 
 
