@@ -31,6 +31,7 @@ BENCH_TIMEOUT_S = 3 * 3600
 def run(args: argparse.Namespace) -> int:
     """``opforge bench`` with its parsed arguments: the exit code (0 pass, 1 a row failed)."""
     from opforge.bench import report as benchreport
+    from opforge.bench.compare import compare_to_baseline
     from opforge.cli.smoke import resolve
     from opforge.smoke.runner import cleanup, prepare_environment, run_probe
     from opforge.torchsource import pip_index_args
@@ -108,8 +109,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         cleanup(env, keep=args.keep_env)
     if baseline:
-        benchreport.compare_to_baseline(doc, baseline[1], baseline[0], args.regression,
-                                        base_machine=baseline[2])
+        compare_to_baseline(doc, baseline[1], baseline[0], args.regression,
+                            base_machine=baseline[2])
     elif record is not None:
         doc["baseline"] = {"name": None, "note": f"{record[1]} does not exist yet: this run "
                                                  "becomes the baseline if it passes"}

@@ -5,7 +5,9 @@ forward and, where ``grad`` names arguments, forward + backward, against its ref
 recipe's: another library's function, or the op's own CPU kernel). A row first checks that the
 two sides agree (so a fast wrong kernel cannot pass), then times them with
 ``torch.utils.benchmark`` in alternating blocks: the speed-up is the median of the per-round
-ratios reference / ours, and the noise is the same measurement of ours against itself. A row
+ratios reference / ours, and the noise is the same measurement of ours against itself (and
+of the reference against itself: ``reference_noise``, so a comparison with a baseline can tell
+which side moved). A row
 whose reference is the op's own CPU kernel, on the CPU, has nothing else to pair with: it is
 timed alone, paired with a fixed plain-Python yardstick (its pace: yardstick time / ours),
 which ``--against`` compares with a saved run's.
@@ -297,6 +299,8 @@ class Bench:
             ours_block, ref_block = _block(self.t, ours), _block(self.t, ref)
             speed = paired(ours_block, ref_block, budget_s=self.budget_s)
             noise = paired(ours_block, ours_block, budget_s=self.budget_s / 2)
+            # the reference's noise, measured the same way: --against tells which side moved
+            ref_noise = paired(ref_block, ref_block, budget_s=self.budget_s / 2)
         # an A/A run: how far ours against itself strays from 1 (its spread is reported apart)
         noise_level = abs(noise["ratio"] - 1)
         floor = self.op_min_speedup.get(row["op"], self.min_speedup)
@@ -312,7 +316,8 @@ class Bench:
             message += f": slower than {self.min_speedup:g}x, as declared ({why})"
         row.update(status="fail" if slow else "pass", ours_s=speed["a_s"],
                    reference_s=speed["b_s"], speedup=speed["ratio"], spread=speed["spread"],
-                   rounds=speed["rounds"], noise=noise_level, min_speedup=floor,
+                   rounds=speed["rounds"], noise=noise_level,
+                   reference_noise=abs(ref_noise["ratio"] - 1), min_speedup=floor,
                    message=message)
         if declared:
             row["declared_slower"] = True
@@ -352,12 +357,13 @@ class Bench:
             # side is one no other process interrupted (20 ms blocks moved the pace 4x at a
             # load of 11 on 2 cores; 2 ms blocks kept it within 5%)
             ours_block = _block(self.t, ours, ALONE_BLOCK_S)
-            pace = paired(ours_block, _block(self.t, yardstick, ALONE_BLOCK_S),
-                          budget_s=self.budget_s, inner=5)
+            stick_block = _block(self.t, yardstick, ALONE_BLOCK_S)
+            pace = paired(ours_block, stick_block, budget_s=self.budget_s, inner=5)
             noise = paired(ours_block, ours_block, budget_s=self.budget_s / 2, inner=5)
+            stick_noise = paired(stick_block, stick_block, budget_s=self.budget_s / 2, inner=5)
         row.update(status="pass", alone=True, ours_s=pace["a_s"], yardstick_s=pace["b_s"],
                    pace=pace["ratio"], spread=pace["spread"], rounds=pace["rounds"],
-                   noise=abs(noise["ratio"] - 1),
+                   noise=abs(noise["ratio"] - 1), yardstick_noise=abs(stick_noise["ratio"] - 1),
                    message="timed alone (the reference is this op's own CPU kernel): its pace "
                            "against a fixed yardstick is compared with a saved run's by "
                            "--against")
