@@ -22,6 +22,8 @@ import math
 
 from opforge.smoke.probe.speed import seconds
 
+# --regression: the slowdown of our own time a row may show against its baseline
+DEFAULT_REGRESSION = 1.5
 # by: (the other side's time, its noise, how a message names it)
 SIDES = {"speedup": ("reference_s", "reference_noise", "reference"),
          "pace": ("yardstick_s", "yardstick_noise", "yardstick")}

@@ -41,6 +41,7 @@ from ...smoke.probe import recipes as recipes_file
 from ...smoke.probe.common import DEVICES, first_line
 from ...smoke.probe.speed import paired, synchronizer, yardstick
 from ...smoke.probe.values import compare, outputs_of, to_device
+from . import selection
 
 SCHEMA = 1
 ALONE_BLOCK_S = 0.002  # a block of an op timed alone, and of its yardstick
@@ -482,6 +483,13 @@ def bench(args, doc: dict, save) -> None:
                               "message": f"recipes file: {exc}", "recipe_error": True})
         return
     runner = Bench(torch, args.namespace, recipes, path or "recipes", args.bench)
+    # --ops / --workloads names the host could not read from the file (made by its code)
+    said = selection.problem(selection.names_of(recipes), runner.ops, runner.workloads,
+                             os.path.basename(path) if path else "the recipes file")
+    if said:
+        doc["checks"].append({"id": "selection", "category": "usage", "status": "fail",
+                              "message": said, "usage": True})
+        return
     devices = runner.devices(args.device_checks)
     doc["devices"] = devices
 
