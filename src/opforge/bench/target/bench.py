@@ -332,18 +332,9 @@ class Bench:
             warnings.simplefilter("ignore")
             base_run()
             speed = paired(_block(self.t, ours), _block(self.t, base), budget_s=self.budget_s)
-        vs = 1 / max(speed["ratio"], 1e-12)
-        limit = load.get("max_vs_plain")
         row.update(plain=getattr(plain, "__name__", None) or repr(plain), plain_s=speed["b_s"],
-                   vs_plain=vs)
-        if limit is None:
-            return
-        row["max_vs_plain"] = limit
-        noise = float(row.get("noise") or 0)
-        if vs > limit * (1 + noise) and row.get("status") == "pass":
-            row.update(status="fail", message=(
-                f"{vs:.2f}x the time of {row['plain']} on the same arguments (at most "
-                f"{limit:g}x allowed, beyond noise ±{noise * 100:.0f}%)"))
+                   vs_plain=1 / max(speed["ratio"], 1e-12))
+        judge_vs_plain(row, load.get("max_vs_plain"))
 
     def measure_alone(self, row, fn, cpu_args, grad):
         """The op on the CPU against its own CPU kernel (on a machine with only a CPU, the
@@ -368,6 +359,19 @@ class Bench:
                    message="timed alone (the reference is this op's own CPU kernel): its pace "
                            "against a fixed yardstick is compared with a saved run's by "
                            "--against")
+
+
+def judge_vs_plain(row, limit) -> None:
+    """A row's time against its plain op (``vs_plain``) above ``limit`` beyond its noise:
+    the row fails, naming the plain op and the factor (no limit: only reported)."""
+    if limit is None:
+        return
+    row["max_vs_plain"] = limit
+    vs, noise = row["vs_plain"], float(row.get("noise") or 0)
+    if vs > limit * (1 + noise) and row.get("status") == "pass":
+        row.update(status="fail", message=(
+            f"{vs:.2f}x the time of {row['plain']} on the same arguments (at most "
+            f"{limit:g}x allowed, beyond noise ±{noise * 100:.0f}%)"))
 
 
 def row_id(op, workload, direction, device, threads=None) -> str:
