@@ -236,7 +236,7 @@ def test_contended_runs_beside_busy_processes_and_leaves_none(project):
 @pytest.mark.skipif(NO_PS, reason="needs `ps` to list processes (not on Windows)")
 def test_busy_processes_leave_when_their_parent_is_killed(tmp_path):
     src = str(Path(opforge.__file__).resolve().parent.parent)
-    script = ("import time\nfrom opforge.bench.target.bench import busy_cores\n"
+    script = ("import time\nfrom opforge.bench.target.cores import busy_cores\n"
               "with busy_cores(True):\n    print('ready', flush=True)\n    time.sleep(120)\n")
     before = spinners()
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,

@@ -31,7 +31,6 @@ import io
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 import traceback
@@ -42,6 +41,7 @@ from ...smoke.probe.common import DEVICES, first_line
 from ...smoke.probe.speed import paired, synchronizer, yardstick
 from ...smoke.probe.values import compare, outputs_of, to_device
 from . import selection
+from .cores import busy_cores, thread_count
 
 SCHEMA = 1
 ALONE_BLOCK_S = 0.002  # a block of an op timed alone, and of its yardstick
@@ -376,50 +376,6 @@ def judge_vs_plain(row, limit) -> None:
 
 def row_id(op, workload, direction, device, threads=None) -> str:
     return f"{op}/{workload}/{direction}/{device}" + (f"@{threads}t" if threads else "")
-
-
-@contextlib.contextmanager
-def thread_count(t, count):
-    """torch's intra-op threads set to ``count`` for the block (None: left as they are)."""
-    if count is None:
-        yield
-        return
-    before = t.get_num_threads()
-    t.set_num_threads(count)
-    try:
-        yield
-    finally:
-        t.set_num_threads(before)
-
-
-# A busy process: plain Python spinning, which leaves once its parent is gone (a probe killed
-# for its timeout must not leave processes spinning on the machine).
-SPIN = ("import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n"
-        "    for _ in range(200000):\n        pass\n")
-
-
-@contextlib.contextmanager
-def busy_cores(on: bool):
-    """While the block runs, as many busy processes as this process may use CPUs."""
-    if not on:
-        yield
-        return
-    try:
-        count = len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        count = os.cpu_count() or 1
-    procs = []
-    try:
-        for _ in range(count):
-            procs.append(subprocess.Popen([sys.executable, "-S", "-c", SPIN],
-                                          stdin=subprocess.DEVNULL))
-        time.sleep(0.2)  # running before the first timing, not still starting
-        yield
-    finally:
-        for proc in procs:
-            proc.kill()
-        for proc in procs:
-            proc.wait()
 
 
 def _block(t, call, target_s: float = 0.02):
