@@ -48,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
     for rel, found in sorted(scan.found.items()):
         for what in found:
             print(f"opforge init: {rel}: {what}", file=sys.stderr)
+    for line in init.no_kernel_proposals(scan):
+        print(f"opforge init: proposed: {line}", file=sys.stderr)
     for line in scan.by_hand:
         print(f"opforge init: by hand: {line}", file=sys.stderr)
     for note in scan.notes:

@@ -37,6 +37,7 @@ from opforge.init.config import (
     check_copied,
     choose_namespace,
     device_words,
+    no_kernel_proposals,
     render_matrix,
     render_noxfile,
     render_recipes,
@@ -46,7 +47,7 @@ from opforge.matrix import parse_matrix
 from opforge.scan import Scan, scan_extension
 
 __all__ = ["CUDA_VARIANT", "DEFAULT_FLOOR", "DEFAULT_TORCH", "RECIPES_FILE", "WorkflowsPin",
-           "check_copied", "choose_namespace", "plan_files", "render_matrix",
+           "check_copied", "choose_namespace", "no_kernel_proposals", "plan_files", "render_matrix",
            "render_noxfile", "render_recipes", "render_workflows", "repository_root",
            "workflows_pin", "write_files"]
 

@@ -182,16 +182,30 @@ def _op_line(op: ScannedOp, union: list[str], unchecked: list[str], scan: Scan) 
     if unchecked:
         where += (f"; also registers {', '.join(unchecked)} (no variant builds "
                   f"{device_words(unchecked, scan)})")
+    if op.no_kernel:
+        where += "; " + "; ".join(f"no {device} kernel by design, proposed by init: {why} "
+                                  "(drop no_kernel if it should have one)"
+                                  for device, why in op.no_kernel.items())
+    fields = [f"no_kernel: [{', '.join(op.no_kernel)}]"] if op.no_kernel else []
     if op.backward_only:
         # what a backward-only op gets by default: the backend keys and Meta
         missing = [k for k in backward_keys(OBSERVED_KEYS) if k not in op.keys and k in union]
         fields = ["backward: true"] + ([f"remove: [{', '.join(missing)}]"]
-                                       if op.keys and missing else [])
+                                       if op.keys and missing else []) + fields
         return f"- {op.name}: {{{', '.join(fields)}}}{where}"
     missing = [k for k in union if k not in op.keys]
     if op.keys and missing:
-        return f"- {op.name}: {{remove: [{', '.join(missing)}]}}{where}"
-    return f"- {op.name}{where}"
+        fields.insert(0, f"remove: [{', '.join(missing)}]")
+    return f"- {op.name}: {{{', '.join(fields)}}}{where}" if fields else f"- {op.name}{where}"
+
+
+def no_kernel_proposals(scan: Scan) -> list[str]:
+    """One line per op init declares without a kernel for a device (matrix.yaml
+    ``no_kernel``), with the source that showed it, so the author can take it back."""
+    return [f"{op.name}: {{no_kernel: [{', '.join(op.no_kernel)}]}}: "
+            + "; ".join(op.no_kernel.values()) + " (its kernel only says it has none: smoke "
+            "skips its checks there; remove the field from matrix.yaml if it should have one)"
+            for op in _ops_of(scan, choose_namespace(scan)).values() if op.no_kernel]
 
 
 def render_recipes(scan: Scan) -> str:

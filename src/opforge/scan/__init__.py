@@ -29,7 +29,8 @@ Nothing is imported or executed: a name built at run time (an f-string, a variab
 
 The readers, one module each: ``cxx`` and ``python`` (the registrations), ``build_files``
 (pyproject.toml, setup.py, CMakeLists.txt, and which module each ``PYBIND11_MODULE`` is),
-``signatures`` (C++ signatures as schemas, what kernels check); ``model`` holds what a scan
+``signatures`` (C++ signatures as schemas, what kernels check), ``no_kernel`` (kernels whose
+only act on a device is to say the op has none there); ``model`` holds what a scan
 finds and ``text`` the file walk and the helpers they share. ``scan_extension`` runs them.
 """
 
@@ -40,6 +41,7 @@ from pathlib import Path
 
 from opforge.scan.build_files import resolve_modules, scan_build_config, scan_cmake, scan_setup_py
 from opforge.scan.cxx import scan_cxx
+from opforge.scan.no_kernel import find_no_kernel
 from opforge.scan.model import (
     ALIAS_KEYS,
     BACKEND_SUFFIXES,
@@ -73,7 +75,8 @@ def scan_extension(root: Path) -> Scan:
     files = list(source_files(scan.root))
     cxx = [p for p in files if p.suffix in CXX_SUFFIXES]
     for path in cxx:  # every C++ function first: a registration may name one from another file
-        index_functions(scan, strip_comments(read_source(path)))
+        index_functions(scan, strip_comments(read_source(path)),
+                        path.relative_to(scan.root).as_posix())
     for path in files:
         suffix = path.suffix
         if suffix in (*CXX_SUFFIXES, ".metal", ".py"):
@@ -89,6 +92,7 @@ def scan_extension(root: Path) -> Scan:
         for op in ops.values():
             if op.pending_impl and not op.hints:
                 op.hints = kernel_hints(scan, op.schema, op.pending_impl)
+    find_no_kernel(scan)  # kernels that say the op has none for a device, by design
     for path in (scan.root / "setup.py", scan.root / "CMakeLists.txt", scan.root / "pyproject.toml"):
         if path.is_file():  # 0x020a000000000000: torch 2.10
             m = re.search(r"TORCH_TARGET_VERSION\W+0x([0-9a-fA-F]{2})([0-9a-fA-F]{2})",

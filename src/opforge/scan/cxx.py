@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from opforge.scan.model import ALIAS_KEYS, Scan, ScannedOp
+from opforge.scan.model import ALIAS_KEYS, Kernel, Scan, ScannedOp
 from opforge.scan.signatures import signature
 from opforge.scan.text import closing, line_of, read_source, schema_name, split_top, strip_comments
 
@@ -20,12 +20,13 @@ _REGISTER_OPERATORS = re.compile(r"\b(?:torch|c10)::RegisterOperators\b\s*(?:\(|
 _PYBIND_MODULE = re.compile(r"\bPYBIND11_MODULE\s*\(\s*(\w+)\s*,\s*(\w+)\s*\)")
 
 def _blocks(text: str, pattern: re.Pattern):
-    """(match, body) for each ``MACRO(...) { body }``, braces balanced."""
+    """(match, body, line) for each ``MACRO(...) { body }``, braces balanced; ``line``: the
+    line the body starts on."""
     for match in pattern.finditer(text):
         start = text.find("{", match.end())
         if start == -1:
             continue
-        yield match, text[start + 1:closing(text, start)]
+        yield match, text[start + 1:closing(text, start)], line_of(text, start)
 
 
 def scan_cxx(scan: Scan, path: Path) -> None:
@@ -33,7 +34,7 @@ def scan_cxx(scan: Scan, path: Path) -> None:
     text = strip_comments(raw)
     rel = path.relative_to(scan.root).as_posix()
     registered = scan.registers.setdefault(rel, set())
-    for match, body in _blocks(text, _LIBRARY):
+    for match, body, first in _blocks(text, _LIBRARY):
         namespace = match.group(1)
         scan.namespaces.setdefault(namespace, {})
         names = []
@@ -52,30 +53,43 @@ def scan_cxx(scan: Scan, path: Path) -> None:
             rest = body[d.end():closing(body, d.start() + body[d.start():].find("("), "(", ")")]
             if rest.lstrip().startswith(","):
                 op.keys.update(ALIAS_KEYS["CompositeImplicitAutograd"])
+                _kernel(op, "CompositeImplicitAutograd", rel, body, first, d.start(),
+                        rest.lstrip()[1:], d.end() + len(rest) - len(rest.lstrip()) + 1)
                 if "(" not in schema and op.schema is None:
                     _infer(op, scan, rest.lstrip()[1:])
         kind = match.group(0).split("(")[0].strip()
         scan.abi_kinds.add("stable" if kind.startswith("STABLE_") else "legacy")
         scan.saw(rel, f"{kind}({namespace}): " + (f"defines {', '.join(names)}" if names
                                                   else "no m.def"))
-    for match, body in _blocks(text, _LIBRARY_IMPL):
+    for match, body, first in _blocks(text, _LIBRARY_IMPL):
         namespace, key = match.group(1), match.group(2)
         names = []
         for i in re.finditer(r"\.impl\s*\(\s*(?:TORCH_SELECTIVE_NAME\s*\(\s*)?" + _STRING, body):
             ns, name = schema_name(i.group(1))
             op = scan.op(ns or namespace, name, rel)
             op.register(key)
+            args = body[i.end():closing(body, body.rfind("(", 0, i.start() + 6), "(", ")")]
+            impl = args.lstrip()[1:] if args.lstrip().startswith(",") else args
             if key in ("CPU", "CompositeExplicitAutograd", "CompositeImplicitAutograd") and \
                     not op.hints:
-                impl = body[i.end():closing(body, body.rfind("(", 0, i.start() + 6), "(", ")")]
-                impl = impl.lstrip()[1:] if impl.lstrip().startswith(",") else impl
                 op.pending_impl = impl
+            _kernel(op, key, rel, body, first, i.start(), impl,
+                    i.end() + len(args) - len(impl))
             registered.add(f"{ns or namespace}::{name}")
             names.append(name)
         scan.saw(rel, f"{match.group(0).split('(')[0].strip()}({namespace}, {key}): "
                       f"{', '.join(names) or 'no m.impl'}")
     _register_operators(scan, text, rel, registered)
     _pybind_modules(scan, text, rel)
+
+
+def _kernel(op: ScannedOp, key: str, rel: str, body: str, first: int, at: int, args: str,
+            args_at: int) -> None:
+    """Remember a registration's kernel (read after the scan: it may be defined elsewhere);
+    ``first``: the line ``body`` starts on, ``at`` / ``args_at``: offsets in it."""
+    line = first + body.count("\n", 0, at)
+    op.kernels.append(Kernel(key=key, where=f"{rel}:{line}", args=args,
+                             line=first + body.count("\n", 0, args_at)))
 
 
 def _infer(op: ScannedOp, scan: Scan, fn_args: str) -> None:
@@ -95,10 +109,11 @@ def _register_operators(scan: Scan, text: str, rel: str, registered: set[str]) -
         calls = []  # the argument text of each .op(...) and of the constructor
         for c in re.finditer(r"(?:\.op\s*\(|RegisterOperators\s*[({])", chain):
             opened = c.end() - 1
-            calls.append(chain[opened + 1:closing(chain, opened, chain[opened],
-                                                   ")" if chain[opened] == "(" else "}")])
+            calls.append((match.start() + opened + 1, chain[
+                opened + 1:closing(chain, opened, chain[opened], ")" if chain[opened] == "("
+                                   else "}")]))
         names = []
-        for args in calls:
+        for at, args in calls:
             strings = re.findall(_STRING, args)
             schema = next((s for s in strings if "::" in s), None)
             if schema is None:
@@ -119,6 +134,7 @@ def _register_operators(scan: Scan, text: str, rel: str, registered: set[str]) -
             keys = re.findall(r"DispatchKey::(\w+)", args)
             for key in keys or ["CompositeImplicitAutograd"]:  # no key: a catch-all kernel
                 op.register(key)
+            _chain_kernels(op, text, rel, at, args, schema, bool(keys))
         scan.abi_kinds.add("legacy")
         if names:
             scan.saw(rel, f"RegisterOperators: {', '.join(names)}")
@@ -128,8 +144,31 @@ def _register_operators(scan: Scan, text: str, rel: str, registered: set[str]) -
                                 "under extension.ops in matrix.yaml by hand")
 
 
+# options().kernel<decltype(fn), &fn>(DispatchKey::CPU), .catchAllKernel<..., &fn>()
+_TEMPLATE_KERNEL = re.compile(r"\.(?:kernel|catchAllKernel)\s*<[^<>;]*?&\s*(?:\w+::)*(\w+)\s*>"
+                              r"\s*\(\s*(?:(?:c10::)?DispatchKey::(\w+))?")
+
+
+def _chain_kernels(op: ScannedOp, text: str, rel: str, at: int, args: str, schema: str,
+                   keyed: bool) -> None:
+    """The kernels of one ``.op(...)`` of a RegisterOperators chain (``at``: its offset)."""
+    where = f"{rel}:{line_of(text, at)}"
+    templated = _TEMPLATE_KERNEL.findall(args)
+    for fn, key in templated:
+        op.kernels.append(Kernel(key=key or "CompositeImplicitAutograd", where=where,
+                                 args=f"&{fn}", line=line_of(text, at)))
+    if templated or keyed:
+        return
+    start = args.find('"' + schema + '"') + len(schema) + 2
+    after = args[start:].lstrip()
+    if after.startswith(","):
+        offset = start + len(args[start:]) - len(after) + 1
+        op.kernels.append(Kernel(key="CompositeImplicitAutograd", where=where, args=after[1:],
+                                 line=line_of(text, at + offset)))
+
+
 def _pybind_modules(scan: Scan, text: str, rel: str) -> None:
-    for match, body in _blocks(text, _PYBIND_MODULE):
+    for match, body, _ in _blocks(text, _PYBIND_MODULE):
         name, var = match.group(1), match.group(2)
         functions: dict[str, str | None] = {}
         hints: dict[str, dict] = {}

@@ -21,6 +21,20 @@ BACKEND_SUFFIXES = (("cuda", ("_cuda", "cuda", "_gpu", "_cu")), ("mps", ("_mps",
 
 
 @dataclass
+class Kernel:
+    """One kernel registration of an op: the key it serves (an alias for a catch-all
+    kernel), where it is registered, and the kernel as written: C++ registration arguments
+    (``&fn``, ``TORCH_FN(fn)``, a lambda) read after the scan, or what a Python kernel was
+    already found to raise (device -> evidence)."""
+
+    key: str
+    where: str                 # file:line of the registration
+    args: str = ""             # C++: the kernel argument text
+    line: int = 0              # C++: the line the argument text starts on
+    raises: dict[str, str] | None = None   # Python: read at scan time
+
+
+@dataclass
 class ScannedOp:
     name: str
     schema: str | None = None
@@ -31,6 +45,9 @@ class ScannedOp:
     hints: dict[str, dict] = field(default_factory=dict)  # argument -> {rank, dtype} checked
     pending_impl: str = ""   # the CPU kernel's registration, read for hints after the scan
     named: set[str] = field(default_factory=set)  # keys a registration named (not an alias)
+    kernels: list[Kernel] = field(default_factory=list)
+    # device -> why: its kernel there only raises "no kernel" (init proposes no_kernel)
+    no_kernel: dict[str, str] = field(default_factory=dict)
 
     def register(self, key: str) -> None:
         """A kernel registered under ``key``: the keys it provides, in matrix.yaml's terms (an
@@ -101,6 +118,7 @@ class Scan:
     found: dict[str, list[str]] = field(default_factory=dict)   # file -> what it registers
     by_hand: list[str] = field(default_factory=list)  # what could not be read, and what to write
     cxx_functions: dict[str, tuple[str, str]] = field(default_factory=dict)  # -> params, body
+    cxx_sites: dict[str, list[tuple[str, int]]] = field(default_factory=dict)  # -> (file, line)
     # file -> (PYBIND11_MODULE name, functions, hints) before the module's name is resolved
     pybind: dict[str, tuple[str, dict[str, str | None], dict]] = field(default_factory=dict)
     registers: dict[str, set[str]] = field(default_factory=dict)  # file -> qualified op names

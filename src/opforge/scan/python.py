@@ -7,8 +7,9 @@ import ast
 import re
 from pathlib import Path
 
-from opforge.dispatch_keys import DISPATCH_KEYS, kernel_key, renamed_backend
-from opforge.scan.model import ALIAS_KEYS, NOT_PACKAGES, Scan, ScannedOp
+from opforge.dispatch_keys import DISPATCH_KEYS, NO_KERNEL_DEVICES, kernel_key, renamed_backend
+from opforge.scan.model import ALIAS_KEYS, NOT_PACKAGES, Kernel, Scan, ScannedOp
+from opforge.scan.no_kernel import python_raises
 from opforge.scan.text import read_source, schema_name
 
 _PY_CALLS = {"custom_op", "define", "register_fake", "impl_abstract", "register_autograd",
@@ -111,8 +112,8 @@ def scan_python(scan: Scan, path: Path) -> None:
         elif kind in ("custom_op", "triton_op"):
             devices = _device_types(kwargs.get("device_types"))
             op.keys.update({"Meta", "Autograd"})
-            _register(scan, op, f"{rel}:{node.lineno}", devices or
-                      ["CompositeExplicitAutograd"])
+            keys = _register(scan, op, f"{rel}:{node.lineno}", devices or
+                             ["CompositeExplicitAutograd"])
             mutates = kwargs.get("mutates_args")
             names = {e.value for e in getattr(mutates, "elts", []) if isinstance(e, ast.Constant)}
             op.mutating = op.mutating or bool(names) or \
@@ -124,6 +125,7 @@ def scan_python(scan: Scan, path: Path) -> None:
             params = _python_params(func, names) if func is not None else None
             if params is not None and not op.schema:
                 op.schema, op.inferred = f"{name}({params}) -> ...", True
+            _kernels(op, keys, f"{rel}:{node.lineno}", func, rel)
         elif kind in ("register_fake", "impl_abstract"):
             op.keys.add("Meta")
         elif kind == "register_autograd":
@@ -139,19 +141,47 @@ def scan_python(scan: Scan, path: Path) -> None:
             where = f"{rel}:{node.lineno}"
             read = "autocast" if kind == "register_autocast" else \
                 "key" if owner in libraries else "any"
-            _register(scan, op, where, _as_list(device), read)
+            keys = _register(scan, op, where, _as_list(device), read)
             if device is None and kind == "register_kernel":
                 op.keys.update(ALIAS_KEYS["CompositeExplicitAutograd"])
+                keys = ["CompositeExplicitAutograd"]
+            if kind != "register_autocast":
+                fn = decorated.get(id(node)) or _named_function(
+                    tree, (node.args[1:2] if owner in libraries else node.args[2:3])
+                    + [v for k, v in kwargs.items() if k in ("func", "fn")])
+                _kernels(op, keys, where, fn, rel)
     for kind, names in seen.items():
         scan.saw(rel, f"{kind}: {', '.join(dict.fromkeys(names))}")
 
 
+def _kernels(op: ScannedOp, keys: list[str], where: str, func: ast.FunctionDef | None,
+             rel: str) -> None:
+    """Remember the kernels one registration gives ``op`` and what each raises "no kernel"
+    for (opforge.scan.no_kernel; None where the function is not known)."""
+    for key in keys:
+        device = next((d for d, k in NO_KERNEL_DEVICES.items() if k == key), None)
+        composite = key in ("CompositeExplicitAutograd", "CompositeImplicitAutograd")
+        op.kernels.append(Kernel(key=key, where=where, raises=python_raises(
+            func, rel, None if composite else [device] if device else [])))
+
+
+def _named_function(tree: ast.Module, refs: list[ast.expr]) -> ast.FunctionDef | None:
+    """The function a registration passes by name, when the file defines it once."""
+    ref = next((r for r in refs if isinstance(r, ast.Name)), None)
+    if ref is None:
+        return None
+    found = [f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name == ref.id]
+    return found[0] if len(found) == 1 else None
+
+
 def _register(scan: Scan, op: ScannedOp, where: str, names: list[str],
-              read: str = "any") -> None:
+              read: str = "any") -> list[str]:
     """Kernels of ``op`` registered for ``names``, each read as torch reads it
     (opforge.dispatch_keys.kernel_key); ``read``: "key" for ``Library.impl`` (a dispatch key
     only), "autocast" for ``register_autocast`` (a device type, whose Autocast key it takes).
-    A name torch refuses is a note, never an error: the package's import would say it."""
+    A name torch refuses is a note, never an error: the package's import would say it.
+    Returns the keys registered."""
+    keys: list[str] = []
     for name in names:
         key, how = kernel_key(name)
         if key is not None and read == "key" and how not in ("key", "renamed key"):
@@ -174,6 +204,8 @@ def _register(scan: Scan, op: ScannedOp, where: str, names: list[str],
                               f"rename_privateuse1_backend({device!r}) ran), so its kernels "
                               f"are {key}'s")
         op.register(key)
+        keys.append(key)
+    return keys
 
 
 def call_name(func: ast.expr) -> str | None:

@@ -10,6 +10,7 @@ from opforge.scan.text import closing, split_top
 
 _FUNCTION = re.compile(r"\b(\w+)\s*\(([^(){};]*)\)\s*(?:const\s*)?(?:noexcept\s*)?\{")
 _NOT_FUNCTIONS = {"if", "for", "while", "switch", "catch", "return", "sizeof", "defined"}
+MAX_BODY = 6000  # a function body is kept this far (its opening brace included)
 
 _INT_TYPES = {"int64_t", "int32_t", "int", "long", "size_t", "int16_t", "int8_t", "uint8_t",
               "unsigned", "SymInt", "c10::SymInt", "longlong"}
@@ -66,10 +67,16 @@ def cxx_params(params: str) -> str | None:
     return ", ".join(out)
 
 
-def index_functions(scan: Scan, text: str) -> None:
+def index_functions(scan: Scan, text: str, rel: str = "") -> None:
+    """Every C++ function definition of ``text``: the first one of each name (params, body),
+    and where each definition's body starts (``cxx_sites``: a name defined twice is seen)."""
     for m in _FUNCTION.finditer(text):
-        if m.group(1) not in _NOT_FUNCTIONS and m.group(1) not in scan.cxx_functions:
-            body = text[m.end() - 1:closing(text, m.end() - 1)][:6000]
+        if m.group(1) in _NOT_FUNCTIONS:
+            continue
+        scan.cxx_sites.setdefault(m.group(1), []).append(
+            (rel, text.count("\n", 0, m.end() - 1) + 1))
+        if m.group(1) not in scan.cxx_functions:
+            body = text[m.end() - 1:closing(text, m.end() - 1)][:MAX_BODY]
             scan.cxx_functions[m.group(1)] = (m.group(2), body)
 
 

@@ -51,7 +51,10 @@ def closing(text: str, start: int, open_: str = "{", close: str = "}") -> int:
 
 
 def strip_comments(text: str) -> str:
-    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+    """The text without its comments; a block comment keeps its line breaks, so a line
+    number in the stripped text is the file's."""
+    text = re.sub(r"/\*.*?\*/", lambda m: " " + "\n" * m.group().count("\n"), text,
+                  flags=re.S)
     return re.sub(r"//[^\n]*", "", text)
 
 

@@ -89,6 +89,21 @@ def _type_names(exc: BaseException) -> list[str]:
     return [cls.__name__ for cls in type(exc).__mro__]
 
 
+def no_kernel_device(text: str) -> str | None:
+    """The device an op's own words say it has no kernel for (``No CPU version supported``:
+    'cpu'; a GPU is 'cuda'), or None, also for a build fault (``Not compiled with CUDA
+    support``). ``opforge init`` reads the error messages of a package's kernels with it
+    (opforge.scan.no_kernel), so the scan and the probe share one vocabulary."""
+    if _NOT_BUILT.search(text):
+        return None
+    for pattern in _NO_KERNEL:
+        m = pattern.search(text)
+        if m:
+            device = m.group(1).lower()
+            return "cuda" if device == "gpu" else device
+    return None
+
+
 def classify(exc: BaseException) -> tuple[str, str | None]:
     """(kind, detail): one of the kinds above, with the device a NO_KERNEL message names or
     the file of torch's own assert."""
@@ -107,11 +122,9 @@ def classify(exc: BaseException) -> tuple[str, str | None]:
         return REGISTRATION, None
     if _DEVICE_FAULT.search(text):
         return DEVICE_FAULT, None
-    for pattern in _NO_KERNEL:
-        m = pattern.search(text)
-        if m:
-            device = m.group(1).lower()
-            return NO_KERNEL, "cuda" if device == "gpu" else device
+    device = no_kernel_device(text)
+    if device is not None:
+        return NO_KERNEL, device
     asserted = _ASSERT_AT.search(text)
     if asserted and _TORCH_CORE.search(asserted.group(1).replace("\\", "/")):
         return REGISTRATION, asserted.group(1)
