@@ -41,7 +41,6 @@ from pathlib import Path
 
 from opforge.scan.build_files import resolve_modules, scan_build_config, scan_cmake, scan_setup_py
 from opforge.scan.cxx import scan_cxx
-from opforge.scan.no_kernel import find_no_kernel
 from opforge.scan.model import (
     ALIAS_KEYS,
     BACKEND_SUFFIXES,
@@ -52,6 +51,7 @@ from opforge.scan.model import (
     ScannedModule,
     ScannedOp,
 )
+from opforge.scan.no_kernel import find_no_kernel
 from opforge.scan.python import python_schema_type, scan_python
 from opforge.scan.signatures import (
     cxx_params,

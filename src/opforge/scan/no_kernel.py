@@ -399,7 +399,8 @@ def _py_sole_raise(body: list[ast.stmt]) -> tuple[int, str, str] | None:
         if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
             words = arg.value
         elif isinstance(arg, ast.JoinedStr):
-            words = "".join(v.value for v in arg.values if isinstance(v, ast.Constant))
+            words = "".join(v.value if isinstance(v, ast.Constant) else "{}"
+                            for v in arg.values)
     device = no_kernel_device(words) if words else None
     return (body[0].lineno, device, words) if device else None
 
