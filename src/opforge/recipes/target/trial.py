@@ -1,0 +1,135 @@
+"""``probe.pyz derive``: call an op (or a module's function) with the arguments the search
+proposes, on the CPU, twice, and say whether it ran and gave the same result both times.
+
+Protocol, one JSON object per line on the real stdout (whatever the extension prints goes to
+stderr): first ``{"ready": true, "torch": version}`` once torch and the package imported (or
+``{"error": message}`` and exit 1); then for each request one answer:
+
+  {"schema": op, "overload": "default"}   -> {"schema": "op(Tensor src, ...) -> Tensor"}
+  {"call": key, "kind": "op" | "function", "overload": ..., "inputs": "lambda dtype: [...]",
+   "mutates": [i, ...]}                    -> {"ok": true, "result": "..."} or
+                                              {"ok": false, "error": "Type: message"}
+
+A call that hangs or kills the interpreter is the caller's to time out and restart.
+Standard library and torch only, like the rest of the probe.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import warnings
+
+from ...smoke.probe.common import first_line
+from ...smoke.probe.modules import resolve
+from ...smoke.probe.values import compare, outputs_of
+
+RANDOM = "results differ between two calls"   # clues.RANDOM reads this
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description="opforge derive: trial calls")
+    p.add_argument("--package", default="")
+    p.add_argument("--namespace", required=True)
+    return p.parse_args(argv)
+
+
+def error_text(exc: BaseException) -> str:
+    """The exception's type and message, without torch's C++ backtrace; bounded."""
+    text = str(exc).split("\nException raised from", 1)[0].strip()
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        return first_line(exc)
+    return f"{type(exc).__name__}: {' '.join(line.strip() for line in lines[:6])}"[:1500]
+
+
+def summary(t, values) -> str:
+    parts = []
+    for v in values:
+        if isinstance(v, t.Tensor):
+            parts.append(f"{str(v.dtype).replace('torch.', '')}{list(v.shape)}")
+        else:
+            parts.append(type(v).__name__)
+    return ", ".join(parts) or "None"
+
+
+class Trial:
+    def __init__(self, t, namespace: str):
+        self.t, self.namespace = t, namespace
+
+    def target(self, request: dict):
+        if request.get("kind") == "function":
+            return resolve(request["call"])
+        packet = getattr(getattr(self.t.ops, self.namespace), request["call"])
+        return getattr(packet, request.get("overload") or "default")
+
+    def schema(self, request: dict) -> dict:
+        try:
+            fn = self.target({"call": request["schema"], "overload": request.get("overload")})
+            return {"schema": str(fn._schema)}
+        except Exception as exc:  # noqa: BLE001 - no such op: the caller says so
+            return {"error": error_text(exc)}
+
+    def call(self, request: dict) -> dict:
+        t = self.t
+        try:
+            fn = self.target(request)
+            make = eval(request["inputs"], {"torch": t})  # noqa: S307 - the search's own text
+        except Exception as exc:  # noqa: BLE001
+            return {"ok": False, "error": error_text(exc), "stage": "setup"}
+        results = []
+        for _ in range(2):
+            try:
+                args = list(make(t.float32))
+            except Exception as exc:  # noqa: BLE001 - an input the search could not build
+                return {"ok": False, "error": error_text(exc), "stage": "inputs"}
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    out = fn(*args)
+            except Exception as exc:  # noqa: BLE001 - the op's own message is the clue
+                return {"ok": False, "error": error_text(exc), "stage": "call"}
+            mutates = request.get("mutates") or []
+            values = [args[i] for i in mutates if i < len(args)] if mutates else outputs_of(out)
+            results.append([v.detach().clone() if isinstance(v, t.Tensor) else v
+                            for v in values])
+        try:
+            problem = compare(t, results[0], results[1], 1e-5, 1e-4)
+        except Exception as exc:  # noqa: BLE001 - results that do not compare
+            problem = error_text(exc)
+        if problem:
+            return {"ok": False, "error": f"{RANDOM}: {problem}", "stage": "repeat"}
+        return {"ok": True, "result": summary(t, results[0])}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    # the protocol owns the real stdout; whatever the extension prints goes to stderr
+    protocol = os.fdopen(os.dup(1), "w", encoding="utf-8", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+
+    def say(message: dict) -> None:
+        protocol.write(json.dumps(message) + "\n")
+        protocol.flush()
+
+    try:
+        import torch
+
+        if args.package:
+            importlib.import_module(args.package)
+    except BaseException as exc:  # noqa: BLE001 - the import of torch or the package failed
+        say({"error": f"import {args.package or 'torch'} fails: {error_text(exc)}"})
+        return 1
+    trial = Trial(torch, args.namespace)
+    say({"ready": True, "torch": torch.__version__})
+    for line in sys.stdin:
+        try:
+            request = json.loads(line)
+            say(trial.schema(request) if "schema" in request else trial.call(request))
+        except Exception as exc:  # noqa: BLE001 - a malformed request
+            say({"ok": False, "error": error_text(exc), "stage": "request"})
+    return 0
