@@ -12,9 +12,10 @@ stubs replaced, everything else left as it was.
 from __future__ import annotations
 
 import difflib
+import re
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from opforge.errors import UsageError
@@ -46,15 +47,27 @@ class Limits:
     op_wall_s: float = OP_WALL_S
 
 
-def schema_of(entry: Entry, worker) -> str | None:
-    """The op's schema as the dispatcher has it, else the stub's ``# schema`` comment."""
-    if entry.table == "RECIPES":
-        found = worker.schema(entry.key, entry.overload)
-        if found:
-            return found
+def _written(entry: Entry) -> str | None:
+    """The stub's ``# schema`` comment (init copies the schema or signature there)."""
     comment = entry.comment or ""
-    return comment if "(" in comment and comment.rstrip().endswith(")") or "->" in comment \
+    return comment if "(" in comment and (comment.rstrip().endswith(")") or "->" in comment) \
         else None
+
+
+def params_of(entry: Entry, worker) -> list[calls_mod.Param] | None:
+    """The op's parameters as the dispatcher has them (types and defaults), named as the
+    sources name them where the dispatcher has only positions (``_0``: a schema torch
+    inferred from a C++ function); else those of the stub's ``# schema`` comment."""
+    written = _written(entry)
+    source = calls_mod.parse_params(written) if written else None
+    found = worker.schema(entry.key, entry.overload) if entry.table == "RECIPES" else None
+    if not found:
+        return source
+    params = calls_mod.parse_params(found)
+    if source and len(source) == len(params):
+        params = [replace(p, name=s.name) if re.fullmatch(r"_\d+|arg\d+", p.name) else p
+                  for p, s in zip(params, source)]
+    return params
 
 
 def derive_one(entry: Entry, worker, hints: dict | None, limits: Limits) -> Outcome:
@@ -64,12 +77,11 @@ def derive_one(entry: Entry, worker, hints: dict | None, limits: Limits) -> Outc
         outcome.error = (f"its recipe runs on {', '.join(entry.devices)} only; derive calls "
                          "on the CPU")
         return outcome
-    schema = schema_of(entry, worker)
-    if schema is None:
-        outcome.error = "no schema or signature to start from"
-        return outcome
     try:
-        params = calls_mod.parse_params(schema)
+        params = params_of(entry, worker)
+        if params is None:
+            outcome.error = "no schema or signature to start from"
+            return outcome
         search = Search(params, hints, limits.tries)
     except calls_mod.Unsupported as exc:
         outcome.error = f"cannot make the arguments: {exc}"

@@ -89,7 +89,18 @@ class Random:
     """The op gave different results for the same arguments."""
 
 
-Clue = Dtype | Rank | SameRank | Sizes | Condition | DimRange | IndexRange | Unsorted | Random
+@dataclass(frozen=True)
+class Crash:
+    """The call killed the interpreter or hung: ``SIGFPE`` (an integer division by a zero
+    the inputs hold), ``SIGSEGV`` (an index past the end), ``hang``."""
+
+    how: str
+
+
+Clue = (Dtype | Rank | SameRank | Sizes | Condition | DimRange | IndexRange | Unsorted | Random
+        | Crash)
+CRASHED = "the call crashed the interpreter"   # worker.TrialWorker's words
+HUNG = "the call did not return within"
 
 
 def dtype_word(word: str | None) -> str | None:
@@ -135,6 +146,9 @@ def read(message: str) -> list[Clue]:
     clues: list[Clue] = []
     if RANDOM in low:
         return [Random()]
+    if text.startswith((CRASHED, HUNG)):
+        m = re.search(r"killed by (SIG\w+)", text)
+        return [Crash(m.group(1) if m else "hang" if text.startswith(HUNG) else "exit")]
     for pattern, want, found, arg in _DTYPE_PATTERNS:
         m = re.search(pattern, low)
         if m:

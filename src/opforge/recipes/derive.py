@@ -321,6 +321,22 @@ def _sorted_fixes(call: Call) -> list[Call]:
             and not call[i].floating]
 
 
+def _crash_fixes(clue: C.Crash, call: Call) -> list[Call]:
+    """A division by zero: integer tensors without zeros (all ``HIGH``); an index past the
+    end of something: smaller indices too."""
+    out, every = [], call
+    for i in _tensors(call):
+        v = call[i]
+        if not v.floating and v.fill in ("index", "range", "ptr", "bool"):
+            new = replace(v, fill="const", high=HIGH)
+            out.append(_set(call, i, new))
+            every = _set(every, i, new)
+    out = ([every] if len(out) > 1 else []) + out
+    if clue.how != "SIGFPE":
+        out = _index_fixes(C.IndexRange(), call) + out
+    return out
+
+
 def _random_fixes(params: list[Param], call: Call) -> list[Call]:
     out = []
     for i, p in enumerate(params):
@@ -352,6 +368,8 @@ def fixes(params: list[Param], call: Call, found: list[C.Clue]) -> list[Call]:
             out += _sorted_fixes(call)
         elif isinstance(clue, C.Random):
             out += _random_fixes(params, call)
+        elif isinstance(clue, C.Crash):
+            out += _crash_fixes(clue, call)
     return [c for c in out if c is not None]
 
 
@@ -450,11 +468,15 @@ class Search:
             self.found = node.call
             return
         key = error_key(error)
+        found = C.read(error)
+        # a crash got past the op's checks (its values are what is wrong): its fixes go
+        # first, but the plain variations around it would undo what got it there
+        crashed = any(isinstance(c, C.Crash) for c in found)
         progress = key != node.parent_key
-        level = node.level + (1 if progress else 0)
-        for call in fixes(self.params, node.call, C.read(error)):
+        level = node.level + (1 if progress or crashed else 0)
+        for call in fixes(self.params, node.call, found):
             self._push(call, level, key, 0)
-        if progress:
+        if progress and not crashed:
             for call in variations(self.params, node.call, self.hints):
                 self._push(call, level, key, 1)
 
