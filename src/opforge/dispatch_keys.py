@@ -9,6 +9,8 @@ tests/matrix/test_dispatch_keys.py checks that the two agree.
 
 from __future__ import annotations
 
+import re
+
 DISPATCH_KEYS = frozenset((
     'CompositeExplicitAutogradNonFunctional', 'CompositeExplicitAutograd',
     'CompositeImplicitAutogradNestedTensor', 'CompositeImplicitAutograd',
@@ -39,11 +41,29 @@ DISPATCH_KEYS = frozenset((
     'AutogradHPU', 'AutogradVE', 'AutogradLazy', 'AutogradMTIA', 'AutogradMAIA',
     'AutogradPrivateUse1', 'AutogradPrivateUse2', 'AutogradPrivateUse3', 'AutogradMeta'
 ))
+# c10::DispatchKey names torch.library takes (torch._C._parse_dispatch_key) that
+# torch._C.DispatchKey does not list, so the smoke census cannot ask about them
+C10_ONLY_KEYS = frozenset((
+    'FPGA', 'Vulkan', 'Metal', 'MkldnnCPU', 'CustomRNGKeyId', 'Fake', 'Tracer', 'AutocastXLA',
+    'AutocastMTIA', 'AutocastMAIA', 'Batched', 'BatchedNestedTensor', 'VmapMode',
+    'DeferredInit'))
 # the backend keys: what a kernel for a device registers (a backward-only op's defaults, with Meta)
 BACKEND_KEYS = ("CPU", "CUDA", "MPS", "XPU", "HIP", "PrivateUse1")
-# a device (torch's device type) -> its backend key, and its autocast key
-DEVICE_KEY = {"cpu": "CPU", "cuda": "CUDA", "mps": "MPS", "xpu": "XPU"}
+# every torch device type -> the dispatch key its kernels register under, as torch maps them
+# (torch._C._dispatch_key_for_device, torch 2.13; tests/matrix/test_dispatch_keys.py asks it).
+# FPGA and Vulkan are c10 keys that torch's Python API (torch._C.DispatchKey) does not list.
+DEVICE_TYPE_KEY = {
+    "cpu": "CPU", "cuda": "CUDA", "hip": "HIP", "xla": "XLA", "mps": "MPS", "ipu": "IPU",
+    "xpu": "XPU", "hpu": "HPU", "ve": "VE", "lazy": "Lazy", "mtia": "MTIA", "maia": "MAIA",
+    "meta": "Meta", "privateuseone": "PrivateUse1", "fpga": "FPGA", "vulkan": "Vulkan",
+}
+# caffe2's device types: torch still parses them, but they have no dispatch key (it asserts)
+RETIRED_DEVICE_TYPES = ("mkldnn", "opengl", "opencl", "ideep")
+# the devices opforge's backends run on -> its backend key, and its autocast key
+DEVICE_KEY = {d: DEVICE_TYPE_KEY[d] for d in ("cpu", "cuda", "mps", "xpu")}
 AUTOCAST_KEY = {device: f"Autocast{key}" for device, key in DEVICE_KEY.items()}
+# the devices an op may declare it has no kernel for in matrix.yaml (those the smoke runs on)
+NO_KERNEL_DEVICES = {d: DEVICE_KEY[d] for d in ("cpu", "cuda", "mps")}
 # the keys a census always shows, expected or not (and the order `opforge init` writes keys in)
 OBSERVED_KEYS = ("CPU", "CUDA", "MPS", "Meta", "Autograd", "AutocastCPU", "AutocastCUDA",
                  "AutocastMPS")
@@ -61,4 +81,71 @@ def device_of(key: str) -> str | None:
     for device, word in DEVICE_WORDS.items():
         if key.endswith(word):
             return device
+    return None
+
+
+# a name torch.utils.rename_privateuse1_backend can give the PrivateUse1 backend ("npu")
+_RENAMED_BACKEND = re.compile(r"[a-z_]+\Z")
+# the device type whose tensors reach each backend key (PrivateUse2/3 have none: their own)
+_DEVICE_TYPE_OF_KEY = {**{k: d for d, k in DEVICE_TYPE_KEY.items() if k != "Meta"},
+                       "PrivateUse2": "privateuse2", "PrivateUse3": "privateuse3"}
+_PER_BACKEND = ("", "Autocast", "Autograd", "Sparse", "SparseCsr", "Quantized", "NestedTensor")
+
+
+def kernel_key(name: str) -> tuple[str | None, str]:
+    """Where torch.library puts a kernel registered for ``name`` (``impl(op, name)``,
+    ``register_kernel(op, name)``, ``custom_op(device_types=name)``, ``lib.impl(op, fn,
+    name)``), read the way torch reads it, and how it was read:
+
+    a dispatch key name is itself (``"CPU"`` -> ``("CPU", "key")``); a device type is its key
+    (``"hpu"`` -> ``("HPU", "device")``); ``"default"`` is CompositeExplicitAutograd; any
+    other device-like name is the PrivateUse1 backend renamed to it (``"npu"`` ->
+    ``("PrivateUse1", "renamed")``; ``"AutogradNPU"`` -> ``("AutogradPrivateUse1", "renamed
+    key")``, its key spelled with the name in capitals: torch accepts
+    them once ``torch.utils.rename_privateuse1_backend("npu")`` ran, as a device's own package
+    does on import).
+    ``(None, why)`` for a name torch refuses.
+    """
+    if name in DISPATCH_KEYS or name in C10_ONLY_KEYS:
+        return name, "key"
+    if name in DEVICE_TYPE_KEY:
+        return DEVICE_TYPE_KEY[name], "device"
+    if name == "default":
+        return "CompositeExplicitAutograd", "default"
+    if name in RETIRED_DEVICE_TYPES:
+        return None, f"{name!r} is a retired caffe2 device type with no dispatch key"
+    bare = name.split(":", 1)[0].strip()
+    near = next((d for d in DEVICE_TYPE_KEY if d == bare.lower()), None) or \
+        next((k for k in DISPATCH_KEYS if k.lower() == bare.lower()), None)
+    if near is not None:
+        return None, f"{name!r} is neither a dispatch key nor a device type (did you mean {near!r}?)"
+    if _RENAMED_BACKEND.match(name):
+        return "PrivateUse1", "renamed"
+    # a renamed backend's keys are spelled with its name in capitals too: NPU, AutogradNPU
+    for prefix in _PER_BACKEND:
+        rest = name[len(prefix):]
+        if name.startswith(prefix) and rest == rest.upper() and \
+                _RENAMED_BACKEND.match(rest.lower()) and \
+                rest.lower() not in (*DEVICE_TYPE_KEY, *RETIRED_DEVICE_TYPES):
+            return f"{prefix}PrivateUse1", "renamed key"
+    return None, f"{name!r} is neither a dispatch key nor a device type"
+
+
+def renamed_backend(name: str) -> str:
+    """The device type a renamed PrivateUse1 backend's name stands for: 'npu' for npu, NPU
+    and AutogradNPU (``kernel_key`` read them as "renamed", "renamed key")."""
+    for prefix in sorted(_PER_BACKEND, key=len, reverse=True):
+        if prefix and name.startswith(prefix) and name[len(prefix):].isupper():
+            return name[len(prefix):].lower()
+    return name.lower()
+
+
+def device_type_of(key: str) -> str | None:
+    """The device type whose tensors reach ``key``: 'hpu' for HPU, AutocastHPU, AutogradHPU,
+    SparseHPU...; 'privateuseone' for PrivateUse1's; None for a key of every device (Meta,
+    Autograd, a composite alias). Unlike ``device_of``, every backend counts: a variant that
+    builds none of a key's device has nothing to check it on."""
+    for prefix in _PER_BACKEND:
+        if key.startswith(prefix) and key[len(prefix):] in _DEVICE_TYPE_OF_KEY:
+            return _DEVICE_TYPE_OF_KEY[key[len(prefix):]]
     return None

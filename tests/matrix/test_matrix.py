@@ -97,6 +97,24 @@ def test_objects_are_frozen():
         matrix.variants[0].name = "other"  # type: ignore[misc]
 
 
+def test_device_types_are_read_as_their_dispatch_keys(tmp_path):
+    """``hpu`` where a key goes is HPU, as torch.library.impl reads it; the model holds keys."""
+    text = _with("    expected_keys: [CPU, Meta, Autograd, AutocastCPU]",
+                 "    expected_keys: [cpu, meta, Autograd, AutocastCPU]")
+    text = text.replace(OPS_LINE, "  ops:\n    - nms: {add: [hpu, privateuseone], "
+                        "remove: [lazy]}\n    - roi_align: {keys: [cpu, xpu, mtia]}", 1)
+    path = tmp_path / "matrix.yaml"
+    path.write_text(text)
+    matrix = load_matrix(path)
+    cpu = matrix.variant("cpu")
+    assert cpu.expected_keys == ("CPU", "Meta", "Autograd", "AutocastCPU")
+    nms = next(op for op in matrix.extension.op_specs if op.name == "nms")
+    assert (nms.add, nms.remove) == (("HPU", "PrivateUse1"), ("Lazy",))
+    ops = matrix.extension.op_keys(cpu)
+    assert ops["nms"] == ("CPU", "Meta", "Autograd", "AutocastCPU", "HPU", "PrivateUse1")
+    assert ops["roi_align"] == ("CPU", "XPU", "MTIA")
+
+
 def test_jobs_expand_variant_platform_python():
     matrix = load_matrix(FIXTURE)
     jobs = matrix.jobs()
@@ -173,6 +191,21 @@ MALFORMED = [
     ("unknown-dispatch-key", _with("    expected_keys: [CPU, Meta, Autograd, AutocastCPU]",
                                    "    expected_keys: [CPU, Meta, Autogard, AutocastCPU]"),
      "variants[0].expected_keys[2]", "unknown dispatch key 'Autogard'", "Autogard"),
+    # a device type is read as its key (as torch.library reads it), so it can repeat a key
+    ("device-type-repeats-its-key", _with("    expected_keys: [CPU, Meta, Autograd, AutocastCPU]",
+                                          "    expected_keys: [CPU, Meta, Autograd, cpu]"),
+     "variants[0].expected_keys[3]", "'cpu' is CPU, listed twice", "Autograd, cpu]"),
+    ("device-type-of-another-build", _with("    expected_keys: [CPU, Meta, Autograd, AutocastCPU]",
+                                           "    expected_keys: [CPU, Meta, cuda]"),
+     "variants[0].expected_keys", "expects CUDA kernels but sets no cuda version",
+     "    expected_keys: [CPU, Meta, cuda]"),
+    ("device-type-of-an-unlisted-key", _with(OPS_LINE, "  ops:\n    - nms: {add: [fpga]}"),
+     "extension.ops.nms.add[0]", "device type 'fpga' registers under FPGA, a key torch's "
+     "Python API does not list", "{add: [fpga]}"),
+    ("renamed-backend-is-not-a-key", _with(OPS_LINE, "  ops:\n    - nms: {add: [npu]}"),
+     "extension.ops.nms.add[0]", "unknown dispatch key 'npu' (nor a torch device type: a "
+     "device renamed from PrivateUse1 with torch.utils.rename_privateuse1_backend('npu') "
+     "registers under PrivateUse1)", "{add: [npu]}"),
     ("unknown-platform", _with("    platforms: [linux-x86_64, linux-aarch64, macos-arm64]",
                                "    platforms: [linux-x86_64, windows-arm64]"),
      "variants[0].platforms[1]", "unknown platform 'windows-arm64'", "windows-arm64"),

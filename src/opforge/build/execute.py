@@ -18,7 +18,7 @@ from pathlib import Path
 from opforge import platforms
 from opforge.build.plan import BuildPlan, Step, check_host, is_torch, plan_build
 from opforge.compiler_cache import OFF_ENV, STATS_FILE, CacheStats, CompilerCache, disabled_by
-from opforge.errors import OpforgeError
+from opforge.errors import OpforgeError, UsageError
 from opforge.matrix import Matrix, Variant, load_matrix
 from opforge.platforms import toolchain
 from opforge.stamp import BuildFacts, stamp_wheel
@@ -93,6 +93,9 @@ def execute(plan: BuildPlan, python: str, *, install: bool = True, log=print,
         tools = (*plan.tools, "pip") if tool.uv else plan.tools
         _run(*tool.command(python, *plan.install), log, "install torch",
              explain=lambda errors: torch_install_hint(plan, errors))
+    # before any tool is installed or anything compiles: is this torch the variant's build?
+    preflight(plan, python, log=log)
+    if install:
         _run(*tool.command(python, *tools), log, "install the build tools")
         dynamic = backend_requires(plan, python)
         if dynamic:
@@ -106,6 +109,32 @@ def execute(plan: BuildPlan, python: str, *, install: bool = True, log=print,
         _run(expand(plan.repair, python), {**plan.repair.env, **path_env}, log,
              plan.repair.description, show=None if verbose else _not_info)
     return finish(plan)
+
+
+def preflight(plan: BuildPlan, python: str, log=print) -> None:
+    """Refuse (exit 2) a build environment whose torch is not the variant's build: a cu130
+    variant given a CPU torch (the index served only +cpu) would compile no CUDA and die
+    inside torch's cpp_extension, far from the cause."""
+    facts = torch_facts(python)
+    problem = platforms.backend_of(plan.variant).check_torch(plan.variant, facts)
+    if problem is None:
+        log(f"opforge build: torch {facts['torch_version']} is {plan.variant.name}'s build")
+        return
+    index = torch_index_of(plan.install)
+    where = f"the torch index {index}" if index else "pip's configured index (PyPI)"
+    raise UsageError(
+        f"{problem}, from {where}; take torch from the variant's index with --torch-index or "
+        f"OPFORGE_TORCH_INDEX, or pin a torch_version that index serves for "
+        f"{plan.variant.name} (matrix.yaml)")
+
+
+def torch_index_of(pip_args) -> str | None:
+    """The index (or folder of wheels) pip arguments take torch from; None: pip's default."""
+    args = list(pip_args)
+    for i, a in enumerate(args[:-1]):
+        if a in ("--index-url", "-i", "--find-links", "-f"):
+            return args[i + 1]
+    return None
 
 
 def _not_info(line: str) -> bool:
@@ -170,20 +199,25 @@ def backend_requires(plan: BuildPlan, python: str) -> list[str]:
     return [r for r in requires if not is_torch(r)]
 
 
-_TORCH_FACTS = ("import json, sys, torch; print(json.dumps({'torch_version': torch.__version__, "
-                "'torch_git_version': torch.version.git_version, "
-                "'torch_cuda_version': torch.version.cuda, "
-                "'python': '%d.%d' % sys.version_info[:2]}))")
+_TORCH_FACTS = ("import json, sys, torch; v = torch.version; print(json.dumps({"
+                "'torch_version': torch.__version__, 'torch_git_version': v.git_version, "
+                "'torch_cuda_version': v.cuda, 'cuda': v.cuda, 'hip': getattr(v, 'hip', None), "
+                "'xpu': getattr(v, 'xpu', None), 'python': '%d.%d' % sys.version_info[:2]}))")
 
 
-def build_facts(plan: BuildPlan, python: str) -> BuildFacts:
-    """What the build ran with: the build environment's torch, the variant, the source commit."""
+def torch_facts(python: str) -> dict:
+    """The build environment's torch: its version, git commit, CUDA / HIP / XPU versions."""
     result = subprocess.run([python, "-c", _TORCH_FACTS], capture_output=True, text=True,
                             env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     if result.returncode != 0:
         tail = " | ".join(result.stderr.strip().splitlines()[-2:])
-        raise OpforgeError(f"cannot ask {python} which torch the build used: {tail}")
-    torch = json.loads(result.stdout.strip().splitlines()[-1])
+        raise OpforgeError(f"cannot ask {python} which torch the build uses: {tail}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def build_facts(plan: BuildPlan, python: str) -> BuildFacts:
+    """What the build ran with: the build environment's torch, the variant, the source commit."""
+    torch = torch_facts(python)
     commit = subprocess.run(["git", "-C", str(plan.extension_dir), "rev-parse", "HEAD"],
                             capture_output=True, text=True)
     variant = plan.variant

@@ -3,7 +3,8 @@
 ``scan_extension`` (opforge.scan) reads the sources; ``plan_files`` renders matrix.yaml (with
 comments), a recipes stub, a three-line noxfile and three caller workflows (CI, nightly canary,
 bisect) that call opforge's reusable workflows pinned by commit; ``write_files`` writes all of
-them or none, never replacing a file unless asked. The extension's own files are never touched.
+them or none (staged beside their targets, then renamed into place; any failure undoes it
+all), never replacing a file unless asked. The extension's own files are never touched.
 
 ``config`` decides matrix.yaml, the recipes stub and the noxfile from the scan; ``callers``
 writes the caller workflows and finds the commit they pin; this module plans and writes.
@@ -11,13 +12,22 @@ writes the caller workflows and finds the commit they pin; this module plans and
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
 import stat
 from pathlib import Path
 
 from opforge import _release
 from opforge.errors import UsageError
-from opforge.files import check_target, lookup, read_head, write_file
+from opforge.files import (
+    check_target,
+    lookup,
+    open_problem,
+    read_bytes,
+    read_head,
+    write_file,
+)
 from opforge.init.callers import WorkflowsPin, render_workflows, workflows_pin
 from opforge.init.config import (
     CUDA_VARIANT,
@@ -26,9 +36,11 @@ from opforge.init.config import (
     RECIPES_FILE,
     check_copied,
     choose_namespace,
+    device_words,
     render_matrix,
     render_noxfile,
     render_recipes,
+    unchecked_keys,
 )
 from opforge.matrix import parse_matrix
 from opforge.scan import Scan, scan_extension
@@ -91,6 +103,12 @@ def plan_files(root: Path, *, torch_version: str = DEFAULT_TORCH, python: str = 
     except UsageError as exc:
         raise UsageError(f"the matrix.yaml init would write is not valid ({exc}); check "
                          "--torch and --python") from None
+    unchecked = unchecked_keys(scan)
+    if unchecked:
+        scan.notes.append("kernels for devices no variant builds, so none expects them "
+                          "(matrix.yaml records them on each op's line): " + "; ".join(
+                              f"{key} ({device_words([key], scan)}): {', '.join(ops)}"
+                              for key, ops in unchecked.items()))
     pin = workflows_pin(workflows_ref)
     repo = repository_root(root)
     matrix_file = (root.resolve() / "matrix.yaml").relative_to(repo).as_posix()
@@ -113,15 +131,78 @@ def _write_root(path: Path) -> Path:
 
 
 def write_files(files: dict[Path, str], force: bool) -> list[Path]:
-    """All of them or none: every target is checked before any write (an existing file is
-    refused unless ``force``; a link, FIFO or directory where a file goes, or a link among
-    the folders, always), then each is written under its folder without following links."""
+    """All of them or none, whichever file fails.
+
+    Every target is checked before any write (an existing file is refused unless ``force``;
+    a link, FIFO or directory where a file goes, or a link among the folders, always). Then
+    each file is written under a temporary name beside its target (folders made as needed,
+    none followed through a link), and only once all are written is each renamed into place.
+    A failure at any step undoes every step: the temporary files and the folders init made
+    are removed, a file already replaced (``force``) gets its bytes and mode back, and one
+    line names the file and why (exit 2)."""
     existing = [p for p in files if check_target(p, root=_write_root(p), what="init")]
     if existing and not force:
         raise UsageError("would overwrite " + ", ".join(str(p) for p in existing)
                          + " (--force to replace them, --dry-run to see what would be written)")
+    originals = {p: (read_bytes(p, what="init"), stat.S_IMODE(os.stat(p).st_mode))
+                 for p in existing}
+    made = _missing_folders(files)
+    staged: dict[Path, Path] = {}
     written: list[Path] = []
-    for path, text in files.items():
-        write_file(path, text, root=_write_root(path), what="init")
-        written.append(path)
+    try:
+        for path, text in files.items():
+            temp = path.with_name(f".{path.name[:64]}.opforge-init-{secrets.token_hex(8)}")
+            try:
+                write_file(temp, text, root=_write_root(path),
+                           mode=originals[path][1] if path in originals else None)
+            except UsageError as exc:
+                raise _not_written(path, str(exc).removeprefix(f"{temp}: ")) from None
+            staged[path] = temp
+        for path, temp in staged.items():
+            check_target(path, root=_write_root(path), what="init")  # nothing planted since
+            try:
+                os.replace(temp, path)
+            except OSError as exc:
+                raise _not_written(path, open_problem(exc)) from None
+            written.append(path)
+    except BaseException:
+        _undo(staged, written, originals, made)
+        raise
     return written
+
+
+def _not_written(path: Path, why: str) -> UsageError:
+    return UsageError(f"{path}: {why}; nothing was written (init writes all of its files or "
+                      "none)")
+
+
+def _missing_folders(files: dict[Path, str]) -> list[Path]:
+    """The folders that writing ``files`` will make, shallowest first."""
+    missing: list[Path] = []
+    for path in files:
+        root = _write_root(path)
+        folder = root
+        for part in path.parent.relative_to(root).parts:
+            folder = folder / part
+            if folder not in missing and not os.path.lexists(folder):
+                missing.append(folder)
+    return missing
+
+
+def _undo(staged: dict[Path, Path], written: list[Path],
+          originals: dict[Path, tuple[bytes, int]], made: list[Path]) -> None:
+    """Put the tree back as init found it (best effort: the error that got here is raised)."""
+    for path in written:
+        with contextlib.suppress(OSError, UsageError):
+            if path in originals:
+                data, mode = originals[path]
+                write_file(path, data, root=_write_root(path), mode=mode)
+            else:
+                os.unlink(path)
+    for path, temp in staged.items():
+        if path not in written:
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+    for folder in reversed(made):
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)

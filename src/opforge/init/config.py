@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 from opforge import __version__
-from opforge.dispatch_keys import OBSERVED_KEYS, backward_keys, device_of
+from opforge.dispatch_keys import OBSERVED_KEYS, backward_keys, device_type_of
 from opforge.errors import UsageError
 from opforge.scan import Scan, ScannedOp
 from opforge.stubs import recipe_entry
@@ -30,7 +30,11 @@ def choose_namespace(scan: Scan) -> str:
     if not any(scan.namespaces.values()):
         if scan.modules and scan.package:  # pybind11 modules only: no dispatcher ops
             return scan.package
-        by_hand = "".join(f"\n  {line}" for line in scan.by_hand)
+        opt_in = [f"{e.where}: {e.name} is built only when {e.opt_in} is set; a default build "
+                  "compiles nothing to check (set it in a variant's build_env and list the "
+                  "module under extension.modules to check that build)"
+                  for e in scan.extensions if e.opt_in]
+        by_hand = "".join(f"\n  {line}" for line in (*opt_in, *scan.by_hand))
         raise UsageError(f"no op extension in {scan.root}: no TORCH_LIBRARY / "
                          "STABLE_TORCH_LIBRARY block, no torch::RegisterOperators chain, no "
                          "PYBIND11_MODULE a build configuration compiles and no torch.library "
@@ -42,16 +46,55 @@ def _ops_of(scan: Scan, namespace: str) -> dict[str, ScannedOp]:
     return scan.namespaces.get(namespace, {})
 
 
+def _variant_kinds(scan: Scan) -> list[str]:
+    """The variants init writes: cpu, and cuda / mps where the sources build them."""
+    kinds = ["cpu"]
+    if scan.has_cuda or any(m.backend == "cuda" for m in scan.modules.values()):
+        kinds.append("cuda")
+    if scan.has_mps:
+        kinds.append("mps")
+    return kinds
+
+
+def _builds(kind: str) -> tuple[str | None, ...]:
+    """The device types a variant of ``kind`` has kernels for (None: keys of every device)."""
+    return (None, "cpu") if kind == "cpu" else (None, "cpu", kind)
+
+
+def unchecked_keys(scan: Scan) -> dict[str, list[str]]:
+    """Keys the namespace's ops register for a device no variant init writes builds (HPU,
+    XLA, XPU, a renamed PrivateUse1 such as npu): key -> ops. They are recorded in matrix.yaml
+    (a comment on each op) and reported, never expected: nothing here could check them."""
+    built = {d for kind in _variant_kinds(scan) for d in _builds(kind)}
+    out: dict[str, list[str]] = {}
+    for op in _ops_of(scan, choose_namespace(scan)).values():
+        for key in _order(op.named):
+            if device_type_of(key) not in built:
+                out.setdefault(key, []).append(op.name)
+    return out
+
+
+def device_words(keys, scan: Scan) -> str:
+    """'hpu, npu' for HPU and PrivateUse1 (renamed npu): the devices ``keys`` belong to."""
+    words = []
+    for key in keys:
+        device = device_type_of(key)
+        if device == "privateuseone" and scan.renamed_backends:
+            words += sorted(scan.renamed_backends)
+        elif device is not None:
+            words.append(device)
+    return ", ".join(dict.fromkeys(words))
+
+
 def render_matrix(scan: Scan, torch_version: str, python: str) -> str:
     namespace = choose_namespace(scan)
     ops = _ops_of(scan, namespace)
     forward = [op for op in ops.values() if not op.backward_only]
-    union = _order({k for op in forward for k in op.keys}) or ["CPU", "Meta"]
-    variants = [("cpu", None)]
-    if scan.has_cuda or any(m.backend == "cuda" for m in scan.modules.values()):
-        variants.append(("cuda", CUDA_VARIANT))
-    if scan.has_mps:
-        variants.append(("mps", None))
+    unchecked = unchecked_keys(scan)
+    union = [k for k in _order({k for op in forward for k in op.keys}) if k not in unchecked] \
+        or ["CPU", "Meta"]
+    variants = [(kind, CUDA_VARIANT if kind == "cuda" else None)
+                for kind in _variant_kinds(scan)]
     lines = [
         f"# opforge build matrix for {scan.distribution}, written by `opforge init` "
         f"(opforge {__version__}).",
@@ -81,7 +124,8 @@ def render_matrix(scan: Scan, torch_version: str, python: str) -> str:
             "  ops:",
         ]
         for op in ops.values():
-            lines.append("    " + _op_line(op, union))
+            lines.append("    " + _op_line(op, union, [k for k in _order(op.keys)
+                                                      if k in unchecked], scan))
     if scan.modules:
         lines += ["  # compiled modules, each checked on its own by `opforge smoke` in every "
                   "variant that",
@@ -116,7 +160,7 @@ def render_matrix(scan: Scan, torch_version: str, python: str) -> str:
         lines += ["  macos-arm64:", "    runner: macos-14"]
     lines += ["", "variants:"]
     for kind, cuda in variants:
-        keys = [k for k in union if device_of(k) in (None, kind if kind != "cpu" else None)]
+        keys = [k for k in union if device_type_of(k) in _builds(kind)]
         if kind == "cpu":
             lines += ["  - name: cpu", "    platforms: [linux-x86_64]"]
         elif kind == "cuda":
@@ -133,8 +177,11 @@ def render_matrix(scan: Scan, torch_version: str, python: str) -> str:
     return "\n".join(lines)
 
 
-def _op_line(op: ScannedOp, union: list[str]) -> str:
+def _op_line(op: ScannedOp, union: list[str], unchecked: list[str], scan: Scan) -> str:
     where = f"  # {op.where}" + (", mutates its inputs" if op.mutating else "")
+    if unchecked:
+        where += (f"; also registers {', '.join(unchecked)} (no variant builds "
+                  f"{device_words(unchecked, scan)})")
     if op.backward_only:
         # what a backward-only op gets by default: the backend keys and Meta
         missing = [k for k in backward_keys(OBSERVED_KEYS) if k not in op.keys and k in union]

@@ -15,7 +15,7 @@ from typing import Any
 
 from packaging.version import Version
 
-from opforge.dispatch_keys import backward_keys, device_of
+from opforge.dispatch_keys import NO_KERNEL_DEVICES, backward_keys, device_of
 from opforge.errors import UsageError
 
 CHANNELS = ("stable", "test", "nightly")
@@ -61,16 +61,11 @@ class Op:
         keys = [k for k in keys if k not in self.remove and k not in self.no_kernel_keys]
         return tuple(k for k in keys if device_of(k) in (None, *variant.backends))
 
-
     @property
     def no_kernel_keys(self) -> frozenset[str]:
         """The keys of the ``no_kernel`` devices: the backend's, its autocast's and autograd's."""
         words = [NO_KERNEL_DEVICES[d] for d in self.no_kernel]
         return frozenset(k for w in words for k in (w, f"Autocast{w}", f"Autograd{w}"))
-
-
-# the devices an op may declare it has no kernel for (the devices the smoke test runs on)
-NO_KERNEL_DEVICES = {"cpu": "CPU", "cuda": "CUDA", "mps": "MPS"}
 
 
 @dataclass(frozen=True)

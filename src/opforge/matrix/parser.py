@@ -18,7 +18,7 @@ from packaging.version import InvalidVersion, Version
 
 from opforge import fields as field_checks
 from opforge import platforms
-from opforge.dispatch_keys import DISPATCH_KEYS, device_of
+from opforge.dispatch_keys import DEVICE_TYPE_KEY, DISPATCH_KEYS, NO_KERNEL_DEVICES, device_of
 from opforge.errors import UsageError
 from opforge.files import read_text
 from opforge.matrix.model import (
@@ -26,7 +26,6 @@ from opforge.matrix.model import (
     COMPAT_WORDS,
     MODULE_BACKENDS,
     MODULE_LOADS,
-    NO_KERNEL_DEVICES,
     Extension,
     Matrix,
     MatrixError,
@@ -353,14 +352,31 @@ def _devices(r: Reader, node: yaml.Node, key: str) -> list[str]:
 
 
 def _keys(r: Reader, node: yaml.Node, key: str) -> list[str]:
-    keys = []
+    """Dispatch key names (c10::DispatchKey: CPU, AutocastCUDA); a torch device type is read
+    as its key, the way torch.library reads it (``hpu`` is HPU, ``privateuseone``
+    PrivateUse1), so the matrix keeps the key names."""
+    keys: list[str] = []
     for j, (k, knode) in enumerate(r.str_list(node, key)):
-        if k not in DISPATCH_KEYS:
+        if k in DEVICE_TYPE_KEY:
+            spelled, k = k, DEVICE_TYPE_KEY[k]
+            if k not in DISPATCH_KEYS:
+                raise r.fail(knode, f"{key}[{j}]", f"device type {spelled!r} registers under "
+                             f"{k}, a key torch's Python API does not list "
+                             "(torch._C.DispatchKey), so no smoke census can check it")
+            if k in keys:
+                raise r.fail(knode, f"{key}[{j}]", f"{spelled!r} is {k}, listed twice")
+        elif k not in DISPATCH_KEYS:
             close = sorted(d for d in DISPATCH_KEYS if d.lower() == k.lower()
                            or d.lower().startswith(k.lower()[:4]))[:6]
             hint = f" (did you mean {', '.join(close)}?)" if close else \
                 " (a c10::DispatchKey name, e.g. CPU, CUDA, Meta, Autograd, AutocastCUDA)"
+            if re.fullmatch(r"[a-z_]+", k) and not close:
+                hint = (" (nor a torch device type: a device renamed from PrivateUse1 with "
+                        f"torch.utils.rename_privateuse1_backend({k!r}) registers under "
+                        "PrivateUse1)")
             raise r.fail(knode, f"{key}[{j}]", f"unknown dispatch key {k!r}{hint}")
+        elif k in keys:
+            raise r.fail(knode, f"{key}[{j}]", f"{k!r} is listed twice")
         keys.append(k)
     return keys
 

@@ -175,6 +175,41 @@ class Backend:
         """The toolchain world: no accelerator toolkit at all (the cpu answer)."""
         return BuildEnv(*toolchain.environment("cpu", None, site_dir))
 
+    # ------------------------------------------------------------------ the build's torch
+    # the torch.version attribute a torch build for this backend sets (cuda, hip, xpu), and
+    # what it holds (the toolkit's version, or any value); None: every torch builds it
+    torch_attribute: str | None = None
+
+    def toolkit_version(self, variant: Variant) -> str | None:
+        """The toolkit version the variant names (its ``cuda:`` or ``toolkit:``)."""
+        return variant.cuda if self.toolkit_field == "cuda" else variant.toolkit
+
+    def torch_matches(self, variant: Variant, value: str) -> bool:
+        """Whether a torch whose ``torch.version.<torch_attribute>`` is ``value`` was built
+        for this variant's toolkit: the versions agree as far as both go ("13.0" and 13.0.2)."""
+        want = self.toolkit_version(variant)
+        if not want:
+            return True
+        got = re.findall(r"\d+", value)
+        need = re.findall(r"\d+", want)
+        n = min(len(got), len(need))
+        return n > 0 and got[:n] == need[:n]
+
+    def check_torch(self, variant: Variant, facts: dict) -> str | None:
+        """Why the torch a build environment resolved cannot build the variant (``facts``:
+        ``torch_version`` and ``torch.version``'s cuda/hip/xpu), or None when it can."""
+        if self.torch_attribute is None:
+            return None
+        value = facts.get(self.torch_attribute)
+        want = self.toolkit_version(variant)
+        if value and self.torch_matches(variant, str(value)):
+            return None
+        needs = f"{self.title} {want}" if want else self.title
+        built = (f"torch.version.{self.torch_attribute} is {value}" if value
+                 else f"a build without {self.title}")
+        return (f"variant {variant.name} needs a torch built for {needs}, but the build "
+                f"environment resolved torch {facts.get('torch_version')} ({built})")
+
     # ------------------------------------------------------------------ host check
     def check_host(self, variant: Variant, host: str, env, where: str) -> None:
         """Raise OpforgeError when ``host`` cannot build the variant (``where``: where it runs

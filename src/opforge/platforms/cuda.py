@@ -84,6 +84,7 @@ class CudaBackend(Backend):
     toolkit_field = "cuda"
     needs_toolkit = True
     takes_arch_list = True
+    torch_attribute = "cuda"
 
     def wrong_platform(self, variant: str, plat: str) -> str:
         return f"CUDA variant {variant!r} cannot target {plat} (CUDA wheels are Linux-only here)"

@@ -76,6 +76,7 @@ class RocmBackend(Backend):
     toolkit_variables = ROCM_VARIABLES
     needs_toolkit = True
     takes_arch_list = True
+    torch_attribute = "hip"  # "6.4.43482-0f2d60242": its ROCm release first
 
     @property
     def title(self) -> str:

@@ -69,6 +69,12 @@ class XpuBackend(Backend):
     toolkit_variables = ("CMPLR_ROOT", "ONEAPI_ROOT")
     needs_toolkit = True
     takes_arch_list = True
+    torch_attribute = "xpu"
+
+    def torch_matches(self, variant, value: str) -> bool:
+        # torch.version.xpu is the SYCL compiler's build date (20250100), not oneAPI's
+        # release: any XPU torch builds against the variant's oneAPI
+        return True
 
     def check_variant(self, fields: VariantFields) -> list[tuple[str, str]]:
         if fields.toolkit is not None and not _VERSION.match(fields.toolkit):

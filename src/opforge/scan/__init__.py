@@ -44,7 +44,6 @@ from opforge.scan.model import (
     ALIAS_KEYS,
     BACKEND_SUFFIXES,
     CXX_SUFFIXES,
-    DEVICE_KEY,
     SKIP_DIRS,
     BuiltExtension,
     Scan,
@@ -61,7 +60,7 @@ from opforge.scan.signatures import (
 )
 from opforge.scan.text import MAX_SOURCE_BYTES, read_source, source_files, strip_comments
 
-__all__ = ["ALIAS_KEYS", "BACKEND_SUFFIXES", "CXX_SUFFIXES", "DEVICE_KEY", "MAX_SOURCE_BYTES",
+__all__ = ["ALIAS_KEYS", "BACKEND_SUFFIXES", "CXX_SUFFIXES", "MAX_SOURCE_BYTES",
            "SKIP_DIRS", "BuiltExtension", "Scan", "ScannedModule", "ScannedOp", "cxx_params",
            "kernel_hints", "python_schema_type", "resolve_modules", "scan_build_config",
            "scan_cmake", "scan_cxx", "scan_extension", "scan_python", "scan_setup_py",

@@ -59,6 +59,11 @@ def _evaluate(node: ast.expr, env: dict, root: Path):
         if any(i is None for i in items):
             return None
         return [x for i in items for x in (i if isinstance(i, list) else [i])]
+    if isinstance(node, ast.IfExp):  # ["a.cu"] if WITH_CUDA else []: what either build has
+        body, orelse = _evaluate(node.body, env, root), _evaluate(node.orelse, env, root)
+        if isinstance(body, list) and isinstance(orelse, list):
+            return body + [x for x in orelse if x not in body]
+        return body if body == orelse else None
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
         left, right = _evaluate(node.left, env, root), _evaluate(node.right, env, root)
         if isinstance(left, list) and isinstance(right, list):
@@ -78,6 +83,146 @@ def _evaluate(node: ast.expr, env: dict, root: Path):
     return None
 
 
+def _env_read(node: ast.AST) -> tuple[str, object] | None:
+    """(variable, its value while unset) for ``os.environ.get("X"[, d])``, ``os.getenv("X"[, d])``,
+    ``environ.get``; None for anything else."""
+    if not isinstance(node, ast.Call) or not node.args:
+        return None
+    func = ast.unparse(node.func)
+    if func not in ("os.environ.get", "environ.get", "os.getenv", "getenv"):
+        return None
+    name = node.args[0]
+    if not isinstance(name, ast.Constant) or not isinstance(name.value, str):
+        return None
+    default = node.args[1] if len(node.args) > 1 else None
+    if default is not None and not isinstance(default, ast.Constant):
+        return None
+    return name.value, default.value if default is not None else None
+
+
+_UNKNOWN = object()
+_COMPARE = {ast.Eq: lambda a, b: a == b, ast.NotEq: lambda a, b: a != b,
+            ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b,
+            ast.Is: lambda a, b: a is b, ast.IsNot: lambda a, b: a is not b}
+
+
+def _unset_value(node: ast.AST, names: set[str]):
+    """A condition's value with every variable of the package's own unset (``names``
+    collects those it reads); _UNKNOWN where it reads anything else (torch, a file, a
+    variable opforge sets)."""
+    read = _env_read(node)
+    if read is not None:
+        if read[0] in _managed_variables():
+            return _UNKNOWN
+        names.add(read[0])
+        return read[1]
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, (ast.Tuple, ast.List)):
+        items = [_unset_value(e, names) for e in node.elts]
+        return _UNKNOWN if _UNKNOWN in items else tuple(items)
+    if isinstance(node, ast.Compare) and "environ" in ast.unparse(node) and \
+            len(node.ops) == 1 and isinstance(node.ops[0], (ast.In, ast.NotIn)) and \
+            isinstance(node.left, ast.Constant) and ast.unparse(node.comparators[0]) in \
+            ("os.environ", "environ"):
+        if node.left.value in _managed_variables():
+            return _UNKNOWN
+        names.add(str(node.left.value))
+        return isinstance(node.ops[0], ast.NotIn)
+    if isinstance(node, ast.Call) and ast.unparse(node.func) in ("bool", "int") and \
+            len(node.args) == 1:
+        value = _unset_value(node.args[0], names)
+        try:
+            return _UNKNOWN if value is _UNKNOWN else (bool if ast.unparse(node.func) == "bool"
+                                                       else int)(value)
+        except (TypeError, ValueError):
+            return _UNKNOWN
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+            node.func.attr in ("lower", "upper", "strip") and not node.args:
+        value = _unset_value(node.func.value, names)
+        return getattr(value, node.func.attr)() if isinstance(value, str) else _UNKNOWN
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        value = _unset_value(node.operand, names)
+        return _UNKNOWN if value is _UNKNOWN else not value
+    if isinstance(node, ast.BoolOp):
+        values = [_unset_value(v, names) for v in node.values]
+        if _UNKNOWN in values:
+            return _UNKNOWN
+        return all(values) if isinstance(node.op, ast.And) else any(values)
+    if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in _COMPARE:
+        left = _unset_value(node.left, names)
+        right = _unset_value(node.comparators[0], names)
+        if _UNKNOWN in (left, right):
+            return _UNKNOWN
+        try:
+            return _COMPARE[type(node.ops[0])](left, right)
+        except TypeError:
+            return _UNKNOWN
+    return _UNKNOWN
+
+
+def _managed_variables() -> frozenset[str]:
+    """The variables opforge itself sets or takes away in a build (a gate on them is the
+    variant's business: FORCE_CUDA decides a CUDA module, not an opt-in)."""
+    from opforge import platforms
+
+    names = {"MAX_JOBS", "DIST_EXTRA_CONFIG", "SKBUILD_BUILD_DIR"}
+    for backend in platforms.names():
+        b = platforms.get(backend)
+        names.update(b.variables, b.toolkit_variables)
+    from opforge.platforms import toolchain
+
+    names.update(toolchain.CUDA_VARIABLES)
+    return frozenset(n for n in names) | {n for n in names if n.startswith("OPFORGE_")}
+
+
+def _opt_in_gate(tree: ast.Module, call: ast.Call) -> str | None:
+    """How a setup.py extension call is built only on request: it sits in a branch that is
+    not taken, or after an early return that is, while the package's own variables are unset
+    ('TLA_BUILD_LEGACY_CUDA'); None when it is built by default or cannot be told."""
+    parents: dict[ast.AST, ast.AST] = {}
+    for node in ast.walk(tree):
+        for child in ast.iter_child_nodes(node):
+            parents[child] = node
+    node: ast.AST = call
+    while node in parents:
+        parent = parents[node]
+        if isinstance(parent, (ast.If, ast.IfExp)) and node is not parent.test:
+            names: set[str] = set()
+            value = _unset_value(parent.test, names)
+            in_body = node in (parent.body if isinstance(parent, ast.If) else [parent.body])
+            if value is not _UNKNOWN and names and bool(value) != in_body:
+                return ", ".join(sorted(names))
+        if isinstance(parent, (ast.FunctionDef, ast.Module)):
+            body = parent.body
+            stop = body.index(node) if node in body else len(body)
+            for stmt in body[:stop]:
+                if isinstance(stmt, ast.If) and any(isinstance(s, ast.Return) for s in stmt.body):
+                    names = set()
+                    if _unset_value(stmt.test, names) is True and names:
+                        return ", ".join(sorted(names))
+        node = parent
+    return None
+
+
+def _extension_aliases(tree: ast.Module) -> dict[str, str]:
+    """The names setup.py calls to make an extension module -> what they are:
+    CppExtension itself, and ``Ext = CUDAExtension if WITH_CUDA else CppExtension`` (picked
+    at build time: "CUDAExtension|CppExtension")."""
+    kinds = {name: name for name in _EXTENSION_CALLS}
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)):
+            continue
+        value = node.value
+        options = [value.body, value.orelse] if isinstance(value, ast.IfExp) else [value]
+        names = [call_name(o) if isinstance(o, (ast.Name, ast.Attribute)) else None
+                 for o in options]
+        if names and all(n in _EXTENSION_CALLS for n in names):
+            kinds[node.targets[0].id] = "|".join(dict.fromkeys(names))
+    return kinds
+
+
 def scan_setup_py(scan: Scan, path: Path) -> None:
     """The extension modules setup.py compiles: their names and sources, where literal."""
     try:
@@ -92,9 +237,11 @@ def scan_setup_py(scan: Scan, path: Path) -> None:
             value = _evaluate(node.value, env, scan.root)
             if value is not None:
                 env[node.targets[0].id] = value
+    kinds = _extension_aliases(tree)
     for node in ast.walk(tree):
-        if not isinstance(node, ast.Call) or call_name(node.func) not in _EXTENSION_CALLS:
+        if not isinstance(node, ast.Call) or call_name(node.func) not in kinds:
             continue
+        kind = kinds[call_name(node.func)]
         kwargs = {k.arg: k.value for k in node.keywords}
         name_node = node.args[0] if node.args else kwargs.get("name")
         sources_node = node.args[1] if len(node.args) > 1 else kwargs.get("sources")
@@ -102,7 +249,7 @@ def scan_setup_py(scan: Scan, path: Path) -> None:
         sources = _evaluate(sources_node, env, scan.root) if sources_node is not None else None
         if not isinstance(name, str):
             shown = ast.unparse(name_node)[:80] if name_node is not None else "no name"
-            scan.by_hand.append(f"setup.py:{node.lineno}: {call_name(node.func)}({shown}, ...) "
+            scan.by_hand.append(f"setup.py:{node.lineno}: {kind}({shown}, ...) "
                                 "names its module at build time (an f-string, a loop): list the "
                                 "modules it builds under extension.modules in matrix.yaml by hand")
             continue
@@ -110,12 +257,19 @@ def scan_setup_py(scan: Scan, path: Path) -> None:
             sources = [sources]
         sources = [str(Path(s).as_posix()).removeprefix("./") for s in sources] \
             if isinstance(sources, list) else None
-        scan.extensions.append(BuiltExtension(name=name, sources=sources,
-                                              kind=call_name(node.func) or "",
-                                              where=f"setup.py:{node.lineno}"))
-        scan.saw("setup.py", f"{call_name(node.func)}({name!r}"
+        gate = _opt_in_gate(tree, node)
+        scan.extensions.append(BuiltExtension(name=name, sources=sources, kind=kind,
+                                              where=f"setup.py:{node.lineno}", opt_in=gate))
+        scan.saw("setup.py", f"{kind}({name!r}"
                              + (f", {len(sources)} source(s))" if sources is not None
-                                else ", sources computed at build time)"))
+                                else ", sources computed at build time)")
+                             + (f", only when {gate} is set" if gate else ""))
+        if gate:
+            scan.notes.append(
+                f"setup.py:{node.lineno}: {name} is built only when {gate} is set (an opt-in "
+                "of the package's own, which no variant sets): not promised; to build and check "
+                f"it, give a variant build_env {{{gate.split(', ')[0]}: ...}} and list the module "
+                "under extension.modules")
 
 
 def scan_cmake(scan: Scan, path: Path) -> None:
@@ -209,16 +363,24 @@ def resolve_modules(scan: Scan) -> None:
                 f"extension.modules: `{guess}: {{backend: cpu, functions: [{', '.join(functions)}]}}`"
                 " (backend cuda for the module only a CUDA build compiles)")
             continue
+        if owners and all(e.opt_in for e in owners):
+            scan.saw(rel, f"PYBIND11_MODULE({name}) = {full(owners[0])} (built only when "
+                          f"{owners[0].opt_in} is set; not promised): {fns}")
+            continue
+        owners = [e for e in owners if not e.opt_in]
+        # one name built by a CUDAExtension or a CppExtension (picked at build time): a module
+        # every build has
+        backend = "cpu" if any(e.backend == "cpu" for e in owners) else owners[0].backend
         for ext in owners:
             module = scan.modules.setdefault(full(ext), ScannedModule(
-                name=full(ext), backend=ext.backend, where=ext.where))
+                name=full(ext), backend=backend, where=ext.where))
             module.functions.update(functions)
             module.hints.update(hints)
             module.sources.append(rel)
             scan.saw(rel, f"PYBIND11_MODULE({name}) = {module.name} ({module.backend}): {fns}")
     libraries = []
     for ext in exts:
-        if full(ext) in scan.modules or not ext.sources:
+        if full(ext) in scan.modules or not ext.sources or ext.opt_in:
             continue
         ops = sorted({op for s in ext.sources for op in scan.registers.get(s, ())})
         if ops:

@@ -64,7 +64,7 @@ def scan_cxx(scan: Scan, path: Path) -> None:
         for i in re.finditer(r"\.impl\s*\(\s*(?:TORCH_SELECTIVE_NAME\s*\(\s*)?" + _STRING, body):
             ns, name = schema_name(i.group(1))
             op = scan.op(ns or namespace, name, rel)
-            op.keys.update(ALIAS_KEYS.get(key, (key,)))
+            op.register(key)
             if key in ("CPU", "CompositeExplicitAutograd", "CompositeImplicitAutograd") and \
                     not op.hints:
                 impl = body[i.end():closing(body, body.rfind("(", 0, i.start() + 6), "(", ")")]
@@ -118,7 +118,7 @@ def _register_operators(scan: Scan, text: str, rel: str, registered: set[str]) -
                 _infer(op, scan, after[1:] if after.startswith(",") else after)
             keys = re.findall(r"DispatchKey::(\w+)", args)
             for key in keys or ["CompositeImplicitAutograd"]:  # no key: a catch-all kernel
-                op.keys.update(ALIAS_KEYS.get(key, (key,)))
+                op.register(key)
         scan.abi_kinds.add("legacy")
         if names:
             scan.saw(rel, f"RegisterOperators: {', '.join(names)}")

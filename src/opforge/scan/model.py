@@ -6,13 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from opforge.dispatch_keys import DEVICE_KEY as BACKEND_KEY_OF_DEVICE
-
 SKIP_DIRS = {".git", ".nox", ".venv", "venv", "build", "dist", "node_modules", "__pycache__",
              ".tox", "third_party", "docs", ".github", ".eggs"}
 CXX_SUFFIXES = (".cpp", ".cc", ".cxx", ".cu", ".mm", ".h", ".hpp", ".cuh")
-# torch.library's device types as dispatch keys (a kernel for the meta device is a fake kernel)
-DEVICE_KEY = {**BACKEND_KEY_OF_DEVICE, "meta": "Meta"}
 # what a registration alias provides, in the terms matrix.yaml uses
 ALIAS_KEYS = {"CompositeExplicitAutograd": ("CPU", "CUDA", "MPS"),
               "CompositeImplicitAutograd": ("CPU", "CUDA", "MPS", "Autograd"),
@@ -34,6 +30,17 @@ class ScannedOp:
     inferred: bool = False   # schema inferred from a C++ or Python signature, not written
     hints: dict[str, dict] = field(default_factory=dict)  # argument -> {rank, dtype} checked
     pending_impl: str = ""   # the CPU kernel's registration, read for hints after the scan
+    named: set[str] = field(default_factory=set)  # keys a registration named (not an alias)
+
+    def register(self, key: str) -> None:
+        """A kernel registered under ``key``: the keys it provides, in matrix.yaml's terms (an
+        alias's several); a key named for itself is remembered in ``named``, so init can tell
+        an HPU kernel from the composite kernel that also serves HPU."""
+        if key in ALIAS_KEYS:
+            self.keys.update(ALIAS_KEYS[key])
+        else:
+            self.keys.add(key)
+            self.named.add(key)
 
     @property
     def backward_only(self) -> bool:
@@ -62,6 +69,9 @@ class BuiltExtension:
     sources: list[str] | None     # relative to the root; None when computed at build time
     kind: str
     where: str
+    # "TLA_BUILD_EXT=1": built only when the package's own variable is set, which no variant
+    # sets by default (an opt-in build): not promised
+    opt_in: str | None = None
 
     @property
     def backend(self) -> str:
@@ -71,6 +81,9 @@ class BuiltExtension:
                 return backend
         if self.sources and all(s.endswith((".cu", ".cuh")) for s in self.sources):
             return "cuda"
+        if self.kind == "CUDAExtension" and self.sources and \
+                any(s.endswith(".cu") for s in self.sources):
+            return "cuda"  # nvcc compiles it: only a CUDA build has it
         return "cpu"
 
 
@@ -93,6 +106,7 @@ class Scan:
     registers: dict[str, set[str]] = field(default_factory=dict)  # file -> qualified op names
     abi_kinds: set[str] = field(default_factory=set)  # "stable" / "legacy" registrations seen
     torch_floor: str | None = None   # from TORCH_TARGET_VERSION in the build configuration
+    renamed_backends: set[str] = field(default_factory=set)  # "npu": PrivateUse1 renamed
 
     @property
     def stable_only(self) -> bool:

@@ -7,7 +7,8 @@ import ast
 import re
 from pathlib import Path
 
-from opforge.scan.model import ALIAS_KEYS, DEVICE_KEY, NOT_PACKAGES, Scan
+from opforge.dispatch_keys import DISPATCH_KEYS, kernel_key, renamed_backend
+from opforge.scan.model import ALIAS_KEYS, NOT_PACKAGES, Scan, ScannedOp
 from opforge.scan.text import read_source, schema_name
 
 _PY_CALLS = {"custom_op", "define", "register_fake", "impl_abstract", "register_autograd",
@@ -110,8 +111,8 @@ def scan_python(scan: Scan, path: Path) -> None:
         elif kind in ("custom_op", "triton_op"):
             devices = _device_types(kwargs.get("device_types"))
             op.keys.update({"Meta", "Autograd"})
-            op.keys.update([DEVICE_KEY.get(d, d.upper()) for d in devices]
-                           if devices else ALIAS_KEYS["CompositeExplicitAutograd"])
+            _register(scan, op, f"{rel}:{node.lineno}", devices or
+                      ["CompositeExplicitAutograd"])
             mutates = kwargs.get("mutates_args")
             names = {e.value for e in getattr(mutates, "elts", []) if isinstance(e, ast.Constant)}
             op.mutating = op.mutating or bool(names) or \
@@ -135,16 +136,44 @@ def scan_python(scan: Scan, path: Path) -> None:
                       if isinstance(a, (ast.Tuple, ast.List))), None) or \
                 _device_types(kwargs.get("device_types") or kwargs.get("dispatch_key")
                               or kwargs.get("types"))
-            for d in _as_list(device):
-                if kind == "register_autocast":
-                    op.keys.add("Autocast" + DEVICE_KEY.get(d, d.upper()))
-                else:
-                    key = DEVICE_KEY.get(d, d)
-                    op.keys.update(ALIAS_KEYS.get(key, (key,)))
+            where = f"{rel}:{node.lineno}"
+            read = "autocast" if kind == "register_autocast" else \
+                "key" if owner in libraries else "any"
+            _register(scan, op, where, _as_list(device), read)
             if device is None and kind == "register_kernel":
                 op.keys.update(ALIAS_KEYS["CompositeExplicitAutograd"])
     for kind, names in seen.items():
         scan.saw(rel, f"{kind}: {', '.join(dict.fromkeys(names))}")
+
+
+def _register(scan: Scan, op: ScannedOp, where: str, names: list[str],
+              read: str = "any") -> None:
+    """Kernels of ``op`` registered for ``names``, each read as torch reads it
+    (opforge.dispatch_keys.kernel_key); ``read``: "key" for ``Library.impl`` (a dispatch key
+    only), "autocast" for ``register_autocast`` (a device type, whose Autocast key it takes).
+    A name torch refuses is a note, never an error: the package's import would say it."""
+    for name in names:
+        key, how = kernel_key(name)
+        if key is not None and read == "key" and how not in ("key", "renamed key"):
+            key, how = None, f"Library.impl takes a dispatch key, not {name!r} (did you mean " \
+                             f"{key!r}?)"
+        if key is not None and read == "autocast":
+            if how not in ("device", "renamed") or f"Autocast{key}" not in DISPATCH_KEYS:
+                key, how = None, f"{name!r} is not a device type torch has autocast for"
+            else:
+                key = f"Autocast{key}"
+        if key is None:
+            scan.notes.append(f"{where}: {how}, so torch.library refuses it (no key counted)")
+            continue
+        if how.startswith("renamed") and renamed_backend(name) not in scan.renamed_backends:
+            device = renamed_backend(name)
+            scan.renamed_backends.add(device)
+            scan.notes.append(f"{where}: {name!r} is not one of torch's device types nor "
+                              "dispatch keys: read as the PrivateUse1 backend renamed "
+                              f"{device!r} (torch accepts it once torch.utils."
+                              f"rename_privateuse1_backend({device!r}) ran), so its kernels "
+                              f"are {key}'s")
+        op.register(key)
 
 
 def call_name(func: ast.expr) -> str | None:
