@@ -146,3 +146,36 @@ def test_init_on_a_package_whose_only_module_is_opt_in_says_so(tmp_path, capsys)
     assert "gated._backend is built only when GATED_BUILD_EXT is set" in err
     assert "a default build compiles nothing to check" in err
     assert "Traceback" not in err and not (root / "matrix.yaml").exists()
+
+
+GUARDED = """
+#include <torch/extension.h>
+torch::Tensor run(torch::Tensor x) { return x; }
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("run", &run);
+#ifdef WITH_CUDA
+  m.def("run_cuda_debug", &run);
+#endif
+#if defined(WITH_OPENMP)
+  m.def("threads", &run);
+#else
+  m.def("one_thread", &run);
+#endif
+  m.def("after", &run);
+}
+"""
+
+
+def test_a_function_defined_under_a_preprocessor_conditional_is_not_promised(tmp_path):
+    """dbscan-torch 0.2.0's cpu build exports no dbscan2d_cuda_debug (#ifdef WITH_CUDA):
+    promising it made a healthy wheel red."""
+    root = project(tmp_path, """
+        setup(ext_modules=[CppExtension("gated._C", ["csrc/ext.cpp"])])
+        """)
+    (root / "csrc" / "ext.cpp").write_text(GUARDED)
+    scan = scan_extension(root)
+    assert list(scan.modules["gated._C"].functions) == ["run", "after"]
+    said = " ".join(scan.found["csrc/ext.cpp"])
+    assert "run_cuda_debug is defined only under #ifdef WITH_CUDA: not promised" in said
+    assert "threads is defined only under #if defined(WITH_OPENMP)" in said
+    assert "one_thread is defined only under #if defined(WITH_OPENMP) (its #else)" in said

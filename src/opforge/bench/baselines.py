@@ -21,7 +21,11 @@ from opforge.paths import cache_dir
 # a baseline's name (``--save NAME``, ``--against NAME``): a file name under baseline_dir()
 NAME = re.compile(r"[A-Za-z0-9._-]{1,64}\Z")
 KEY_FIELDS = ("op", "workload", "direction", "device", "reference")
-NUMBER_FIELDS = ("speedup", "ours_s", "best_s", "noise", "pace", "yardstick_s")
+# the numbers a comparison reads; an older baseline may lack any of them: a missing time or
+# noise is handled where it is compared (bench/compare.py), never read as a number
+NUMBER_FIELDS = ("speedup", "ours_s", "best_s", "noise", "pace", "yardstick_s", "reference_s",
+                 "reference_noise", "yardstick_noise")
+NOISE_FIELDS = ("noise", "reference_noise", "yardstick_noise")  # 0 and null are allowed
 
 
 def _finite(value: object) -> bool:
@@ -38,10 +42,10 @@ def check_rows(rows: list[dict], label: str) -> None:
             if value is not None and not isinstance(value, str):
                 raise UsageError(f"{label}: row {n}: {key} is {type(value).__name__}, not text")
         for key in NUMBER_FIELDS:
-            if key not in row or (key in ("best_s", "noise") and row[key] is None):
+            if key not in row or (key in ("best_s", *NOISE_FIELDS) and row[key] is None):
                 continue
             value = row[key]
-            if not _finite(value) or value < 0 or (key != "noise" and value == 0):
+            if not _finite(value) or value < 0 or (key not in NOISE_FIELDS and value == 0):
                 shown = json.dumps(value)[:40] if _finite(value) or not isinstance(value, float) \
                     else repr(value)
                 raise UsageError(f"{label}: row {n} ({row.get('op')}): {key} is {shown}, not "
@@ -69,7 +73,7 @@ def baseline_dir() -> Path:
 
 def read_baseline(path: Path, label: str) -> tuple[dict, str | None]:
     """(the saved run's rows by key, the machine it ran on) of the baseline at ``path``."""
-    from opforge.bench.report import baseline_rows, machine
+    from opforge.bench.compare import baseline_rows, machine
     from opforge.files import read_json
 
     doc = read_json(path, what=label)

@@ -118,6 +118,10 @@ def render_terminal(doc: dict, console: Console | None = None) -> None:
     if baseline_line(doc):  # one line however long its path: logs are read with grep
         console.print(Text(baseline_line(doc)), soft_wrap=True)
     for row in doc.get("rows", []):
+        if row.get("warning") and row.get("status") != "fail":  # a side moved, not ours alone
+            console.print(Text(f"WARN {row.get('op')} {_label(row)} on {row.get('device', '?')}"
+                               f": {row['warning']}", style="yellow"), soft_wrap=True)
+    for row in doc.get("rows", []):
         if row.get("status") == "fail":  # op and factor, whatever the table's width
             console.print(Text(f"FAIL {row.get('op')} {_label(row)} on {row.get('device', '?')}"
                                f": {row.get('message', '')}", style="bold red"), soft_wrap=True)
@@ -141,7 +145,8 @@ def _change(row: dict) -> str:
     base = row.get("baseline")
     if not base:
         return ""
-    return f"{base['change']:.2f}x of {base['name']}"
+    # our speed against the baseline's (0.50x: half as fast); WARN: a side moved, not ours
+    return f"{base['change']:.2f}x of {base['name']}" + (" (warn)" if row.get("warning") else "")
 
 
 def svg_chart(op: str, rows: list[dict]) -> str:
@@ -190,6 +195,9 @@ def markdown(doc: dict) -> str:
         if row.get("status") == "fail" and "baseline" in row:
             lines += [f"- ❌ `{row.get('op')}` {_label(row)} on {row.get('device')}: "
                       f"{escape(row.get('message', ''))}"]
+        elif row.get("warning"):
+            lines += [f"- ⚠️ `{row.get('op')}` {_label(row)} on {row.get('device')}: "
+                      f"{escape(row['warning'])}"]
     if lines[-1].startswith("- "):
         lines.append("")
     lines += [
@@ -225,85 +233,6 @@ def markdown(doc: dict) -> str:
 # --------------------------------------------------------------------------- baselines
 
 
-def row_key(row: dict) -> tuple:
-    return tuple(row.get(k) for k in ("op", "workload", "direction", "device", "reference",
-                                      "threads"))
-
-
-def _positive(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
-
-
-def baseline_rows(doc: object, label: str) -> dict[tuple, dict]:
-    """A saved run's timed rows by key (raises UsageError naming ``label`` when it is not one):
-    rows with a speed-up, and rows timed alone (their time)."""
-    from opforge.errors import UsageError
-
-    if not isinstance(doc, dict) or doc.get("kind") != "bench":
-        raise UsageError(f"{label}: not an `opforge bench` JSON document")
-    rows = doc.get("rows")
-    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-        raise UsageError(f"{label}: its 'rows' is not a list of rows")
-    out = {}
-    for r in rows:
-        if _positive(r.get("speedup")) or (r.get("alone") is True and _positive(r.get("pace"))):
-            out[row_key(r)] = r
-    return out
-
-
-def machine(doc: object) -> str | None:
-    """Where a run ran, as far as absolute times care: processor and threads."""
-    env = doc.get("environment") if isinstance(doc, dict) else None
-    if not isinstance(env, dict) or not env.get("cpu"):
-        return None
-    return f"{env.get('cpu')}, {env.get('threads', '?')} threads"
-
-
-def compare_to_baseline(doc: dict, base: dict[tuple, dict], name: str, threshold: float,
-                        base_machine: str | None = None) -> None:
-    """Mark each timed row with its change against the baseline; fail a slowdown beyond
-    ``threshold`` and beyond both runs' noise. A row with a speed-up compares speed-ups (each
-    a ratio measured within its own run); a row timed alone (no reference but itself, on a
-    machine with only a CPU) compares its pace against the fixed yardstick it was paired with,
-    also a ratio from its own run. The yardstick is plain single-threaded Python: a machine
-    with fewer threads than the baseline's can still make a parallel op look slower (the
-    summary says when the machines differ)."""
-    compared = alone_rows = 0
-    for row in doc.get("rows", []):
-        old = base.get(row_key(row))
-        if old is None or "ours_s" not in row:
-            continue
-        noise = float(row.get("noise") or 0) + float(old.get("noise") or 0)
-        if "speedup" in row and "speedup" in old:
-            change = row["speedup"] / old["speedup"]
-            row["baseline"] = {"name": name, "speedup": old["speedup"], "change": change}
-            why = f"speed-up {row['speedup']:.3g}x, was {old['speedup']:.3g}x"
-        elif "pace" in row and "pace" in old:
-            change = row["pace"] / old["pace"]
-            row["baseline"] = {"name": name, "pace": old["pace"], "change": change, "by": "pace"}
-            why = (f"timed alone, paced by a fixed yardstick: {seconds(row['ours_s'])}, was "
-                   f"{seconds(old['ours_s'])}")
-            alone_rows += 1
-        else:
-            continue
-        compared += 1
-        if change * threshold * (1 + noise) < 1:
-            row["status"] = "fail"
-            row["message"] = (f"{1 / change:.2f}x slower than baseline {name} ({why}; allowed "
-                              f"{threshold:g}x beyond noise ±{noise * 100:.0f}%)")
-    timed = sum(1 for r in doc.get("rows", []) if "ours_s" in r)
-    doc["baseline"] = {"name": name, "rows_compared": compared, "threshold": threshold,
-                       "slower": sum(1 for r in doc.get("rows", []) if "baseline" in r
-                                     and r.get("status") == "fail"),
-                       "not_in_baseline": timed - compared, "baseline_rows": len(base)}
-    if timed and not compared:
-        doc["baseline"]["nothing_compared"] = True
-    here = machine(doc)
-    if alone_rows and base_machine and here and base_machine != here:
-        doc["baseline"]["machine"] = (f"{alone_rows} rows timed alone were compared, and the "
-                                      f"baseline ran on {base_machine}, this run on {here}")
-
-
 def baseline_line(doc: dict) -> str | None:
     """What the run was compared with, for the summary (None: no comparison was asked)."""
     base = doc.get("baseline")
@@ -317,6 +246,9 @@ def baseline_line(doc: dict) -> str | None:
                 "direction, device and reference must match): record a new baseline.")
     line = (f"Compared with {base['name']}: {base['rows_compared']} rows, {base['slower']} "
             f"slower by more than {base['threshold']:g}x beyond noise.")
+    if base.get("warned"):
+        line += (f" {base['warned']} rows warned: a side moved that is not ours alone (the "
+                 "reference, or the machine).")
     if base.get("not_in_baseline"):
         line += f" {base['not_in_baseline']} timed rows are not in the baseline (not compared)."
     if base.get("machine"):

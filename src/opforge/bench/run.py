@@ -13,6 +13,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+from opforge.bench import selection
 from opforge.bench.baselines import (
     baseline_dir,
     baseline_target,
@@ -20,6 +21,7 @@ from opforge.bench.baselines import (
     read_baseline,
     save,
 )
+from opforge.bench.compare import DEFAULT_REGRESSION
 from opforge.errors import UsageError
 from opforge.files import check_writable, write_atomic
 
@@ -31,6 +33,7 @@ BENCH_TIMEOUT_S = 3 * 3600
 def run(args: argparse.Namespace) -> int:
     """``opforge bench`` with its parsed arguments: the exit code (0 pass, 1 a row failed)."""
     from opforge.bench import report as benchreport
+    from opforge.bench.compare import compare_to_baseline
     from opforge.cli.smoke import resolve
     from opforge.smoke.runner import cleanup, prepare_environment, run_probe
     from opforge.torchsource import pip_index_args
@@ -46,6 +49,13 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--baseline and --against both name a baseline: give one")
     if args.baseline is not None and not args.baseline.strip():
         raise UsageError("--baseline '': name a baseline (NAME, or a FILE ending in .json)")
+    compared = args.against is not None or args.baseline is not None
+    for option, value in (("--regression", args.regression),
+                          ("--against-label", args.against_label)):
+        if value is not None and not compared:
+            raise UsageError(f"{option} applies to a comparison with a baseline: give "
+                             "--against NAME|FILE or --baseline NAME|FILE with it")
+    threshold = args.regression if args.regression is not None else DEFAULT_REGRESSION
     # an empty --against (a workflow's first run: no last good one yet) compares nothing
     baseline = load_baseline(args.against) if args.against else None
     record = None  # (name, file) of the --baseline this run becomes if it passes
@@ -71,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
     if request.recipes is None:
         raise UsageError("no recipes file: name one in matrix.yaml (extension.recipes) or "
                          "pass --recipes FILE (its workloads are what bench times)")
+    # the names the recipes file writes as literals; the rest are checked in the target
+    selection.check(request.recipes, args.ops, args.workloads)
     options = {"ops": list(args.ops or ()), "workloads": list(args.workloads or ()),
                "reference": args.reference, "budget_s": args.budget,
                "min_speedup": args.min_speedup if args.min_speedup is not None else 0.1,
@@ -107,9 +119,11 @@ def run(args: argparse.Namespace) -> int:
             raise
     finally:
         cleanup(env, keep=args.keep_env)
+    refused = next((c for c in doc.get("checks", []) if c.get("usage")), None)
+    if refused is not None:  # a name only the recipes file's code makes, found unknown there
+        raise UsageError(refused["message"])
     if baseline:
-        benchreport.compare_to_baseline(doc, baseline[1], baseline[0], args.regression,
-                                        base_machine=baseline[2])
+        compare_to_baseline(doc, baseline[1], baseline[0], threshold, base_machine=baseline[2])
     elif record is not None:
         doc["baseline"] = {"name": None, "note": f"{record[1]} does not exist yet: this run "
                                                  "becomes the baseline if it passes"}

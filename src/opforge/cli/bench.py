@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from opforge.bench.baselines import NAME
+from opforge.bench.compare import DEFAULT_REGRESSION
 from opforge.cli.args import comma_list
 from opforge.cli.smoke import add_target_arguments
 
@@ -74,9 +75,12 @@ def register(subparsers) -> None:
     p.add_argument("--with", dest="extras", action="append", default=[], metavar="REQ",
                    help="also install this requirement (e.g. torchvision, for the references); "
                         "repeatable")
-    p.add_argument("--ops", type=comma_list, metavar="OP1,OP2", help="bench only these ops")
+    p.add_argument("--ops", type=comma_list, metavar="OP1,OP2",
+                   help="bench only these ops (each an op of the recipes file with workloads: "
+                        "another name exits 2)")
     p.add_argument("--workloads", type=comma_list, metavar="NAME,...",
-                   help="only these workloads (e.g. small,medium)")
+                   help="only these workloads (e.g. small,medium; each a workload of a chosen "
+                        "op: another name exits 2)")
     p.add_argument("--reference", choices=("recipe", "cpu"), default="recipe",
                    help="recipe: each workload's reference (default); cpu: the op's own CPU "
                         "kernel")
@@ -109,7 +113,8 @@ def register(subparsers) -> None:
                    help="store this run as baseline NAME (under $OPFORGE_CACHE_DIR/bench)")
     p.add_argument("--against", metavar="NAME|FILE",
                    help="compare with baseline NAME (or a --json FILE of an earlier run): "
-                        "fail a row whose speed-up fell by more than --regression beyond noise")
+                        "fail a row whose own time grew by more than --regression beyond noise while "
+                        "its reference did not (a reference that moved alone warns)")
     p.add_argument("--baseline", metavar="NAME|FILE",
                    help="compare with this baseline as --against does when it exists; when it "
                         "does not, record this run as it if the run passes (a canary's first "
@@ -117,8 +122,9 @@ def register(subparsers) -> None:
     p.add_argument("--against-label", metavar="TEXT",
                    help="how the report names the --against / --baseline baseline (e.g. the "
                         "run it came from); an empty --against means there is none yet")
-    p.add_argument("--regression", type=_factor, default=1.5, metavar="X",
-                   help="with --against: the slowdown a row may show (default 1.5)")
+    p.add_argument("--regression", type=_factor, default=None, metavar="X",
+                   help="with --against or --baseline: the slowdown of our own time a row may "
+                        f"show (default {DEFAULT_REGRESSION})")
     # smoke's options that bench does not take
     p.set_defaults(func=run, expect_keys=None, internal_ops=None, junit=None, speed_check="skip")
 

@@ -134,6 +134,10 @@ def _pybind_modules(scan: Scan, text: str, rel: str) -> None:
         functions: dict[str, str | None] = {}
         hints: dict[str, dict] = {}
         for d in re.finditer(rf"\b{var}\s*\.\s*def\s*\(\s*{_STRING}", body):
+            condition = preprocessor_condition(body, d.start())
+            if condition is not None:  # #ifdef WITH_CUDA: only some builds export it
+                scan.saw(rel, f"{d.group(1)} is defined only under {condition}: not promised")
+                continue
             opened = body.rfind("(", 0, d.end())
             args = body[d.end():closing(body, opened, "(", ")")].lstrip()
             args = args[1:] if args.startswith(",") else args
@@ -143,6 +147,24 @@ def _pybind_modules(scan: Scan, text: str, rel: str) -> None:
             functions[d.group(1)] = params
         scan.pybind[rel] = (name, functions, hints)
         scan.abi_kinds.add("legacy")
+
+
+_DIRECTIVE = re.compile(r"^[ \t]*#[ \t]*(if|ifdef|ifndef|elif|else|endif)\b([^\n]*)", re.M)
+
+
+def preprocessor_condition(text: str, pos: int) -> str | None:
+    """The innermost ``#if`` / ``#ifdef`` (as written, with its ``#else``) ``pos`` of
+    ``text`` sits in, or None when no conditional encloses it."""
+    stack: list[str] = []
+    for m in _DIRECTIVE.finditer(text, 0, pos):
+        word, rest = m.group(1), m.group(2).strip()
+        if word in ("if", "ifdef", "ifndef"):
+            stack.append(f"#{word} {rest}".strip())
+        elif word in ("elif", "else") and stack:
+            stack[-1] = f"{stack[-1]} (its #{word}{' ' + rest if rest else ''})"
+        elif word == "endif" and stack:
+            stack.pop()
+    return stack[-1] if stack else None
 
 
 def _pybind_defaults(params: str, args: str) -> str:

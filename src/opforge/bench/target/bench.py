@@ -5,7 +5,9 @@ forward and, where ``grad`` names arguments, forward + backward, against its ref
 recipe's: another library's function, or the op's own CPU kernel). A row first checks that the
 two sides agree (so a fast wrong kernel cannot pass), then times them with
 ``torch.utils.benchmark`` in alternating blocks: the speed-up is the median of the per-round
-ratios reference / ours, and the noise is the same measurement of ours against itself. A row
+ratios reference / ours, and the noise is the same measurement of ours against itself (and
+of the reference against itself: ``reference_noise``, so a comparison with a baseline can tell
+which side moved). A row
 whose reference is the op's own CPU kernel, on the CPU, has nothing else to pair with: it is
 timed alone, paired with a fixed plain-Python yardstick (its pace: yardstick time / ours),
 which ``--against`` compares with a saved run's.
@@ -29,7 +31,6 @@ import io
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 import traceback
@@ -39,6 +40,8 @@ from ...smoke.probe import recipes as recipes_file
 from ...smoke.probe.common import DEVICES, first_line
 from ...smoke.probe.speed import paired, synchronizer, yardstick
 from ...smoke.probe.values import compare, outputs_of, to_device
+from . import selection
+from .cores import busy_cores, thread_count
 
 SCHEMA = 1
 ALONE_BLOCK_S = 0.002  # a block of an op timed alone, and of its yardstick
@@ -297,6 +300,8 @@ class Bench:
             ours_block, ref_block = _block(self.t, ours), _block(self.t, ref)
             speed = paired(ours_block, ref_block, budget_s=self.budget_s)
             noise = paired(ours_block, ours_block, budget_s=self.budget_s / 2)
+            # the reference's noise, measured the same way: --against tells which side moved
+            ref_noise = paired(ref_block, ref_block, budget_s=self.budget_s / 2)
         # an A/A run: how far ours against itself strays from 1 (its spread is reported apart)
         noise_level = abs(noise["ratio"] - 1)
         floor = self.op_min_speedup.get(row["op"], self.min_speedup)
@@ -312,7 +317,8 @@ class Bench:
             message += f": slower than {self.min_speedup:g}x, as declared ({why})"
         row.update(status="fail" if slow else "pass", ours_s=speed["a_s"],
                    reference_s=speed["b_s"], speedup=speed["ratio"], spread=speed["spread"],
-                   rounds=speed["rounds"], noise=noise_level, min_speedup=floor,
+                   rounds=speed["rounds"], noise=noise_level,
+                   reference_noise=abs(ref_noise["ratio"] - 1), min_speedup=floor,
                    message=message)
         if declared:
             row["declared_slower"] = True
@@ -326,18 +332,9 @@ class Bench:
             warnings.simplefilter("ignore")
             base_run()
             speed = paired(_block(self.t, ours), _block(self.t, base), budget_s=self.budget_s)
-        vs = 1 / max(speed["ratio"], 1e-12)
-        limit = load.get("max_vs_plain")
         row.update(plain=getattr(plain, "__name__", None) or repr(plain), plain_s=speed["b_s"],
-                   vs_plain=vs)
-        if limit is None:
-            return
-        row["max_vs_plain"] = limit
-        noise = float(row.get("noise") or 0)
-        if vs > limit * (1 + noise) and row.get("status") == "pass":
-            row.update(status="fail", message=(
-                f"{vs:.2f}x the time of {row['plain']} on the same arguments (at most "
-                f"{limit:g}x allowed, beyond noise ±{noise * 100:.0f}%)"))
+                   vs_plain=1 / max(speed["ratio"], 1e-12))
+        judge_vs_plain(row, load.get("max_vs_plain"))
 
     def measure_alone(self, row, fn, cpu_args, grad):
         """The op on the CPU against its own CPU kernel (on a machine with only a CPU, the
@@ -352,63 +349,33 @@ class Bench:
             # side is one no other process interrupted (20 ms blocks moved the pace 4x at a
             # load of 11 on 2 cores; 2 ms blocks kept it within 5%)
             ours_block = _block(self.t, ours, ALONE_BLOCK_S)
-            pace = paired(ours_block, _block(self.t, yardstick, ALONE_BLOCK_S),
-                          budget_s=self.budget_s, inner=5)
+            stick_block = _block(self.t, yardstick, ALONE_BLOCK_S)
+            pace = paired(ours_block, stick_block, budget_s=self.budget_s, inner=5)
             noise = paired(ours_block, ours_block, budget_s=self.budget_s / 2, inner=5)
+            stick_noise = paired(stick_block, stick_block, budget_s=self.budget_s / 2, inner=5)
         row.update(status="pass", alone=True, ours_s=pace["a_s"], yardstick_s=pace["b_s"],
                    pace=pace["ratio"], spread=pace["spread"], rounds=pace["rounds"],
-                   noise=abs(noise["ratio"] - 1),
+                   noise=abs(noise["ratio"] - 1), yardstick_noise=abs(stick_noise["ratio"] - 1),
                    message="timed alone (the reference is this op's own CPU kernel): its pace "
                            "against a fixed yardstick is compared with a saved run's by "
                            "--against")
 
 
+def judge_vs_plain(row, limit) -> None:
+    """A row's time against its plain op (``vs_plain``) above ``limit`` beyond its noise:
+    the row fails, naming the plain op and the factor (no limit: only reported)."""
+    if limit is None:
+        return
+    row["max_vs_plain"] = limit
+    vs, noise = row["vs_plain"], float(row.get("noise") or 0)
+    if vs > limit * (1 + noise) and row.get("status") == "pass":
+        row.update(status="fail", message=(
+            f"{vs:.2f}x the time of {row['plain']} on the same arguments (at most "
+            f"{limit:g}x allowed, beyond noise ±{noise * 100:.0f}%)"))
+
+
 def row_id(op, workload, direction, device, threads=None) -> str:
     return f"{op}/{workload}/{direction}/{device}" + (f"@{threads}t" if threads else "")
-
-
-@contextlib.contextmanager
-def thread_count(t, count):
-    """torch's intra-op threads set to ``count`` for the block (None: left as they are)."""
-    if count is None:
-        yield
-        return
-    before = t.get_num_threads()
-    t.set_num_threads(count)
-    try:
-        yield
-    finally:
-        t.set_num_threads(before)
-
-
-# A busy process: plain Python spinning, which leaves once its parent is gone (a probe killed
-# for its timeout must not leave processes spinning on the machine).
-SPIN = ("import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n"
-        "    for _ in range(200000):\n        pass\n")
-
-
-@contextlib.contextmanager
-def busy_cores(on: bool):
-    """While the block runs, as many busy processes as this process may use CPUs."""
-    if not on:
-        yield
-        return
-    try:
-        count = len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        count = os.cpu_count() or 1
-    procs = []
-    try:
-        for _ in range(count):
-            procs.append(subprocess.Popen([sys.executable, "-S", "-c", SPIN],
-                                          stdin=subprocess.DEVNULL))
-        time.sleep(0.2)  # running before the first timing, not still starting
-        yield
-    finally:
-        for proc in procs:
-            proc.kill()
-        for proc in procs:
-            proc.wait()
 
 
 def _block(t, call, target_s: float = 0.02):
@@ -476,6 +443,13 @@ def bench(args, doc: dict, save) -> None:
                               "message": f"recipes file: {exc}", "recipe_error": True})
         return
     runner = Bench(torch, args.namespace, recipes, path or "recipes", args.bench)
+    # --ops / --workloads names the host could not read from the file (made by its code)
+    said = selection.problem(selection.names_of(recipes), runner.ops, runner.workloads,
+                             os.path.basename(path) if path else "the recipes file")
+    if said:
+        doc["checks"].append({"id": "selection", "category": "usage", "status": "fail",
+                              "message": said, "usage": True})
+        return
     devices = runner.devices(args.device_checks)
     doc["devices"] = devices
 
