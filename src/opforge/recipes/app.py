@@ -60,7 +60,10 @@ def params_of(entry: Entry, worker) -> list[calls_mod.Param] | None:
     inferred from a C++ function); else those of the stub's ``# schema`` comment."""
     written = _written(entry)
     source = calls_mod.parse_params(written) if written else None
-    found = worker.schema(entry.key, entry.overload) if entry.table == "RECIPES" else None
+    if entry.table == "RECIPES":
+        found = worker.schema(entry.key, entry.overload)
+    else:   # a module function: the signature it has where it is installed, if none written
+        found = None if source else worker.schema(entry.key, kind="function")
     if not found:
         return source
     params = calls_mod.parse_params(found)
@@ -70,18 +73,37 @@ def params_of(entry: Entry, worker) -> list[calls_mod.Param] | None:
     return params
 
 
-def derive_one(entry: Entry, worker, hints: dict | None, limits: Limits) -> Outcome:
+def with_kernel_names(params: list[calls_mod.Param], hints: dict | None) -> list[calls_mod.Param]:
+    """The params with the C++ kernel's name at each position (the scan's ``cxx`` hint): the
+    kernel's messages and checks name its own parameters, not the schema's."""
+    hints = hints or {}
+    return [replace(p, cxx=hints[p.name]["cxx"])
+            if isinstance(hints.get(p.name), dict) and hints[p.name].get("cxx") else p
+            for p in params]
+
+
+def derive_one(entry: Entry, worker, hints: dict | None, limits: Limits,
+               no_kernel: tuple[str, ...] = ()) -> Outcome:
+    """One stub's search. It stops at once where no arguments can help: the op has no CPU
+    kernel (by design, as matrix.yaml's ``no_kernel`` says, or missing) or does not exist."""
     outcome = Outcome(entry.table, entry.key, 0)
     if entry.table == "FUNCTIONS" and entry.devices and "cpu" not in entry.devices:
         outcome.skipped = True
         outcome.error = (f"its recipe runs on {', '.join(entry.devices)} only; derive calls "
                          "on the CPU")
         return outcome
+    if "cpu" in no_kernel:
+        outcome.skipped = True
+        outcome.error = "matrix.yaml says it has no CPU kernel (no_kernel: [cpu])"
+        return outcome
     try:
         params = params_of(entry, worker)
         if params is None:
-            outcome.error = "no schema or signature to start from"
+            outcome.error = (f"no schema or signature to start from: {worker.schema_error}"
+                             if getattr(worker, "schema_error", None) else
+                             "no schema or signature to start from")
             return outcome
+        params = with_kernel_names(params, hints)
         search = Search(params, hints, limits.tries)
     except calls_mod.Unsupported as exc:
         outcome.error = f"cannot make the arguments: {exc}"
@@ -92,6 +114,8 @@ def derive_one(entry: Entry, worker, hints: dict | None, limits: Limits) -> Outc
         exprs = calls_mod.render_call(call)
         search.tell(worker.call(entry.key, kind, f"lambda dtype: [{', '.join(exprs)}]",
                                 overload=entry.overload, mutates=entry.mutates))
+        if getattr(worker, "final", False):
+            break    # no kernel, no such op: a fault other arguments cannot get past
         if time.monotonic() > deadline and search.found is None:
             break
     outcome.tries = len(search.tries)
@@ -107,11 +131,14 @@ def derive_one(entry: Entry, worker, hints: dict | None, limits: Limits) -> Outc
 
 
 def derive_text(text: str, entries: list[Entry], worker, hints_of, limits: Limits,
-                log=None) -> tuple[str, list[Outcome]]:
+                log=None, no_kernel: dict[str, tuple[str, ...]] | None = None
+                ) -> tuple[str, list[Outcome]]:
     """The recipes file with each stub in ``entries`` derived where a call was found."""
     outcomes, replacements, notes = [], {}, {}
+    no_kernel = no_kernel or {}
     for entry in entries:
-        outcome = derive_one(entry, worker, hints_of(entry), limits)
+        declared = no_kernel.get(entry.key, ()) if entry.table == "RECIPES" else ()
+        outcome = derive_one(entry, worker, hints_of(entry), limits, declared)
         outcomes.append(outcome)
         where = (entry.table, entry.key)
         if outcome.derived:
@@ -177,7 +204,7 @@ def summary(outcomes: list[Outcome], what: str) -> str:
     derived = sum(o.derived for o in outcomes)
     skipped = sum(o.skipped for o in outcomes)
     tail = f"; {skipped} skipped (no CPU call)" if skipped else ""
-    return f"{derived} of {len(outcomes)} ops got a working call ({what}){tail}"
+    return f"{derived} of {len(outcomes) - skipped} ops got a working call ({what}){tail}"
 
 
 def diff(old: str, new: str, path: Path) -> str:
@@ -244,6 +271,7 @@ def run(request: Request) -> int:
         say(f"opforge recipes: {path} has no stub recipe: nothing to derive")
         return 0
     hints_of = scan_hints((matrix.path.parent / ext.path).resolve())
+    no_kernel = {op.name: op.no_kernel for op in ext.op_specs if op.no_kernel}
     target = _target(request, matrix)
     say(f"opforge recipes --derive: {len(entries)} stub(s) of {path.name}, called in the "
         f"{target.describe()}")
@@ -253,7 +281,7 @@ def run(request: Request) -> int:
                          call_timeout=request.call_timeout) as worker:
             worker.start()
             new, outcomes = derive_text(
-                text, entries, worker, hints_of, request.limits,
+                text, entries, worker, hints_of, request.limits, no_kernel=no_kernel,
                 log=lambda o: say(f"  {o.key}: " + (f"derived in {o.tries} tries" if o.derived
                                                      else "skipped" if o.skipped else
                                                      f"no working call in {o.tries} tries")))

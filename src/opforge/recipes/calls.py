@@ -43,6 +43,7 @@ class Param:
     optional: bool = False
     mutable: bool = False
     default: str | None = None   # a Python literal
+    cxx: str | None = None       # the kernel's C++ name at this position, where it differs
 
     @property
     def tensor(self) -> bool:

@@ -48,6 +48,15 @@ class Rank:
 
 
 @dataclass(frozen=True)
+class SameDtype:
+    """Two arguments that must have one dtype: "Weights must have the same scalar type as
+    input" (names as the message has them; None where it names none)."""
+
+    a: str | None = None
+    b: str | None = None
+
+
+@dataclass(frozen=True)
 class SameRank:
     """Tensors that must have as many dimensions as each other."""
 
@@ -97,7 +106,7 @@ class Crash:
     how: str
 
 
-Clue = (Dtype | Rank | SameRank | Sizes | Condition | DimRange | IndexRange | Unsorted | Random
+Clue = (Dtype | Rank | SameDtype | SameRank | Sizes | Condition | DimRange | IndexRange | Unsorted | Random
         | Crash)
 CRASHED = "the call crashed the interpreter"   # worker.TrialWorker's words
 HUNG = "the call did not return within"
@@ -185,6 +194,13 @@ def read(message: str) -> list[Clue]:
         clues.append(IndexRange())
     if re.search(r"\bsorted\b|monoton|ascending|non-?decreasing|\bidx <= next_idx\b", low):
         clues.append(Unsorted())
+    m = re.search(r"(\w+) (?:tensors? )?(?:must|should) (?:have|be of) the same (?:scalar type|"
+                  r"dtype|data type|type) as (?:the )?(\w+)", text, flags=re.I)
+    if m:
+        clues.append(SameDtype(m.group(1), m.group(2)))
+    elif re.search(r"(?:same|matching) (?:scalar type|dtype|data type)s?\b|dtypes? (?:must|"
+                   r"should) (?:match|be the same)", low):
+        clues.append(SameDtype())
     if "same number of dimensions" in low:
         clues.append(SameRank())
     return clues

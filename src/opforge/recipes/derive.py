@@ -41,17 +41,35 @@ _TERM = re.compile(r"(\w+)\s*(?:\.|->)\s*(dim|ndimension|numel|size|sizes)\s*\(\
 _RANDOM_NAMES = re.compile(r"random|shuffle|train|stochastic|sample|drop", re.I)
 
 
+_POSITION = re.compile(r"__p(\d+)")   # a parameter by position (the condition solver's)
+
+
+def _bare(name: str) -> str:
+    low = name.lower()
+    return re.sub(r"^(?:optional_|opt_|input_|in_)|(?:_t|_|_opt|_data|_tensor|_contiguous)$",
+                  "", low)
+
+
 def resolve(name: str | None, params: list[Param]) -> int | None:
-    """The parameter a C++ or message name means: itself, or without a prefix/suffix."""
+    """The parameter a C++ or message name means. The kernel's own names go first (its
+    checks and messages use them, and they may reuse a schema name at another position:
+    ``lpc(Tensor a, ...)`` implemented by ``lpc_cpu(x, a, zi)``), then the schema's; each
+    exactly, then without case, a prefix/suffix or a plural ``s`` ("Initials")."""
     if not name:
         return None
-    names = [p.name for p in params]
-    if name in names:
-        return names.index(name)
-    bare = re.sub(r"^(?:optional_|opt_|input_|in_)|(?:_t|_|_opt|_data|_tensor)$", "", name)
-    for i, p in enumerate(names):
-        if p == bare or p.lower() == bare.lower():
-            return i
+    m = _POSITION.fullmatch(name)
+    if m:
+        i = int(m.group(1))
+        return i if i < len(params) else None
+    spellings = ([p.cxx for p in params], [p.name for p in params])
+    for names in spellings:
+        if name in names:
+            return names.index(name)
+    wanted = {_bare(name), _bare(name.rstrip("sS")) if len(name) > 3 else _bare(name)}
+    for names in spellings:
+        for i, p in enumerate(names):
+            if p and _bare(p) in wanted:
+                return i
     return None
 
 
@@ -113,13 +131,13 @@ def evaluate(cond: str, params: list[Param], call: Call) -> bool | None:
     for values in itertools.product(range(5), repeat=len(variables)):
         env = dict(zip(variables, values))
         try:
-            text = _TERM.sub(lambda m: str(_term_value(m, params, call, env)), cond)
+            text = _TERM.sub(lambda m, env=env: str(_term_value(m, params, call, env)), cond)
         except LookupError:
             continue
         text = text.replace("&&", " and ").replace("||", " or ")
         text = re.sub(r"!(?!=)", " not ", text)
         text = re.sub(r"\b(?!and\b|or\b|not\b)[A-Za-z_]\w*",
-                      lambda m: _lookup(m.group(0), params, call, env), text)
+                      lambda m, env=env: _lookup(m.group(0), params, call, env), text)
         if not re.fullmatch(r"[\d\s+\-*/%()<>=!andort]*", text) or "**" in text:
             return None
         try:
@@ -149,12 +167,12 @@ def _condition_fixes(cond: str, params: list[Param], call: Call) -> list[Call]:
     if not unknown:
         return _solve(cond, params, call)
     named = {resolve(n, params) for n in names} - {None}
-    free = [params[i].name for i in _tensors(call) if i not in named]
+    free = [i for i in _tensors(call) if i not in named]
     out: list[Call] = []
     for chosen in itertools.permutations(free, len(unknown)):
         text = cond
         for old, new in zip(unknown, chosen):
-            text = re.sub(rf"\b{re.escape(old)}\b", new, text)
+            text = re.sub(rf"\b{re.escape(old)}\b", f"__p{new}", text)
         out += [c for c in _solve(text, params, call) if c not in out]
     return out[:8]
 
@@ -183,7 +201,8 @@ def _solve(cond: str, params: list[Param], call: Call) -> list[Call]:
                 if size != value.shape[d]:
                     moves.append((1, i, with_size(value, d, size)))
     for p_index, p in enumerate(params):
-        if p.kind == "int" and re.search(rf"\b{re.escape(p.name)}\b", cond):
+        if p.kind == "int" and any(n and re.search(rf"\b{re.escape(n)}\b", cond)
+                                   for n in (p.name, p.cxx, f"__p{p_index}")):
             for text in ("0", "1", "-1", "2", str(SIZE)):
                 if call[p_index] != Literal(text):
                     moves.append((1, p_index, Literal(text)))
@@ -315,6 +334,22 @@ def _index_fixes(clue: C.IndexRange, call: Call) -> list[Call]:
     return ([every] if len(out) > 1 else []) + out
 
 
+def _same_dtype_fixes(clue: C.SameDtype, params: list[Param], call: Call) -> list[Call]:
+    """One side given the other's dtype, the named one first; unnamed: every tensor given
+    the first tensor's dtype."""
+    a, b = resolve(clue.a, params), resolve(clue.b, params)
+    pairs = [(a, b), (b, a)] if a is not None and b is not None else []
+    if not pairs:
+        tensors = _tensors(call)
+        pairs = [(i, tensors[0]) for i in tensors[1:]]
+    out = []
+    for i, j in pairs:
+        if isinstance(call[i], TensorValue) and isinstance(call[j], TensorValue) and \
+                call[i].dtype != call[j].dtype:
+            out.append(_set(call, i, with_dtype(call[i], call[j].dtype)))
+    return out
+
+
 def _sorted_fixes(call: Call) -> list[Call]:
     return [_set(call, i, replace(call[i], fill="index", high=min(call[i].high, HIGH)))
             for i in _tensors(call) if call[i].fill in ("range", "const")
@@ -338,12 +373,21 @@ def _crash_fixes(clue: C.Crash, call: Call) -> list[Call]:
 
 
 def _random_fixes(params: list[Param], call: Call) -> list[Call]:
-    out = []
+    """A flag that asks for randomness turned off; else the op read memory it was not given
+    (results that differ between two identical calls): a dimension of size 1 that its
+    checks let through but its loop reads in full (``gamma.size(0) == 1 || ==
+    x.size(0)``) made full size, or indices made smaller."""
+    out: list[Call | None] = []
     for i, p in enumerate(params):
         if p.kind == "bool" and _RANDOM_NAMES.search(p.name):
             flipped = "False" if call[i] == Literal("True") else "True"
             out.append(_set(call, i, Literal(flipped)))
-    return out
+    for i in _tensors(call):
+        for d, size in enumerate(call[i].shape):
+            if size == 1:
+                out.append(_set(call, i, with_size(call[i], d, SIZE)))
+    out += _index_fixes(C.IndexRange(), call)
+    return [c for c in out if c is not None]
 
 
 def fixes(params: list[Param], call: Call, found: list[C.Clue]) -> list[Call]:
@@ -354,6 +398,8 @@ def fixes(params: list[Param], call: Call, found: list[C.Clue]) -> list[Call]:
             out += _dtype_fixes(clue, params, call)
         elif isinstance(clue, C.Rank):
             out += _rank_fixes(clue, params, call)
+        elif isinstance(clue, C.SameDtype):
+            out += _same_dtype_fixes(clue, params, call)
         elif isinstance(clue, C.SameRank):
             out += _same_rank_fixes(params, call)
         elif isinstance(clue, C.Sizes):

@@ -43,6 +43,8 @@ class TrialWorker:
         self._stderr = None
         self._timed_out = False
         self._buffer = b""
+        self.final = False               # the last call failed beyond what inputs can fix
+        self.schema_error: str | None = None
 
     # ------------------------------------------------------------------ process
 
@@ -165,13 +167,19 @@ class TrialWorker:
         self.stop()
         return {"ok": False, "error": why, "stage": "crash"}
 
-    def schema(self, op: str, overload: str | None = None) -> str | None:
-        answer = self.ask({"schema": op, "overload": overload or "default"}, self.call_timeout)
+    def schema(self, op: str, overload: str | None = None, kind: str = "op") -> str | None:
+        """The op's schema (a function's signature); None, with ``schema_error`` saying why,
+        where there is none (no such op or function)."""
+        answer = self.ask({"schema": op, "kind": kind, "overload": overload or "default"},
+                          self.call_timeout)
+        self.schema_error = answer.get("error")
         return answer.get("schema")
 
     def call(self, key: str, kind: str, inputs: str, *, overload: str | None = None,
              mutates: list[int] | None = None) -> str | None:
-        """None when the call ran twice with the same result, else what went wrong."""
+        """None when the call ran twice with the same result, else what went wrong;
+        ``final`` then says whether no other arguments can help (no kernel, no such op)."""
         answer = self.ask({"call": key, "kind": kind, "overload": overload or "default",
                            "inputs": inputs, "mutates": mutates or []}, self.call_timeout)
+        self.final = bool(answer.get("final"))
         return None if answer.get("ok") else str(answer.get("error") or "failed")

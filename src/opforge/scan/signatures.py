@@ -117,7 +117,8 @@ def _merged_hints(scan: Scan, params: str | None, body: str) -> dict[str, dict]:
     """What the function checks of its tensors, and what the functions it calls check of
     parameters of the same name (a wrapper that dispatches to per-device kernels)."""
     hints = tensor_hints(params, body)
-    for callee in dict.fromkeys(re.findall(r"\b(\w+)\s*\(", body)):
+    # a call may name template arguments: scan_cpu<scalar_t>(input, ...) in an AT_DISPATCH
+    for callee in dict.fromkeys(re.findall(r"\b(\w+)\s*(?:<[^<>(){};]*>)?\s*\(", body)):
         if callee in scan.cxx_functions:
             for name, hint in tensor_hints(params, scan.cxx_functions[callee][1]).items():
                 merged = hints.setdefault(name, {})
@@ -141,7 +142,14 @@ def kernel_hints(scan: Scan, schema: str | None, impl_args: str) -> dict[str, di
                              if ")" in schema else "")
     schema_names = [a.split("=")[0].split()[-1] for a in schema_args if a.strip() != "*"]
     rename = dict(zip(cxx_names, schema_names))
-    return {rename.get(k, k): v for k, v in _merged_hints(scan, params, body).items()}
+    hints = {rename.get(k, k): v for k, v in _merged_hints(scan, params, body).items()}
+    if len(cxx_names) == len(schema_names):
+        # the kernel's own names, which its error messages and checks use ("Initials must
+        # be 1D" for the schema's c): the derive search reads them by position
+        for cxx, schema_name in zip(cxx_names, schema_names):
+            if cxx != schema_name:
+                hints.setdefault(schema_name, {})["cxx"] = cxx
+    return hints
 
 
 def signature(scan: Scan, fn_args: str) -> tuple[str | None, dict]:

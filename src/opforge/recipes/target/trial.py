@@ -25,6 +25,7 @@ import warnings
 
 from ...smoke.probe.common import first_line
 from ...smoke.probe.modules import resolve
+from ...smoke.probe.rejections import beyond_inputs
 from ...smoke.probe.values import compare, outputs_of
 
 RANDOM = "results differ between two calls"   # clues.RANDOM reads this
@@ -56,6 +57,71 @@ def summary(t, values) -> str:
     return ", ".join(parts) or "None"
 
 
+_PY_TYPES = {"torch.Tensor": "Tensor", "Tensor": "Tensor", "int": "int", "float": "float",
+             "bool": "bool", "str": "str", "List[int]": "int[]", "list[int]": "int[]",
+             "List[float]": "float[]", "list[float]": "float[]",
+             "List[torch.Tensor]": "Tensor[]", "list[torch.Tensor]": "Tensor[]",
+             "Optional[torch.Tensor]": "Tensor?", "torch.Tensor | None": "Tensor?",
+             "Optional[int]": "int?", "Optional[float]": "float?"}
+
+
+def _pybind_signature(fn) -> str | None:
+    """``name(arg0: torch.Tensor, k: int = 3) -> torch.Tensor`` from a pybind11 docstring, as
+    schema arguments; None when a type is unknown."""
+    doc = (getattr(fn, "__doc__", None) or "").strip().splitlines()
+    head = doc[0] if doc else ""
+    name = getattr(fn, "__name__", "")
+    if not head.startswith(f"{name}(") or ")" not in head:
+        return None
+    inner = head[len(name) + 1:head.rindex(")")]
+    if "->" in inner:
+        inner = inner[:inner.index(")")] if ")" in inner else inner
+    out = []
+    for i, part in enumerate(p.strip() for p in inner.split(",") if p.strip()):
+        decl, _, default = part.partition("=")
+        pname, _, ptype = decl.partition(":")
+        kind = _PY_TYPES.get(ptype.strip())
+        if kind is None:
+            return None
+        out.append(f"{kind} {pname.strip() or f'arg{i}'}"
+                   + (f"={default.strip()}" if default.strip() else ""))
+    return f"{name}({', '.join(out)})"
+
+
+def signature_of(fn) -> str | None:
+    """A module function's parameters as a schema: a pybind11 function's docstring, else the
+    Python signature (annotations read; an unannotated parameter without a default is a
+    tensor, one with a default has its default's type)."""
+    import inspect
+
+    found = _pybind_signature(fn)
+    if found:
+        return found
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    out = []
+    for p in sig.parameters.values():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.KEYWORD_ONLY):
+            continue
+        note = p.annotation
+        note = note if isinstance(note, str) else getattr(note, "__name__", None) \
+            if note is not p.empty else None
+        kind = _PY_TYPES.get(note or "") or _PY_TYPES.get(f"torch.{note}" if note else "")
+        default = "" if p.default is p.empty else repr(p.default)
+        if kind is None:
+            if p.default is p.empty or p.default is None:
+                kind = "Tensor?" if p.default is None else "Tensor"
+            else:
+                kind = {bool: "bool", int: "int", float: "float", str: "str"}.get(
+                    type(p.default))
+                if kind is None:
+                    return None
+        out.append(f"{kind} {p.name}" + (f"={default}" if default else ""))
+    return f"{getattr(fn, '__name__', 'fn')}({', '.join(out)})"
+
+
 class Trial:
     def __init__(self, t, namespace: str):
         self.t, self.namespace = t, namespace
@@ -68,7 +134,11 @@ class Trial:
 
     def schema(self, request: dict) -> dict:
         try:
-            fn = self.target({"call": request["schema"], "overload": request.get("overload")})
+            fn = self.target({"call": request["schema"], "kind": request.get("kind"),
+                              "overload": request.get("overload")})
+            if request.get("kind") == "function":
+                found = signature_of(fn)
+                return {"schema": found} if found else {"error": "no readable signature"}
             return {"schema": str(fn._schema)}
         except Exception as exc:  # noqa: BLE001 - no such op: the caller says so
             return {"error": error_text(exc)}
@@ -79,7 +149,7 @@ class Trial:
             fn = self.target(request)
             make = eval(request["inputs"], {"torch": t})  # noqa: S307 - the search's own text
         except Exception as exc:  # noqa: BLE001
-            return {"ok": False, "error": error_text(exc), "stage": "setup"}
+            return {"ok": False, "error": error_text(exc), "stage": "setup", "final": True}
         results = []
         for _ in range(2):
             try:
@@ -91,7 +161,8 @@ class Trial:
                     warnings.simplefilter("ignore")
                     out = fn(*args)
             except Exception as exc:  # noqa: BLE001 - the op's own message is the clue
-                return {"ok": False, "error": error_text(exc), "stage": "call"}
+                return {"ok": False, "error": error_text(exc), "stage": "call",
+                        "final": beyond_inputs(exc)}
             mutates = request.get("mutates") or []
             values = [args[i] for i in mutates if i < len(args)] if mutates else outputs_of(out)
             results.append([v.detach().clone() if isinstance(v, t.Tensor) else v
