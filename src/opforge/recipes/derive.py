@@ -44,10 +44,16 @@ _RANDOM_NAMES = re.compile(r"random|shuffle|train|stochastic|sample|drop", re.I)
 _POSITION = re.compile(r"__p(\d+)")   # a parameter by position (the condition solver's)
 
 
-def _bare(name: str) -> str:
+_PREFIX = re.compile(r"^(?:optional_|opt_|input_|in_)")
+_SUFFIX = re.compile(r"(?:_t|_|_opt|_data|_tensor|_contiguous)$")
+
+
+def _spellings(name: str) -> set[str]:
+    """A name lowercased, without a prefix/suffix, without a plural ``s``."""
     low = name.lower()
-    return re.sub(r"^(?:optional_|opt_|input_|in_)|(?:_t|_|_opt|_data|_tensor|_contiguous)$",
-                  "", low)
+    out = {low, _SUFFIX.sub("", low), _PREFIX.sub("", low), _PREFIX.sub("", _SUFFIX.sub("", low))}
+    out |= {w[:-1] for w in out if len(w) > 3 and w.endswith("s")}
+    return {w for w in out if w}
 
 
 def resolve(name: str | None, params: list[Param]) -> int | None:
@@ -65,10 +71,10 @@ def resolve(name: str | None, params: list[Param]) -> int | None:
     for names in spellings:
         if name in names:
             return names.index(name)
-    wanted = {_bare(name), _bare(name.rstrip("sS")) if len(name) > 3 else _bare(name)}
+    wanted = _spellings(name)
     for names in spellings:
         for i, p in enumerate(names):
-            if p and _bare(p) in wanted:
+            if p and _spellings(p) & wanted:
                 return i
     return None
 
