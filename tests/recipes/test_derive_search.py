@@ -182,3 +182,39 @@ def test_a_search_is_bounded_and_deterministic():
     assert len(set(calls)) == len(calls)     # each call tried once
     again = search(params, never)
     assert [t.call for t in again.tries] == [t.call for t in whole.tries]
+
+
+def weighting(x, weight, basis, weight_index):
+    """Reads weight_index as basis's E x S without checking it: a short one is a segfault
+    (reported as the trial process reports it), not a message."""
+    if weight.dim() < 3 or x.dim() < 2 or basis.dim() < 2:
+        raise IndexError("Dimension out of range (expected to be in range of [-2, 1], but "
+                         "got 2)")
+    if weight_index.dtype != torch.long:
+        raise RuntimeError(f"expected scalar type Long but found {weight_index.dtype}")
+    if weight_index.numel() < basis.numel() or int(weight_index.max()) >= weight.size(0):
+        return "CRASH"
+    return (x.sum() * weight.sum() * basis.sum()).reshape(1)
+
+
+def test_a_segfault_gives_an_index_tensor_its_peers_shape():
+    params = parse_params("w(Tensor x, Tensor weight, Tensor basis, Tensor weight_index)")
+    run = _attempt(weighting, params)
+
+    def attempt(call):
+        error = run(call)
+        return "the call crashed the interpreter (killed by SIGSEGV)" if error and \
+            "CRASH" in error else error
+
+    def kernel(*args):
+        out = weighting(*args)
+        if isinstance(out, str):
+            raise RuntimeError("CRASH")
+        return out
+    run = _attempt(kernel, params)
+    s = search(params, attempt, hints={"x": {"min_rank": 2}, "weight": {"min_rank": 3},
+                                       "basis": {"min_rank": 2},
+                                       "weight_index": {"dtype": "int64"}})
+    assert s.found is not None, [t.error for t in s.tries]
+    assert s.found[3].shape == s.found[2].shape
+    assert "SIGSEGV" in s.tries[0].error

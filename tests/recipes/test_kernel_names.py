@@ -102,3 +102,41 @@ def test_an_unknown_pybind11_type_falls_back_or_says_none():
         __doc__ = "cluster(X: torch.Tensor, opts: my.Options) -> torch.Tensor"
 
     assert signature_of(Odd()) is None
+
+
+BRANCHES = """
+#include <torch/extension.h>
+
+at::Tensor pool_kernel(at::Tensor src, at::Tensor idx, at::Tensor w, at::Tensor g) {
+    if (src.dim() == 1)
+        src = src.unsqueeze(-1);
+    TORCH_CHECK(g.size(0) == 1 || g.size(0) == src.size(0), "g must fit");
+    auto a = idx.accessor<int64_t, 2>();
+    auto M = w.size(2);
+    return src;
+}
+
+class Pool : public torch::autograd::Function<Pool> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext *ctx,
+      at::Tensor src, at::Tensor idx, at::Tensor w, at::Tensor g) {
+    return {pool_kernel(src, idx, w, g)};
+  }
+};
+
+at::Tensor pool(at::Tensor src, at::Tensor idx, at::Tensor w, at::Tensor g) {
+  return Pool::apply(src, idx, w, g)[0];
+}
+
+static auto registry = torch::RegisterOperators().op("pools::pool", &pool);
+"""
+
+
+def test_hints_come_through_an_autograd_function_and_branches_are_no_requirement(tmp_path):
+    _project(tmp_path)
+    (tmp_path / "filters" / "smooth.cpp").write_text(BRANCHES)
+    op = scan_extension(tmp_path).namespaces["pools"]["pool"]
+    assert "rank" not in op.hints.get("src", {})   # `if (src.dim() == 1)` handles, not needs
+    assert op.hints["idx"] == {"rank": 2, "dtype": "int64"}     # accessor<int64_t, 2>
+    assert op.hints["w"] == {"min_rank": 3}                     # w.size(2) is read
+    assert "sizes" not in op.hints.get("g", {})                 # one side of an ||

@@ -148,6 +148,8 @@ def prior_tensor(name: str, hint: dict | None = None) -> TensorValue:
         value = TensorValue()
     if "rank" in hint:
         value = replace(value, shape=_shape(int(hint["rank"]), hint.get("sizes")))
+    elif int(hint.get("min_rank", 0)) > value.rank:
+        value = replace(value, shape=_shape(int(hint["min_rank"]), hint.get("sizes")))
     elif hint.get("sizes"):
         value = replace(value, shape=_shape(max(value.rank, max(map(int, hint["sizes"])) + 1),
                                             hint["sizes"]))

@@ -374,7 +374,21 @@ def _crash_fixes(clue: C.Crash, call: Call) -> list[Call]:
             every = _set(every, i, new)
     out = ([every] if len(out) > 1 else []) + out
     if clue.how != "SIGFPE":
-        out = _index_fixes(C.IndexRange(), call) + out
+        out = _index_fixes(C.IndexRange(), call) + out + _peer_shapes(call)
+    return out
+
+
+def _peer_shapes(call: Call) -> list[Call]:
+    """A tensor the kernel read past the end of: an integer tensor given the shape of a
+    larger one (``weight_index`` read as ``basis``'s E x S)."""
+    out = []
+    tensors = _tensors(call)
+    for i in tensors:
+        if call[i].floating:
+            continue
+        for j in tensors:
+            if j != i and call[j].numel > call[i].numel:
+                out.append(_set(call, i, replace(call[i], shape=call[j].shape)))
     return out
 
 
@@ -528,9 +542,10 @@ class Search:
         level = node.level + (1 if progress or crashed else 0)
         for call in fixes(self.params, node.call, found):
             self._push(call, level, key, 0)
-        if progress and not crashed:
+        if progress:
+            # after a crash the plain variations come last: they may undo what got it there
             for call in variations(self.params, node.call, self.hints):
-                self._push(call, level, key, 1)
+                self._push(call, level, key, 2 if crashed else 1)
 
     @property
     def best(self) -> Try | None:
