@@ -59,7 +59,8 @@ def _tensor(name: str, hint: dict) -> str:
     """A tensor expression with the same values on every call (the fake, compile and device
     checks compare with the first CPU run): evenly spaced floats in [0.1, 1], which also make
     valid [x1, y1, x2, y2] boxes row by row; an index counts 0, 1, 2, 3, 0, ..."""
-    rank = hint.get("rank", 1 if INDEX_NAMES.search(name.lower()) else 2)
+    rank = hint.get("rank", max(1 if INDEX_NAMES.search(name.lower()) else 2,
+                                int(hint.get("min_rank", 0))))
     sizes = [hint.get("sizes", {}).get(d, 8) for d in range(rank)]
     count = 1
     for size in sizes:

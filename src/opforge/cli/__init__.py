@@ -33,6 +33,7 @@ from opforge.cli import (
     init,
     inspect,
     matrix,
+    recipes,
     smoke,
     workflows,
 )
@@ -41,7 +42,7 @@ from opforge.errors import EXIT_BUG, EXIT_SIGNAL, Interrupted, OpforgeError, Usa
 
 # in `opforge --help` order; each registers one subcommand of the same name
 COMMANDS = {"init": init, "matrix": matrix, "build": build, "inspect": inspect,
-            "smoke": smoke, "bench": bench, "bisect": bisect, "cache": cache,
+            "smoke": smoke, "recipes": recipes, "bench": bench, "bisect": bisect, "cache": cache,
             "index": index, "workflows": workflows}
 _STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")
                       if hasattr(signal, name))

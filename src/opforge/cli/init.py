@@ -59,4 +59,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"--- {path} ---\n{text}")
     for path in written:
         print(f"wrote {path}")
+    if written:
+        print("opforge init: next: opforge build --variant V, then opforge recipes --derive "
+              "--variant V (a call that runs, for each stub recipe), then opforge smoke "
+              "--variant V", file=sys.stderr)
     return 0

@@ -67,16 +67,26 @@ def cxx_params(params: str) -> str | None:
     return ", ".join(out)
 
 
+_AUTOGRAD_CLASS = re.compile(r"\b(?:class|struct)\s+(\w+)\s*(?:final\s*)?:\s*public\s+"
+                             r"(?:torch::autograd::|autograd::)?Function\s*<")
+
+
 def index_functions(scan: Scan, text: str, rel: str = "") -> None:
     """Every C++ function definition of ``text``: the first one of each name (params, body),
-    and where each definition's body starts (``cxx_sites``: a name defined twice is seen)."""
+    where each definition's body starts (``cxx_sites``: a name defined twice is seen), and an
+    autograd Function's ``forward`` also as ``Name::forward`` (what ``Name::apply`` runs)."""
+    classes = [(m.start(), m.group(1)) for m in _AUTOGRAD_CLASS.finditer(text)]
     for m in _FUNCTION.finditer(text):
         if m.group(1) in _NOT_FUNCTIONS:
             continue
         scan.cxx_sites.setdefault(m.group(1), []).append(
             (rel, text.count("\n", 0, m.end() - 1) + 1))
+        body = text[m.end() - 1:closing(text, m.end() - 1)][:MAX_BODY]
+        if m.group(1) == "forward" and classes:
+            owner = [name for start, name in classes if start < m.start()]
+            if owner:
+                scan.cxx_functions.setdefault(f"{owner[-1]}::forward", (m.group(2), body))
         if m.group(1) not in scan.cxx_functions:
-            body = text[m.end() - 1:closing(text, m.end() - 1)][:MAX_BODY]
             scan.cxx_functions[m.group(1)] = (m.group(2), body)
 
 
@@ -84,6 +94,27 @@ _DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16
            "Long": "int64", "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8",
            "Bool": "bool", "Int64": "int64", "Int32": "int32", "Float32": "float32",
            "Float64": "float64", "UInt8": "uint8"}
+
+
+_CTYPES = {"int64_t": "int64", "long": "int64", "int32_t": "int32", "int": "int32",
+           "float": "float32", "double": "float64", "bool": "bool", "uint8_t": "uint8",
+           "int8_t": "int8", "int16_t": "int16", "Half": "float16", "BFloat16": "bfloat16"}
+
+
+_BRANCH = re.compile(r"\bif\s*\(|\bwhile\s*\(|\?|\|\||\belse\b")
+
+
+def _required(pattern: str, body: str) -> list[re.Match]:
+    """The matches that state a requirement (inside a check, an assignment), not a branch:
+    ``if (src.dim() == 1)`` or ``a == 1 || b`` says what the kernel handles, not needs."""
+    out = []
+    for m in re.finditer(pattern, body):
+        start = max(body.rfind(c, 0, m.start()) for c in ";{}")
+        prefix = body[start + 1:m.start()]
+        after = body[m.end():m.end() + 4].lstrip()
+        if not _BRANCH.search(prefix) and not after.startswith("||"):
+            out.append(m)
+    return out
 
 
 def tensor_hints(params: str | None, body: str) -> dict[str, dict]:
@@ -96,17 +127,32 @@ def tensor_hints(params: str | None, body: str) -> dict[str, dict]:
         name = part.split("=")[0].split()[-1]
         entry: dict = {}
         n = re.escape(name)
-        rank = re.search(rf"\b{n}\s*(?:\.|->)\s*(?:dim|ndimension)\s*\(\s*\)\s*==\s*(\d+)", body)
+        rank = _required(rf"\b{n}\s*(?:\.|->)\s*(?:dim|ndimension)\s*\(\s*\)\s*==\s*(\d+)", body)
         if rank:
-            entry["rank"] = int(rank.group(1))
-        dtype = re.search(rf"\b{n}\s*\.\s*(?:scalar_type|dtype)\s*\(\s*\)\s*==\s*"
+            entry["rank"] = int(rank[0].group(1))
+        dtype = _required(rf"\b{n}\s*\.\s*(?:scalar_type|dtype)\s*\(\s*\)\s*==\s*"
                           r"(?:at::|torch::|c10::|ScalarType::|headeronly::)*k?(\w+)", body)
-        if dtype and dtype.group(1) in _DTYPES:
-            entry["dtype"] = _DTYPES[dtype.group(1)]
-        sizes = {int(d): int(v) for d, v in re.findall(
+        if dtype and dtype[0].group(1) in _DTYPES:
+            entry["dtype"] = _DTYPES[dtype[0].group(1)]
+        sizes = {int(m.group(1)): int(m.group(2)) for m in _required(
             rf"\b{n}\s*\.\s*(?:size|sizes\(\)\s*\[)\s*\(?\s*(\d+)\s*[\])]?\s*==\s*(\d+)", body)}
         if sizes:
             entry["sizes"] = sizes
+        # what the kernel reads it as: x.accessor<int64_t, 2>() is a 2-D int64 tensor,
+        # x.data_ptr<int64_t>() an int64 one, x.size(2) / x.stride(2) one of 3 dims at least
+        access = re.search(rf"\b{n}\s*\.\s*(?:packed_)?accessor\s*<\s*([\w:]+)\s*,\s*(\d)", body)
+        if access and "rank" not in entry:
+            entry["rank"] = int(access.group(2))
+        pointer = re.search(rf"\b{n}\s*\.\s*(?:data_ptr|data|const_data_ptr|mutable_data_ptr)"
+                            r"\s*<\s*([\w:]+)\s*>", body)
+        for found in (access, pointer):
+            ctype = found.group(1).split("::")[-1] if found else ""
+            if ctype in _CTYPES and "dtype" not in entry:
+                entry["dtype"] = _CTYPES[ctype]
+        used = [int(d) for d in re.findall(rf"\b{n}\s*\.\s*(?:size|stride)\s*\(\s*(\d)\s*\)",
+                                           body)]
+        if used and "rank" not in entry and max(used) >= 1:
+            entry["min_rank"] = max(used) + 1
         if entry:
             hints[name] = entry
     return hints
@@ -120,16 +166,42 @@ def _callee(args: str) -> str | None:
     return m.group(1) if m else None
 
 
+_CALL = re.compile(r"\b(\w+)\s*(?:<[^<>(){};]*>)?\s*\(")   # also scan_cpu<scalar_t>(...)
+_APPLY = re.compile(r"\b(\w+)\s*::\s*apply\s*\(")           # an autograd Function run
+_DEPTH = 4
+
+
+def _callees(text: str) -> list[str]:
+    return list(dict.fromkeys([f"{c}::forward" for c in _APPLY.findall(text)]
+                              + _CALL.findall(text)))
+
+
 def _merged_hints(scan: Scan, params: str | None, body: str) -> dict[str, dict]:
-    """What the function checks of its tensors, and what the functions it calls check of
-    parameters of the same name (a wrapper that dispatches to per-device kernels)."""
+    """What the function checks of its tensors, and what the functions it calls (to four
+    levels: a wrapper, its autograd Function's forward, a device switch, the device kernel)
+    check of parameters of the same name. The nearest check wins; a minimum rank yields to
+    an exact one."""
     hints = tensor_hints(params, body)
-    for callee in dict.fromkeys(re.findall(r"\b(\w+)\s*\(", body)):
-        if callee in scan.cxx_functions:
-            for name, hint in tensor_hints(params, scan.cxx_functions[callee][1]).items():
-                merged = hints.setdefault(name, {})
-                for key, value in hint.items():
-                    merged.setdefault(key, value)
+    seen: set[str] = set()
+    level = [body]
+    for _ in range(_DEPTH):
+        following = []
+        for text in level:
+            for callee in _callees(text):
+                if callee in scan.cxx_functions and callee not in seen:
+                    seen.add(callee)
+                    inner = scan.cxx_functions[callee][1]
+                    following.append(inner)
+                    for name, hint in tensor_hints(params, inner).items():
+                        merged = hints.setdefault(name, {})
+                        for key, value in hint.items():
+                            merged.setdefault(key, value)
+        level = following
+    for hint in hints.values():
+        if "rank" in hint:
+            hint.pop("min_rank", None)
+        elif "min_rank" in hint and hint.get("sizes"):
+            hint["min_rank"] = max(hint["min_rank"], max(map(int, hint["sizes"])) + 1)
     return hints
 
 
@@ -148,7 +220,14 @@ def kernel_hints(scan: Scan, schema: str | None, impl_args: str) -> dict[str, di
                              if ")" in schema else "")
     schema_names = [a.split("=")[0].split()[-1] for a in schema_args if a.strip() != "*"]
     rename = dict(zip(cxx_names, schema_names))
-    return {rename.get(k, k): v for k, v in _merged_hints(scan, params, body).items()}
+    hints = {rename.get(k, k): v for k, v in _merged_hints(scan, params, body).items()}
+    if len(cxx_names) == len(schema_names):
+        # the kernel's own names, which its error messages and checks use ("Initials must
+        # be 1D" for the schema's c): the derive search reads them by position
+        for cxx, schema_name in zip(cxx_names, schema_names):
+            if cxx != schema_name:
+                hints.setdefault(schema_name, {})["cxx"] = cxx
+    return hints
 
 
 def signature(scan: Scan, fn_args: str) -> tuple[str | None, dict]:

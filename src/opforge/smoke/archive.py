@@ -1,13 +1,15 @@
 """The code that runs inside the environment under test, shipped there as one zip archive.
 
-The smoke probe (``opforge.smoke.probe``) and the bench's side (``opforge.bench.target``: the
-benchmark and bisect's workload server) import the standard library, torch and the
+The smoke probe (``opforge.smoke.probe``), the bench's side (``opforge.bench.target``: the
+benchmark and bisect's workload server) and derive's trial calls (``opforge.recipes.target``)
+import the standard library, torch and the
 extension's recipes file only, so they run on any target without opforge installed. The
 archive keeps their layout under a private top-level name, ``_opforge`` (no user's package is
 called that), so the bench's relative imports of the probe resolve there as in the source tree.
 
 ``python probe.pyz ARGS`` runs the smoke probe, ``probe.pyz bench ARGS`` the benchmark,
-``probe.pyz serve ARGS`` the workload server of bisect by speed.
+``probe.pyz serve ARGS`` the workload server of bisect by speed, ``probe.pyz derive ARGS``
+the trial calls of ``opforge recipes --derive`` (``opforge.recipes.target``).
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]  # src/opforge
 # the packages shipped, as paths under ROOT; each parent gets an empty __init__.py
-PACKAGES = ("smoke/probe", "bench/target")
+PACKAGES = ("smoke/probe", "bench/target", "recipes/target")
 ARCHIVE_NAME = "_opforge"
-MODES = {"bench": "bench.target.bench", "serve": "bench.target.serve"}
+MODES = {"bench": "bench.target.bench", "serve": "bench.target.serve",
+         "derive": "recipes.target.trial"}
 DEFAULT_MODE = "smoke.probe.main"
 
 _MAIN = f"""\

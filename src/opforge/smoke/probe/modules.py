@@ -23,7 +23,8 @@ from .common import Report, err_text, first_line
 from .recipes import RecipeError, check_fields, where
 from .rejections import REJECTED, classify, op_message
 
-FUNCTION_FIELDS = {"inputs", "dtypes", "devices", "expected", "atol", "rtol", "stub", "skip"}
+FUNCTION_FIELDS = {"inputs", "dtypes", "devices", "expected", "atol", "rtol", "stub", "skip",
+                   "derived"}
 # A fresh interpreter per library: import torch and load one library, print its new ops.
 _LOAD_ONE = (
     "import json, sys, torch\n"

@@ -39,7 +39,7 @@ from .common import first_line
 
 FIELDS = {"inputs", "dtypes", "expected", "check", "grad", "autocast", "mutates", "outputs",
           "atol", "rtol", "grad_atol", "grad_rtol", "autocast_atol", "skip", "overload",
-          "workloads", "reference", "stub"}
+          "workloads", "reference", "stub", "derived"}
 WORKLOAD_FIELDS = {"inputs", "grad", "devices", "reference", "plain", "max_vs_plain"}
 
 

@@ -85,6 +85,15 @@ _MISSING_TYPES = ("NotImplementedError", "AttributeError", "ImportError", "Modul
 _WRAPPERS = ("TorchRuntimeError",)
 
 
+def beyond_inputs(exc: BaseException) -> bool:
+    """Whether no other arguments can make the call run: the dispatcher has no kernel for the
+    CPU or no such operator, the library does not load, or the op says it has no kernel for
+    the device (``opforge recipes --derive`` stops searching on these)."""
+    kind, _ = classify(exc)
+    return kind == NO_KERNEL or (kind == REGISTRATION and (
+        _DISPATCHER.search(str(exc)) is not None or _NOT_BUILT.search(str(exc)) is not None))
+
+
 def _type_names(exc: BaseException) -> list[str]:
     return [cls.__name__ for cls in type(exc).__mro__]
 
