@@ -62,7 +62,7 @@ CORPUS = [
                       '    m.impl("lpc", &lpc_cpu);\n', "", names="lpc"),
                 Break("namespace typo", "torchlpc/csrc/scan_cpu.cpp",
                       "TORCH_LIBRARY_IMPL(torchlpc, CPU, m)",
-                      "TORCH_LIBRARY_IMPL(torchlcp, CPU, m)", names="scan"),
+                      "TORCH_LIBRARY_IMPL(torchlcp, CPU, m)", names="torchlcp"),
             )),
     Package("torch-spline-conv", "1.2.2",
             "ed45a81da29f774665dbdd4709d7e534cdf16d2e7006dbd06957f35bd09661b2",
