@@ -119,6 +119,15 @@ def styles(session: nox.Session) -> None:
 
 
 @nox.session(venv_backend=opforge.nox.VENV_BACKEND)
+def trust(session: nox.Session) -> None:
+    """Real registry packages' sdists, unedited: init -> build cpu -> smoke green, then planted
+    breaks red and named (tests/trust; downloads; not in .ci/run)."""
+    opforge.nox.install(session, "-e", ".[test,build]")
+    # -m here replaces the "not trust" that pyproject's addopts adds
+    session.run("pytest", "-m", "trust", "--durations=0", "tests/trust", *session.posargs)
+
+
+@nox.session(venv_backend=opforge.nox.VENV_BACKEND)
 def replay(session: nox.Session) -> None:
     """ci.yml's cpu cell replayed by act on this host: build, upload, download, smoke (not in .ci/run)."""
     opforge.nox.install(session, "-e", ".[test]")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import re
+import string
 from pathlib import Path
 
 from opforge.errors import UsageError
@@ -71,16 +72,38 @@ def _evaluate(node: ast.expr, env: dict, root: Path):
         if isinstance(left, str) and isinstance(right, str):
             return left + right
         return None
+    if isinstance(node, ast.JoinedStr):  # f"{library_name}._C": every field a known text
+        parts = [v.value if isinstance(v, ast.Constant) else
+                 _evaluate(v.value, env, root) if v.conversion == -1 and v.format_spec is None
+                 else None for v in node.values]
+        return "".join(parts) if all(isinstance(x, str) for x in parts) else None
     if isinstance(node, ast.Call):
         func = ast.unparse(node.func)
         args = [_evaluate(a, env, root) for a in node.args]
         if any(not isinstance(a, str) for a in args):
             return None
+        if isinstance(node.func, ast.Attribute) and node.func.attr == "format" and \
+                isinstance(node.func.value, ast.Constant) and \
+                isinstance(node.func.value.value, str) and not node.keywords:
+            return _format(node.func.value.value, args)
         if func in ("os.path.join", "osp.join", "path.join", "join"):
             return "/".join(args)
         if func in ("glob.glob", "glob") and len(args) == 1:
             return sorted(p.relative_to(root).as_posix() for p in root.glob(args[0]))
     return None
+
+
+def _format(template: str, args: list[str]) -> str | None:
+    """``"{}/src/*.cpp".format(root)``: positional fields only ({} or {0}), no attribute,
+    index, conversion or format spec; None otherwise."""
+    try:
+        fields = list(string.Formatter().parse(template))
+        if any(f is not None and (f not in ("",) and not f.isdigit() or c or spec)
+               for _, f, spec, c in fields):
+            return None
+        return template.format(*args)
+    except (ValueError, IndexError):
+        return None
 
 
 def _env_read(node: ast.AST) -> tuple[str, object] | None:
@@ -223,6 +246,40 @@ def _extension_aliases(tree: ast.Module) -> dict[str, str]:
     return kinds
 
 
+def _enclosing_functions(tree: ast.Module) -> dict[ast.AST, ast.FunctionDef]:
+    """Each node inside a function of setup.py -> the innermost function it is in."""
+    scopes: dict[ast.AST, ast.FunctionDef] = {}
+    for func in ast.walk(tree):
+        if isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for inner in ast.walk(func):
+                if inner is not func:
+                    scopes[inner] = func  # a nested function's own walk comes later: it wins
+    return scopes
+
+
+def _local_env(func: ast.FunctionDef | None, call: ast.Call, module_env: dict, root: Path) -> dict:
+    """The names a call inside a function sees: the module's, then the function's own plain
+    assignments above the call, in order (``root = "cpu"; srcs = glob.glob(root + "/*.cpp")``).
+    A name last assigned anything not evaluable is unknown there."""
+    if func is None:
+        return module_env
+    env = dict(module_env)
+    for node in sorted((n for n in ast.walk(func) if isinstance(n, (ast.Assign, ast.AugAssign,
+                                                                     ast.AnnAssign))),
+                       key=lambda n: (n.lineno, n.col_offset)):
+        if node.lineno >= call.lineno:
+            break
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        names = [t.id for t in targets if isinstance(t, ast.Name)]
+        value = _evaluate(node.value, env, root) if isinstance(node, ast.Assign) and \
+            len(names) == len(targets) == 1 else None
+        for name in names:
+            env.pop(name, None)
+            if value is not None:
+                env[name] = value
+    return env
+
+
 def scan_setup_py(scan: Scan, path: Path) -> None:
     """The extension modules setup.py compiles: their names and sources, where literal."""
     try:
@@ -238,9 +295,12 @@ def scan_setup_py(scan: Scan, path: Path) -> None:
             if value is not None:
                 env[node.targets[0].id] = value
     kinds = _extension_aliases(tree)
+    scopes = _enclosing_functions(tree)
+    module_env = env
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call) or call_name(node.func) not in kinds:
             continue
+        env = _local_env(scopes.get(node), node, module_env, scan.root)
         kind = kinds[call_name(node.func)]
         kwargs = {k.arg: k.value for k in node.keywords}
         name_node = node.args[0] if node.args else kwargs.get("name")
@@ -270,6 +330,31 @@ def scan_setup_py(scan: Scan, path: Path) -> None:
                 "of the package's own, which no variant sets): not promised; to build and check "
                 f"it, give a variant build_env {{{gate.split(', ')[0]}: ...}} and list the module "
                 "under extension.modules")
+
+
+def _setup_name(text: str, root: Path) -> str | None:
+    """The ``name=`` of setup.py's ``setup(...)`` call (a literal, or a module-level name bound
+    to one), not the first ``name=`` of the file: an ``Extension(name="pkg._C")`` above the
+    ``setup`` call names a module, not the distribution."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return None
+    env: dict = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and \
+                isinstance(node.targets[0], ast.Name):
+            value = _evaluate(node.value, env, root)
+            if value is not None:
+                env[node.targets[0].id] = value
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and call_name(node.func) in ("setup", "setuptools.setup"):
+            for keyword in node.keywords:
+                if keyword.arg == "name":
+                    value = _evaluate(keyword.value, env, root)
+                    if isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9._-]+", value):
+                        return value
+    return None
 
 
 def scan_cmake(scan: Scan, path: Path) -> None:
@@ -309,8 +394,10 @@ def scan_build_config(scan: Scan) -> None:
         path = root / name
         if scan.distribution is None and path.is_file():
             text = read_source(path)
-            m = re.search(r"""\bname\s*=\s*["']([A-Za-z0-9._-]+)["']""", text) if \
-                name == "setup.py" else re.search(r"^name\s*=\s*([A-Za-z0-9._-]+)\s*$", text, re.M)
+            if name == "setup.py":
+                scan.distribution = _setup_name(text, root)
+                continue
+            m = re.search(r"^name\s*=\s*([A-Za-z0-9._-]+)\s*$", text, re.M)
             if m:
                 scan.distribution = m.group(1)
     declared = _toml_table(scan, data, "tool", "scikit-build", "wheel").get("packages")

@@ -85,8 +85,9 @@ def probe(args) -> dict:
         return report.finish()
     import_ok = probe_import(report, args, torch)
     rows = run_census(report, args.spec, args.namespace, torch)
-    if import_ok:  # the modules a variant promises, each on its own (pybind11, per-backend libs)
-        run_modules(report, args.spec, args.namespace)
+    # the modules a variant promises, each on its own (pybind11, per-backend libs); where the
+    # package does not import, those beside it still are
+    run_modules(report, args.spec, args.namespace, outside=None if import_ok else args.package)
     devices = probe_devices(report, args, torch)
     path = args.spec.get("recipes")
     recipes = load_recipes(report, path) if import_ok else None
