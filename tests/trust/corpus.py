@@ -215,9 +215,10 @@ REPORT: dict[str, dict] = {}
 
 
 def render_table(report: dict[str, dict]) -> str:
-    rows = ["| package | style | ops / functions | cpu runs green (stub) | smoke PASS / WARN / "
-            "FAIL / SKIP | false FAILs | planted breaks named | wall s (init+build+smoke; "
-            "breaks) |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    rows = ["| package | style | ops / functions | cpu runs green (stub) | derived working "
+            "calls (cpu runs green after) | smoke PASS / WARN / FAIL / SKIP | false FAILs | "
+            "planted breaks named | wall s (init+build+smoke; breaks) |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, r in report.items():
         counts = r.get("counts") or {}
         breaks = r.get("breaks") or {}
@@ -225,7 +226,7 @@ def render_table(report: dict[str, dict]) -> str:
                           for k, v in breaks.items()) or "-"
         rows.append(
             f"| {name} {r.get('version', '')} | {r.get('style', '')} | {r.get('ops', '-')} | "
-            f"{r.get('runs_green', '-')} | "
+            f"{r.get('runs_green', '-')} | {r.get('derived', '-')} | "
             + (" / ".join(str(counts.get(s, 0)) for s in ("pass", "warn", "fail", "skip"))
                if counts else r.get("outcome", "-"))
             + f" | {counts.get('fail', 0) if counts else '-'} | {named} | "

@@ -189,3 +189,34 @@ def test_package_that_does_not_compile_as_shipped_is_red_with_the_compilers_word
     log = _work_dir(package.name) / "build.log"
     assert f"full log: {log}" in build.stderr, build.stderr[-2000:]
     assert re.search(package.build_fails, log.read_text(errors="replace")), log
+
+
+_SUMMARY = re.compile(r"opforge recipes: (\d+) of (\d+) ops got a working call")
+
+
+@pytest.mark.parametrize("package", ADOPTED, ids=lambda p: p.name)
+def test_derive_writes_recipes_that_run(package, adopt, tmp_path):
+    """Item 2's goal: with no hand-written recipe, `opforge recipes --derive` finds a working
+    call for at least 90% of a real package's CPU ops and functions, and the next smoke runs
+    them green (still no FAIL). Runs after the planted breaks (which copy the tree as init
+    wrote it)."""
+    adoption = adopt(package)
+    adoption.ok("smoke")
+    derive = opforge_cli("recipes", "--derive", "--variant", "cpu", cwd=adoption.tree)
+    assert derive.returncode == 0, derive.stdout[-3000:] + derive.stderr[-3000:]
+    assert "Traceback" not in derive.stderr
+    m = _SUMMARY.search(derive.stderr + derive.stdout)
+    assert m, derive.stderr[-2000:]
+    found, total = int(m.group(1)), int(m.group(2))
+    out = tmp_path / "smoke.json"
+    smoke = opforge_cli("smoke", "--variant", "cpu", "--json", str(out), cwd=adoption.tree)
+    checks = json.loads(out.read_text())["checks"] if out.is_file() else []
+    cpu_runs = [c for c in checks if c["id"].startswith(("run:", "call:"))
+                and c["id"].endswith(":cpu")]
+    green = sum(c["status"] == "pass" for c in cpu_runs)
+    _record(package, derived=f"{found}/{total} ({green}/{len(cpu_runs)})")
+    fails = [f"{c['id']}: {c['message']}" for c in checks if c["status"] == "fail"]
+    assert fails == [], "\n".join(fails)
+    assert smoke.returncode == 0, smoke.stdout[-3000:] + smoke.stderr[-3000:]
+    assert total == 0 or found / total >= 0.9, derive.stdout[-3000:]
+    assert green >= found, [c for c in cpu_runs if c["status"] != "pass"]
