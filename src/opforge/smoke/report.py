@@ -124,6 +124,8 @@ def _cell(checks: list[dict]) -> Text:
         return Text("FAIL" + (f" {detail}" if detail else ""), style=STATUS_STYLE["fail"])
     if any(c.get("reason") == "stub-rejected" and c["status"] == "warn" for c in checks):
         return Text("stub refused", style=STATUS_STYLE["warn"])  # the op refused made-up inputs
+    if any(c.get("reason") == "stub-crashed" and c["status"] == "warn" for c in checks):
+        return Text("stub crashed", style=STATUS_STYLE["warn"])  # made-up inputs killed it
     passed = [c for c in checks if c["status"] in ("pass", "warn")]
     if passed:
         if checks[0]["category"] == "autocast":
@@ -197,6 +199,8 @@ def render_terminal(doc: dict, console: Console | None = None) -> None:
             if c.get("reason") == "no-recipe":
                 census_only.append(c["op"])
                 continue
+            if c.get("reason") == "stub":
+                continue  # a note on the recipe, not a run: its op's runs fill the row
             grid.setdefault(c["op"], {}).setdefault(_run_column(c, columns), []).append(c)
     if grid:
         cols = list(dict.fromkeys(col for cells in grid.values() for col in cells))

@@ -24,11 +24,14 @@ from packaging.version import Version
 
 from opforge.errors import OpforgeError, UsageError
 from opforge.smoke.archive import probe_archive
+from opforge.smoke.probe import crashes
 
 # what the build record of an installed package says, read by the probe's own reader
 FACTS_SOURCE = Path(__file__).with_name("probe") / "facts.py"
 # The probe imports torch and compiles a few ops; anything slower than this is hung.
 PROBE_TIMEOUT_S = 900
+# A probe killed by a call (probe/crashes.py) runs again without it, for at most this many calls.
+MAX_CRASHES = 8
 # Variables that would let the checkout or a user's site leak into a fresh environment.
 _LEAKY_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONSAFEPATH", "VIRTUAL_ENV")
 
@@ -257,23 +260,27 @@ def run_probe(env: Environment, request: ProbeRequest, timeout_s: float = PROBE_
         probe = probe_archive(scratch / "opforge_smoke_probe.pyz")
         out = scratch / "result.json"
         spec_path = scratch / "spec.json"
-        spec_path.write_text(json.dumps(request.spec(), indent=1), encoding="utf-8")
+        at = scratch / "at.json"
+        spec = request.spec()
+        if not mode:  # the smoke: a call that kills the interpreter is named, then left out
+            spec.update(at=str(at), crashed={})
         cmd = [str(env.python), str(probe), *mode, *request.argv(out, spec_path), *extra_argv]
         t0 = time.monotonic()
-        try:
-            proc = subprocess.run(cmd, cwd=scratch, env=_clean_env(env.fresh),
-                                  capture_output=True, text=True, timeout=timeout_s)
-            rc, stderr = proc.returncode, proc.stderr
-        except subprocess.TimeoutExpired as exc:
-            rc, stderr = None, (exc.stderr or b"").decode(errors="replace") \
-                if isinstance(exc.stderr, bytes) else (exc.stderr or "")
-        except OSError as exc:
-            raise OpforgeError(f"cannot run {env.python}: {exc.strerror}") from None
-        except KeyboardInterrupt as exc:  # Ctrl-C, or a stop signal: keep what was finished
-            exc.partial_document = _partial(out)
-            raise
+        while True:
+            spec_path.write_text(json.dumps(spec, indent=1), encoding="utf-8")
+            rc, stderr = _run(cmd, scratch, env, out, timeout_s)
+            crashed = crashes.read(str(at)) if rc is not None and rc < 0 and not mode else None
+            where = crashes.key(crashed["kind"], crashed["name"]) if crashed else None
+            if where is None or where in spec["crashed"] or len(spec["crashed"]) >= MAX_CRASHES:
+                break
+            crashed["signal"] = _signal_name(rc)
+            spec["crashed"][where] = crashed
+            at.unlink(missing_ok=True)
+            out.unlink(missing_ok=True)
         wall = round(time.monotonic() - t0, 2)
         doc = _read_document(out, rc, stderr, request, timeout_s)
+        if spec.get("crashed"):
+            doc.setdefault("runner", {})["crashed"] = spec["crashed"]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     runner = doc.setdefault("runner", {})
@@ -285,6 +292,27 @@ def run_probe(env: Environment, request: ProbeRequest, timeout_s: float = PROBE_
         runner["env_dir"] = str(env.env_dir)
     _check_not_from_checkout(doc)
     return doc
+
+
+def _run(cmd: list[str], scratch: Path, env: Environment, out: Path,
+         timeout_s: float) -> tuple[int | None, str]:
+    """One probe process: its exit status (None: timed out; negative: the signal) and stderr."""
+    try:
+        proc = subprocess.run(cmd, cwd=scratch, env=_clean_env(env.fresh),
+                              capture_output=True, text=True, timeout=timeout_s)
+        return proc.returncode, proc.stderr
+    except subprocess.TimeoutExpired as exc:
+        return None, (exc.stderr or b"").decode(errors="replace") \
+            if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+    except OSError as exc:
+        raise OpforgeError(f"cannot run {env.python}: {exc.strerror}") from None
+    except KeyboardInterrupt as exc:  # Ctrl-C, or a stop signal: keep what was finished
+        exc.partial_document = _partial(out)
+        raise
+
+
+def _signal_name(rc: int) -> str:
+    return signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else str(-rc)
 
 
 def _read_document(out: Path, rc: int | None, stderr: str, request: ProbeRequest,
@@ -328,7 +356,7 @@ def _why_stopped(rc: int | None, request: ProbeRequest, timeout_s: float,
     if rc is None:
         why = f"the probe did not finish within {timeout_s:.0f} s (hung import or kernel?)"
     elif rc < 0:
-        name = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else -rc
+        name = _signal_name(rc)
         why = (f"the interpreter died with {name} while probing: loading {request.package} or "
                f"running one of its ops crashed the process")
     else:

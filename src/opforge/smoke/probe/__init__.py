@@ -4,7 +4,8 @@ A package of modules, each one seam: ``common`` (the report), ``facts`` (what th
 record says), ``load`` (import and dlopen diagnosis), ``census`` (op x dispatch key),
 ``devices``, ``recipes`` (the extension's recipes file), ``runs`` (calling the ops),
 ``checks`` (the table of checks run on each op, and their functions), ``values`` (comparing
-results) and ``main``. It imports only the standard library, torch and the extension's
+results), ``crashes`` (the call a dying probe was in, and what the next probe says of it)
+and ``main``. It imports only the standard library, torch and the extension's
 recipes file, so it runs on any target without opforge installed: ``opforge.smoke.archive``
 ships it as one zip archive, run as ``python probe.pyz --spec SPEC --out OUT``. docs/smoke.md documents the JSON.
 """

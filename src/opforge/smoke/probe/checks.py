@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .common import AUTOCAST_KEY, DEVICE_KEY, DEVICES, first_line
+from .crashes import recipe_kind
 from .recipes import RecipeError, where
 from .speed import block_timer, calls_per_block, paired, seconds, synchronizer
 from .values import compare, outputs_of, to_device
@@ -127,6 +128,8 @@ def device_runs(runner, call: Call):
             continue
         cpu_args = runner.inputs(op, recipe, dtype)
         args = [to_device(t, a, device) for a in cpu_args]
+        runner.crumb.at(kind="op", name=op, check="run" + tag, device=device,
+                        recipe=recipe_kind(recipe))
         try:
             out = fn(*args)
             got = [o.cpu() if isinstance(o, t.Tensor) else o
@@ -157,6 +160,8 @@ def device_runs(runner, call: Call):
                                 op=op, device=device, error=exc)
             continue
         if wants_grad:
+            runner.crumb.at(kind="op", name=op, check="backward" + tag, device=device,
+                            recipe=recipe_kind(recipe))
             grads = backward(runner, op, fn, recipe, dtype, device, cpu_grads, check_id)
             if device == "cpu":
                 cpu_grads = grads

@@ -16,6 +16,7 @@ from . import recipes as recipes_file
 from .causes import diagnose
 from .census import run_census
 from .common import SCHEMA, Report, first_line
+from .crashes import Breadcrumb
 from .devices import probe_devices
 from .load import probe_import
 from .modules import run_functions, run_modules
@@ -48,7 +49,9 @@ def parse_args(argv):
     # JSON: what the variant under test promises (the runner chose it): op_keys {op: [keys]},
     # backward_ops, default_keys, modules [{name, backend, load, functions}] (the compiled
     # modules to check); recipes (a path); speed {enabled, factor, op_factors, devices};
-    # no_kernel {op: [devices]} (the devices an op has no kernel for by design)
+    # no_kernel {op: [devices]} (the devices an op has no kernel for by design); at (a path:
+    # where the probe is, written before each call) and crashed {kind:name: where} (the calls
+    # that killed an earlier probe: crashes.py)
     p.add_argument("--spec", type=_read_spec, default={})
     p.add_argument("--device-checks", choices=("auto", "skip"), default="auto")
     p.add_argument("--out", required=True)
@@ -91,10 +94,11 @@ def probe(args) -> dict:
     devices = probe_devices(report, args, torch)
     path = args.spec.get("recipes")
     recipes = load_recipes(report, path) if import_ok else None
+    crumb, crashed = Breadcrumb(args.spec.get("at")), args.spec.get("crashed") or {}
     OpRunner(report, torch, args.namespace, rows, devices, recipes, path,
-             args.spec.get("speed"), args.spec.get("no_kernel")).run_all(import_ok)
+             args.spec.get("speed"), args.spec.get("no_kernel"), crumb, crashed).run_all(import_ok)
     if recipes is not None:
-        run_functions(report, torch, devices, path, import_ok)
+        run_functions(report, torch, devices, path, import_ok, crumb, crashed)
     try:
         diagnose(report, torch, args.namespace, args.package, args.spec)
     except Exception as exc:  # noqa: BLE001 - the symptoms still stand without their cause

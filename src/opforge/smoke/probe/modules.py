@@ -20,6 +20,7 @@ import subprocess
 import sys
 
 from .common import Report, err_text, first_line
+from .crashes import Breadcrumb, recipe_kind, report_crash
 from .recipes import RecipeError, check_fields, where
 from .rejections import REJECTED, classify, op_message
 
@@ -199,8 +200,11 @@ def function_recipes(path: str | None) -> dict:
 
 
 def run_functions(report: Report, t, devices: list[str], path: str | None,
-                  import_ok: bool) -> None:
+                  import_ok: bool, crumb: Breadcrumb | None = None,
+                  crashed: dict | None = None) -> None:
     from .values import compare, outputs_of, to_device
+
+    crumb = crumb or Breadcrumb(None)
 
     try:
         functions = function_recipes(path)
@@ -222,6 +226,8 @@ def run_functions(report: Report, t, devices: list[str], path: str | None,
                          "signature: it calls it once per device; edit it (known answers, "
                          "the package's own wrapper on every device) and drop \"stub\"",
                          reason="stub")
+        if report_crash(report, crashed or {}, "function", key, "", path):
+            continue
         wanted = list(recipe.get("devices") or ["cpu"])
         fn = None
         if any(device in devices for device in wanted):  # else every device is skipped below
@@ -257,6 +263,8 @@ def run_functions(report: Report, t, devices: list[str], path: str | None,
                              f"{first_line(exc)} at {where(exc, path or '')}", recipe_error=True)
                 break
             args = [to_device(t, a, device) for a in args]
+            crumb.at(kind="function", name=key, check="run", device=device,
+                     recipe=recipe_kind(recipe))
             try:
                 out = fn(*args)
             except Exception as exc:  # noqa: BLE001 - the call-time failure is the finding
@@ -290,3 +298,4 @@ def run_functions(report: Report, t, devices: list[str], path: str | None,
                          f"{key} runs on {device}" + (" and matches the CPU" if
                                                       device != "cpu" and cpu_out else ""),
                          device=device)
+        crumb.clear()

@@ -5,7 +5,7 @@ op: everything op-specific comes from the recipes file."""
 
 from __future__ import annotations
 
-from . import checks, rejections
+from . import checks, crashes, rejections
 from .common import Report, first_line
 from .recipes import RecipeError, validate, where
 from .values import outputs_of
@@ -67,8 +67,11 @@ class _ExplainingReport:
 class OpRunner:
     def __init__(self, report: Report, t, namespace: str, rows: dict[str, dict],
                  devices: list[str], recipes: dict | None, recipes_path: str | None,
-                 speed: dict | None = None, no_kernel: dict | None = None):
+                 speed: dict | None = None, no_kernel: dict | None = None,
+                 crumb: crashes.Breadcrumb | None = None, crashed: dict | None = None):
         self.report = _ExplainingReport(report, rows, namespace, recipes_path)
+        self.crumb = crumb or crashes.Breadcrumb(None)
+        self.crashed = crashed or {}  # calls that killed an earlier probe (crashes.key -> where)
         self.speed = speed or {}
         self.no_kernel = {op: list(devices) for op, devices in (no_kernel or {}).items()}
         self.t, self.ns, self.rows, self.devices = t, namespace, rows, devices
@@ -142,6 +145,9 @@ class OpRunner:
                                   "stub opforge init wrote from its schema: it calls the op once "
                                   "per device; edit it (known answers, grad, workloads) and drop "
                                   "\"stub\"", op=op, reason="stub")
+            if crashes.report_crash(self.report.report, self.crashed, "op", op, self.ns,
+                                    self.path):
+                continue
             try:
                 packet = getattr(getattr(t.ops, self.ns), op)
                 fn = getattr(packet, recipe.get("overload") or "default")
@@ -157,6 +163,8 @@ class OpRunner:
                     call = checks.Call(op, fn, recipe, dtype, tag)
                     for check in checks.CHECKS:
                         if check.run is not None and (i == 0 or check.every_dtype):
+                            self.crumb.at(kind="op", name=op, check=check.name + tag,
+                                          recipe=crashes.recipe_kind(recipe))
                             check.run(self, call)
             except RecipeError as exc:
                 self.report.check(f"recipe:{op}", "run", "fail", str(exc), op=op,
@@ -164,6 +172,8 @@ class OpRunner:
             except Exception as exc:  # noqa: BLE001 - one op's surprise must not end the probe
                 self.report.check(f"run:{op}", "run", "fail", f"probing {op} raised "
                                   f"{first_line(exc)}", op=op)
+            finally:
+                self.crumb.clear()
         for op in sorted(set(self.recipes or {}) - set(self.rows)):
             self.report.check(f"recipe:{op}", "run", "warn", f"{self.path} has a recipe for "
                               f"{op}, which is not an op of torch.ops.{self.ns}")
