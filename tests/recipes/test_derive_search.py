@@ -27,6 +27,7 @@ torch = pytest.importorskip("torch")
     ("IndexError: Dimension out of range (expected to be in range of [-1, 0], but got 1)",
      C.DimRange(-1, 0, 1)),
     ("results differ between two calls: output 0 differs from CPU by inf", C.Random()),
+    ("returned non-finite values: 3 nan or inf", C.Random()),
     ("the call crashed the interpreter (killed by SIGFPE)", C.Crash("SIGFPE")),
     ("RuntimeError: Input must be floating point or complex", C.Dtype("float32", None, "Input")),
 ])
@@ -218,3 +219,26 @@ def test_a_segfault_gives_an_index_tensor_its_peers_shape():
     assert s.found is not None, [t.error for t in s.tries]
     assert s.found[3].shape == s.found[2].shape
     assert "SIGSEGV" in s.tries[0].error
+
+
+# --------------------------------------------------------------------------- the trial
+
+
+_LIB = torch.library.Library("opforge_trialtest", "DEF")
+_LIB.define("logs(Tensor x) -> Tensor")
+_LIB.impl("logs", lambda x: x.log(), "CPU")  # nan for a negative entry, -inf for a zero
+
+
+@pytest.mark.parametrize(("inputs", "ok"), [
+    ("lambda dtype: [torch.linspace(0.1, 1, 8, dtype=dtype)]", True),
+    ("lambda dtype: [torch.linspace(-1, 1, 8, dtype=dtype)]", False),
+])
+def test_a_trial_call_with_non_finite_output_is_not_a_working_call(inputs, ok):
+    """The smoke fails a CPU run whose output is nan or inf: derive must not write that call."""
+    from opforge.recipes.target.trial import NONFINITE, Trial
+
+    answer = Trial(torch, "opforge_trialtest").call({"call": "logs", "inputs": inputs})
+    assert answer["ok"] is ok, answer
+    if not ok:
+        assert answer["error"].startswith(NONFINITE) and answer["stage"] == "repeat"
+        assert C.read(answer["error"]) == [C.Random()]

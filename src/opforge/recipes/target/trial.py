@@ -1,5 +1,6 @@
 """``probe.pyz derive``: call an op (or a module's function) with the arguments the search
-proposes, on the CPU, twice, and say whether it ran and gave the same result both times.
+proposes, on the CPU, twice, and say whether it ran and gave the same finite result both
+times (the smoke fails a CPU run whose output is nan or inf).
 
 Protocol, one JSON object per line on the real stdout (whatever the extension prints goes to
 stderr): first ``{"ready": true, "torch": version}`` once torch and the package imported (or
@@ -29,6 +30,7 @@ from ...smoke.probe.rejections import beyond_inputs
 from ...smoke.probe.values import compare, outputs_of
 
 RANDOM = "results differ between two calls"   # clues.RANDOM reads this
+NONFINITE = "returned non-finite values"      # and clues.NONFINITE this
 
 
 def parse_args(argv):
@@ -178,6 +180,10 @@ class Trial:
             problem = error_text(exc)
         if problem:
             return {"ok": False, "error": f"{RANDOM}: {problem}", "stage": "repeat"}
+        # the smoke fails a CPU run whose floating output is nan or inf: not a working call
+        bad = sum(int((~t.isfinite(v)).sum()) for v in results[0] if v.is_floating_point())
+        if bad:
+            return {"ok": False, "error": f"{NONFINITE}: {bad} nan or inf", "stage": "repeat"}
         return {"ok": True, "result": summary(t, shown)}
 
 
