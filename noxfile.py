@@ -97,7 +97,8 @@ def compat_stable(session: nox.Session) -> None:
 @nox.session(venv_backend=opforge.nox.VENV_BACKEND)
 def realtorch(session: nox.Session) -> None:
     """The tests that download real torch releases (several GB each; not part of .ci/run)."""
-    opforge.nox.install(session, "-e", ".[test,build]")
+    # the matrix's torch too: test modules that import torch at collection run, not skip
+    opforge.nox.install(session, "-e", ".[test,build]", MATRIX.torch_spec(MATRIX.variant("cpu")))
     # -m here replaces the "not realtorch" that pyproject's addopts adds
     session.run("pytest", "-m", "realtorch", "--durations=0", "tests", *session.posargs)
 

@@ -10,7 +10,7 @@ import yaml
 from publish_wheelkit import repo_copy
 
 from opforge import __version__, _release
-from opforge.cli.workflows import check_repository
+from opforge.cli.commands import check_repository
 
 ROOT = Path(__file__).resolve().parents[2]
 PYPI = "pypa/gh-action-pypi-publish@dc37677b2e1c63e2034f94d8a5b11f265b73ba33 # v1.14.2"

@@ -150,7 +150,7 @@ def repo(tmp_path: Path) -> Path:
 
 
 def _problems(root: Path) -> list[str]:
-    from opforge.cli.workflows import check_workflows
+    from opforge.cli.commands import check_workflows
 
     return check_workflows(root)
 

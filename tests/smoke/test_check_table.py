@@ -50,7 +50,8 @@ def test_a_row_and_a_function_make_a_check_that_runs_is_explained_and_has_a_colu
     planted_check = by_id["planted:add"]
     assert planted_check["explained_by"] == "census: add has no Meta kernel"
     assert planted_check["message"] == "the planted check failed [census: add has no Meta kernel]"
-    assert validate("add", {**ADD, "skip": {"planted": "a reason"}}, "recipes.py") is None
+    assert validate("add", {**ADD, "skip": {"planted": "a reason"}}, "recipes.py",
+                    checks.skippable()) is None
 
     console = Console(record=True, width=200)
     smoke_report.render_terminal(doc, console)
@@ -70,6 +71,6 @@ def test_a_failure_is_explained_by_the_keys_its_row_names():
 
 
 def test_a_recipe_skips_only_checks_the_table_lets_it_skip():
-    problem = validate("add", {**ADD, "skip": {"speed": "no"}}, "recipes.py")
+    problem = validate("add", {**ADD, "skip": {"speed": "no"}}, "recipes.py", checks.skippable())
     assert problem == ("recipes.py: RECIPES['add']['skip'] maps checks (run, backward, fake, "
                        "compile, autocast) to the reason they do not apply")

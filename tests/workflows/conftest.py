@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from opforge.cli.workflows import check_workflows
+from opforge.cli.commands import check_workflows
 from opforge.workflows import project as project_module
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ import pytest
 from test_workflow_drift import CI, PIPE, one
 
 from opforge.cli import main
-from opforge.cli.workflows import check_repository
+from opforge.cli.commands import check_repository
 
 WF = ".github/workflows/"
 PIN = "@" + "a" * 40

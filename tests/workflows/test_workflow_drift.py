@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from opforge.cli.workflows import check_workflows
+from opforge.cli.commands import check_workflows
 from opforge.matrix import MatrixError
 
 ROOT = Path(__file__).resolve().parents[2]

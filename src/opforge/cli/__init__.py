@@ -84,6 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             parser = build_parser()
             args = parser.parse_args(argv)
+            args.command_parser = parser  # opforge workflows check parses steps with it
             check_environment()  # a bad OPFORGE_* value: one line, before anything is made
             code = int(args.func(args) or 0)
             sys.stdout.flush()  # a closed pipe shows here, inside the boundary

@@ -7,13 +7,9 @@ import argparse
 import stat
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from opforge.errors import UsageError
 from opforge.files import lookup
-
-if TYPE_CHECKING:
-    from opforge.workflows import Checked
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -39,27 +35,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     c.set_defaults(func=run_check)
 
 
-def commands() -> dict[str, argparse.ArgumentParser]:
-    """opforge's subcommands and their parsers: what ``opforge ...`` steps are parsed with."""
-    from opforge.cli import build_parser
-    from opforge.workflows.project import subcommand_parsers
-
-    return subcommand_parsers(build_parser())
-
-
-def check_repository(root: str | Path, matrix_file: str | Path | None = None,
-                     every: bool = False) -> Checked:
-    """``opforge.workflows.check_repository`` with this CLI's commands."""
-    from opforge.workflows import check_repository as check
-
-    return check(root, matrix_file, every, commands=commands())
-
-
-def check_workflows(repo_root: str | Path) -> list[str]:
-    """The problems ``check_repository`` finds, one line each; [] when all is well."""
-    return check_repository(repo_root).problems
-
-
 def run_check(args: argparse.Namespace) -> int:
     from opforge.workflows import WORKFLOW_DIR
 
@@ -74,7 +49,13 @@ def run_check(args: argparse.Namespace) -> int:
     matrix = args.file
     if matrix is not None and not matrix.is_absolute() and not matrix.exists():
         matrix = root / matrix
-    result = check_repository(root, matrix, every=args.every)
+    from opforge.workflows import check_repository
+    from opforge.workflows.project import subcommand_parsers
+
+    # the parser main() parsed with (opforge.cli sets it): the steps' opforge commands are
+    # parsed by it; importing opforge.cli here would close a circle
+    result = check_repository(root, matrix, args.every,
+                              commands=subcommand_parsers(args.command_parser))
     for problem in result.problems:
         print(problem)
     skipped = f"; not using opforge, not checked: {', '.join(result.skipped)}" \

@@ -2,7 +2,7 @@
 
 ``opforge workflows check [--root PATH]`` prints one line per problem (``file:line: where:
 what``) and exits 1 when there is any, 0 when there is none, 2 when the matrix is malformed.
-``check_workflows(root, commands=...)`` returns the same lines (``opforge.cli.workflows``
+``check_workflows(root, commands=...)`` returns the same lines (``opforge.cli.commands``
 has both with the CLI's own commands filled in). It runs on any repository: one that calls
 opforge's reusable workflows (what ``opforge init`` writes), and opforge's own. The rules, each
 pinned by a test in tests/workflows/:

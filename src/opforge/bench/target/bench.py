@@ -37,6 +37,7 @@ import traceback
 import warnings
 
 from ...smoke.probe import recipes as recipes_file
+from ...smoke.probe.checks import skippable
 from ...smoke.probe.common import DEVICES, first_line
 from ...smoke.probe.speed import paired, synchronizer, yardstick
 from ...smoke.probe.values import compare, outputs_of, to_device
@@ -141,7 +142,7 @@ class Bench:
                 continue
             if not isinstance(recipe, dict) or not recipe.get("workloads"):
                 continue
-            problem = recipes_file.validate(op, recipe, self.path)
+            problem = recipes_file.validate(op, recipe, self.path, skippable())
             if problem:
                 self.rows.append(Row(op=op, status="fail", message=problem, recipe_error=True))
                 continue

@@ -13,16 +13,13 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 from .common import AUTOCAST_KEY, DEVICE_KEY, DEVICES, first_line
 from .crashes import recipe_kind
 from .recipes import RecipeError, where
 from .speed import block_timer, calls_per_block, paired, seconds, synchronizer
 from .values import compare, outputs_of, to_device
-
-if TYPE_CHECKING:
-    from .runs import OpRunner
 
 # the smoke speed check: blocks of about this long, rounds until this budget is spent
 SPEED_BLOCK_S = 0.005
@@ -56,7 +53,7 @@ class Check:
 
     name: str
     explained_by: tuple[str, ...] = ()
-    run: Callable[[OpRunner, Call], None] | None = None
+    run: Callable[[Any, Call], None] | None = None  # (runs.OpRunner, Call): runs imports this
     every_dtype: bool = False
     skippable: bool = True
     column: str | None = None
@@ -429,6 +426,11 @@ CHECKS = (
     Check("autocast", ("{autocast}", "{device}"), autocast_runs),
     Check("speed", (), speed_runs, skippable=False),
 )
+
+
+def skippable() -> tuple[str, ...]:
+    """The checks a recipe's ``skip`` may name."""
+    return tuple(check.name for check in CHECKS if check.skippable)
 
 
 def explained_by(key: str) -> tuple[str, ...]:

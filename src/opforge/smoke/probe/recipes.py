@@ -56,13 +56,6 @@ def where(exc: BaseException, path: str) -> str:
     return f"{frame[0].filename}:{frame[0].lineno}" if frame else path
 
 
-def skippable_checks() -> tuple[str, ...]:
-    """The checks a recipe's ``skip`` may name, from the check table."""
-    from .checks import CHECKS  # imported here: checks.py imports this module
-
-    return tuple(check.name for check in CHECKS if check.skippable)
-
-
 def load(path: str) -> dict:
     """Execute the recipes file and return its RECIPES (raises RecipeError)."""
     if not os.path.isfile(path):
@@ -80,17 +73,17 @@ def load(path: str) -> dict:
     return recipes
 
 
-def validate(op: str, recipe, path: str) -> str | None:
-    """What is wrong with one recipe's shape, or None."""
+def validate(op: str, recipe, path: str, skippable: tuple[str, ...]) -> str | None:
+    """What is wrong with one recipe's shape, or None. ``skippable``: the checks its ``skip``
+    may name (``checks.skippable()``, from the check table, which imports this module)."""
     if not isinstance(recipe, dict):
         return f"{path}: RECIPES[{op!r}] is {type(recipe).__name__}, expected a dict"
     problem = check_fields(f"{path}: RECIPES[{op!r}]", recipe, FIELDS)
     if problem:
         return problem
     skip = recipe.get("skip") or {}
-    checks = skippable_checks()
-    if not isinstance(skip, dict) or set(skip) - set(checks):
-        return (f"{path}: RECIPES[{op!r}]['skip'] maps checks ({', '.join(checks)}) to the "
+    if not isinstance(skip, dict) or set(skip) - set(skippable):
+        return (f"{path}: RECIPES[{op!r}]['skip'] maps checks ({', '.join(skippable)}) to the "
                 "reason they do not apply")
     for name in ("grad", "autocast", "mutates", "outputs"):
         value = recipe.get(name)

@@ -135,7 +135,7 @@ class OpRunner:
                 self.report.check(f"run:{op}", "run", "warn", f"census only: no recipe says "
                                   f"how to call {op} ({where_})", op=op, reason="no-recipe")
                 continue
-            problem = validate(op, recipe, self.path or "recipes")
+            problem = validate(op, recipe, self.path or "recipes", checks.skippable())
             if problem:
                 self.report.check(f"run:{op}", "run", "fail", problem, op=op, recipe_error=True)
                 continue
