@@ -8,7 +8,8 @@ import pytest
 
 from opforge.recipes import clues as C
 from opforge.recipes.calls import Param, parse_params, render_call
-from opforge.recipes.derive import resolve, search
+from opforge.recipes.conditions import resolve
+from opforge.recipes.derive import search
 
 torch = pytest.importorskip("torch")
 

@@ -299,3 +299,13 @@ def describe(params: list[Param], call: Call) -> str:
         else:
             parts.append(f"{p.name}={v.text}")
     return ", ".join(parts)
+
+
+def with_arg(call: Call | None, i: int, value) -> Call | None:
+    if call is None or value is None:
+        return None
+    return call[:i] + (value,) + call[i + 1:]
+
+
+def tensor_positions(call: Call) -> list[int]:
+    return [i for i, v in enumerate(call) if isinstance(v, TensorValue)]
