@@ -21,6 +21,7 @@ from datetime import date
 from pathlib import Path
 
 from fake_nightlies import HERE_PLATFORM, PY, write_wheel
+from projectkit import matrix_yaml
 
 SLOWDOWN = 30
 DATES = [date(2024, 6, d) for d in (1, 2, 3, 4, 5, 6, 7, 8, 10)]
@@ -115,27 +116,6 @@ def recipe():
 RECIPES = {"scale": recipe(), "steady": recipe()}
 '''
 
-MATRIX = '''\
-extension:
-  path: .
-  package: speedops
-  distribution: speedops
-  namespace: speedops
-  recipes: recipes.py
-  ops: [scale, steady]
-torch:
-  channel: nightly
-  version: latest
-  index: https://download.pytorch.org/whl
-pythons: ["3.11"]
-platforms:
-  linux-x86_64:
-    runner: ubuntu-24.04
-variants:
-  - name: cpu
-    platforms: [linux-x86_64]
-    expected_keys: [CPU]
-'''
 
 
 @dataclass
@@ -161,6 +141,8 @@ def build_speed_index(root: Path) -> SpeedIndex:
     (index / "torch" / "index.html").write_text(f"<html><body>\n{anchors}\n</body></html>\n")
     wheel = write_wheel(root, "speedops", "1.0", "py3-none-any",
                         {"speedops/__init__.py": EXTENSION})
-    (project / "matrix.yaml").write_text(MATRIX)
+    (project / "matrix.yaml").write_text(matrix_yaml("speedops", ["scale", "steady"],
+                                                     distribution="speedops", channel="nightly",
+                                                     version="latest"))
     (project / "recipes.py").write_text(RECIPES)
     return SpeedIndex(index, wheel, project)

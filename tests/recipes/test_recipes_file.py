@@ -6,6 +6,7 @@ from __future__ import annotations
 import textwrap
 
 import pytest
+from projectkit import matrix_yaml
 
 from opforge.cli import main
 from opforge.errors import UsageError
@@ -74,31 +75,11 @@ def test_a_file_that_does_not_parse_is_a_usage_error_with_its_line():
         stub_entries("RECIPES = {}\n\nx = = 1\n", "recipes.py")
 
 
-MATRIX = textwrap.dedent("""\
-    extension:
-      path: .
-      package: my_ops
-      namespace: my_ops
-      recipes: recipes.py
-      ops: [scale, gather]
-    torch:
-      channel: stable
-      version: "2.13.0"
-      index: https://download.pytorch.org/whl
-    pythons: ["3.11"]
-    platforms:
-      linux-x86_64:
-        runner: ubuntu-24.04
-    variants:
-      - name: cpu
-        platforms: [linux-x86_64]
-        expected_keys: [CPU]
-""")
 
 
 @pytest.fixture
 def project(tmp_path):
-    (tmp_path / "matrix.yaml").write_text(MATRIX)
+    (tmp_path / "matrix.yaml").write_text(matrix_yaml("my_ops", ["scale", "gather"]))
     (tmp_path / "recipes.py").write_text(TEXT)
     return tmp_path
 

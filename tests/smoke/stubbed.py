@@ -24,6 +24,9 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+import yaml
+from projectkit import matrix_yaml
+
 PACKAGE = '''
 import torch
 
@@ -105,26 +108,6 @@ FUNCTIONS = {{
 }}
 '''
 
-MATRIX = """\
-extension:
-  path: .
-  package: stubbed
-  namespace: stubbed
-  recipes: {recipes}
-  ops: [{ops}]
-torch:
-  channel: stable
-  version: "2.13.0"
-  index: https://download.pytorch.org/whl
-pythons: ["3.11"]
-platforms:
-  linux-x86_64:
-    runner: ubuntu-24.04
-variants:
-  - name: cpu
-    platforms: [linux-x86_64]
-    expected_keys: [CPU, Meta]
-"""
 
 REFUSING = ("gather", "segment", "sized", "pick", "flat")
 
@@ -142,5 +125,7 @@ def write_stubbed(root: Path, *, stub: bool = True) -> Path:
 
 def write_matrix(root: Path, recipes: Path, ops: str, name: str = "matrix.yaml") -> Path:
     path = root / name
-    path.write_text(MATRIX.format(recipes=recipes.name, ops=ops), encoding="utf-8")
+    listed = yaml.safe_load(f"[{ops}]")  # the test's flow list: names and {op: {fields}}
+    path.write_text(matrix_yaml("stubbed", listed, recipes=recipes.name,
+                                expected_keys=("CPU", "Meta")), encoding="utf-8")
     return path

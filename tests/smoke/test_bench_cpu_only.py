@@ -26,10 +26,10 @@ import os
 import re
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+from projectkit import write_project
 
 import opforge
 
@@ -88,37 +88,16 @@ RECIPES = {
 }
 '''
 
-MATRIX = '''\
-extension:
-  path: .
-  package: slowops
-  namespace: slowops
-  recipes: recipes.py
-  ops: [scale, steady, {naive_entry}]
-torch:
-  channel: stable
-  version: "2.13.0"
-  index: https://download.pytorch.org/whl
-pythons: ["3.11"]
-platforms:
-  linux-x86_64:
-    runner: ubuntu-24.04
-variants:
-  - name: cpu
-    platforms: [linux-x86_64]
-    expected_keys: [CPU]
-'''
 
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("slowops")
-    (root / "slowops").mkdir()
-    (root / "slowops" / "__init__.py").write_text(textwrap.dedent(PACKAGE), encoding="utf-8")
-    (root / "recipes.py").write_text(textwrap.dedent(RECIPES), encoding="utf-8")
-    (root / "matrix.yaml").write_text(MATRIX.replace("{naive_entry}",
-                                                     "{naive: {max_slowdown: 1000000000}}"))
-    (root / "undeclared.yaml").write_text(MATRIX.replace("{naive_entry}", "naive"))
+    write_project(root, "slowops", PACKAGE, ["scale", "steady",
+                                              {"naive": {"max_slowdown": 1000000000}}],
+                  recipes=RECIPES)
+    write_project(root, "slowops", PACKAGE, ["scale", "steady", "naive"], recipes=RECIPES,
+                  matrix="undeclared.yaml")
     return root
 
 

@@ -23,11 +23,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
+from projectkit import write_project
 
 import opforge
 
@@ -96,36 +96,13 @@ RECIPES = {
 }
 '''
 
-MATRIX = '''\
-extension:
-  path: .
-  package: threadops
-  namespace: threadops
-  recipes: recipes.py
-  ops: [scale, shift, tight, loose]
-torch:
-  channel: stable
-  version: "2.13.0"
-  index: https://download.pytorch.org/whl
-pythons: ["3.11"]
-platforms:
-  linux-x86_64:
-    runner: ubuntu-24.04
-variants:
-  - name: cpu
-    platforms: [linux-x86_64]
-    expected_keys: [CPU]
-'''
 
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("threadops")
-    (root / "threadops").mkdir()
-    (root / "threadops" / "__init__.py").write_text(textwrap.dedent(PACKAGE), encoding="utf-8")
-    (root / "recipes.py").write_text(textwrap.dedent(RECIPES), encoding="utf-8")
-    (root / "matrix.yaml").write_text(MATRIX, encoding="utf-8")
-    return root
+    return write_project(root, "threadops", PACKAGE, ["scale", "shift", "tight", "loose"],
+                         recipes=RECIPES)
 
 
 def bench(project: Path, *argv: str):

@@ -18,6 +18,7 @@ import sys
 import textwrap
 
 import pytest
+from projectkit import matrix_yaml
 
 from opforge.cli import main
 
@@ -94,26 +95,6 @@ FUNCTIONS = {{
 }}
 '''
 
-MATRIX = """\
-extension:
-  path: .
-  package: crashy
-  namespace: crashy
-  recipes: {recipes}
-  ops: [reads, tripled, fine]
-torch:
-  channel: stable
-  version: "2.13.0"
-  index: https://download.pytorch.org/whl
-pythons: ["3.11"]
-platforms:
-  linux-x86_64:
-    runner: ubuntu-24.04
-variants:
-  - name: cpu
-    platforms: [linux-x86_64]
-    expected_keys: [CPU]
-"""
 
 
 def _tree(root, stub: bool):
@@ -124,7 +105,8 @@ def _tree(root, stub: bool):
     recipes = root / f"recipes_{'stub' if stub else 'written'}.py"
     recipes.write_text(textwrap.dedent(RECIPES.format(stub=stub)), encoding="utf-8")
     matrix = root / f"matrix_{'stub' if stub else 'written'}.yaml"
-    matrix.write_text(MATRIX.format(recipes=recipes.name), encoding="utf-8")
+    matrix.write_text(matrix_yaml("crashy", ["reads", "tripled", "fine"], recipes=recipes.name),
+                      encoding="utf-8")
     return matrix
 
 
