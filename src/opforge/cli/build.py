@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from opforge import build, compiler_cache
+from opforge import build, compiler_cache, variants
 from opforge.matrix import load_matrix
 
 
@@ -34,6 +34,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "(build_env), and `opforge inspect` flags such a wheel (repeatable)")
     b.add_argument("--no-compiler-cache", action="store_true",
                    help="compile every file, without sccache (also: OPFORGE_COMPILER_CACHE=off)")
+    b.add_argument("--variants", action="store_true",
+                   help="also write the wheel's wheel variant (PEP 825, a draft) into "
+                        "<out>/variants/: the variant-labelled wheel with the properties its "
+                        "backend maps the variant to (cuXYZ: CUDA floor and architectures; "
+                        "cpu/mps: the null variant, plus a plain copy), written by variantlib "
+                        "(pip install 'opforge[variants]'), for `opforge index`")
     b.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
     b.add_argument("-v", "--verbose", action="store_true",
                    help="show every line of the wheel repair (auditwheel's INFO lines too)")
@@ -42,12 +48,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_build(args: argparse.Namespace) -> int:
     matrix = load_matrix(args.file)
+    spec = None
+    if args.variants:  # refused (exit 2) before anything is planned or built
+        spec = variants.preflight(matrix.variant(args.variant), matrix.variants)
+        print(f"opforge build: {variants.status_line(variants.require_variantlib())}",
+              file=sys.stderr)
     extra_env = build.parse_build_env(args.build_env)
     plan = build.plan_build(matrix, args.variant, out_dir=args.out, work_dir=args.work_dir,
                             torch_spec=args.torch, torch_index=args.torch_index,
                             extra_env=extra_env)
     if args.dry_run:
         print(plan.describe())
+        if spec is not None:
+            print(variants.describe(spec))
         return 0
     # the plan printed by --dry-run is the one built: made once, here
     wheel = build.build_wheel(args.variant, matrix=matrix, python=args.python, plan=plan,
@@ -62,6 +75,11 @@ def run_build(args: argparse.Namespace) -> int:
             print(f"opforge build: {wheel.name}: {problem}", file=sys.stderr)
         return 1
     print(wheel)
+    if spec is not None:
+        for path in variants.make_variant_wheels(wheel, plan.variant,
+                                                 wheel.parent / variants.SUBDIR,
+                                                 matrix.variants):
+            print(path)
     return 0
 
 
