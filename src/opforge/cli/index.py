@@ -15,7 +15,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "a PEP 503 simple index per variant (<variant>/<project>/ with sha256 "
                     "fragments, data-requires-python and PEP 658 .metadata files) and a "
                     "find-links page per torch version and variant (torch-2.14.1+cu130.html). "
-                    "Wheels already in the tree are kept. Exit 1, writing nothing, when a "
+                    "Wheels already in the tree are kept. The wheel variants that opforge build "
+                    "--variants wrote (DIST/<variant>/variants/) go to wheel-variants/: one "
+                    "index URL for every build, with each version's variants JSON (PEP 825, a "
+                    "draft), the per-variant pages unchanged. Exit 1, writing nothing, when a "
                     "published file name would get different bytes; exit 2 on bad input.")
     p.add_argument("dist", nargs="?", type=Path, default=Path("dist"),
                    help="folder of <variant>/*.whl (default: dist)")
@@ -34,6 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_index(args: argparse.Namespace) -> int:
+    from opforge import variant_index, variants
     from opforge.index import build_index, check_site
 
     check_site(args.out)  # an unusable --out is a usage error, before any work
@@ -44,9 +48,17 @@ def run_index(args: argparse.Namespace) -> int:
         from opforge.index import collect_dist, fetch_published
 
         collect_dist(args.dist)  # bad input is refused before anything is fetched
+        variant_index.collect_dist(args.dist)
         count = fetch_published(args.merge_from, args.out)
+        count += variant_index.fetch_published(args.merge_from, args.out)
         print(f"opforge index: {count} published wheel(s) fetched from {args.merge_from}")
+    # the wheel variants are planned (and refused) before the index writes anything
+    plan = variant_index.plan(args.dist, args.out) if args.dist.is_dir() else None
+    if plan is not None:
+        print(f"opforge index: {variants.status_line(variants.require_variantlib())}")
     result = build_index(args.dist, args.out, dry_run=args.dry_run)
+    if plan is not None and not args.dry_run:
+        variant_index.write(plan, args.out)
     if args.pypi_out is not None and not args.dry_run:
         from opforge.index import collect_dist, copy_pypi_clean
 
@@ -56,8 +68,16 @@ def run_index(args: argparse.Namespace) -> int:
     verb = "would add" if args.dry_run else "added"
     for entry in result.added:
         print(f"{verb} {entry.path}")
-    variants = sorted({e.variant for e in result.added + result.unchanged + result.kept})
+    names = sorted({e.variant for e in result.added + result.unchanged + result.kept})
+    if plan is not None:
+        for item in plan.added:
+            print(f"{verb} {item.entry.path}")
     print(f"opforge index: {len(result.added)} wheel(s) {verb}, {len(result.unchanged)} "
-          f"already published, {len(result.kept)} kept; variants: {', '.join(variants)}; "
+          f"already published, {len(result.kept)} kept; variants: {', '.join(names)}; "
           f"{len(result.pages)} pages" + ("" if args.dry_run else f" in {args.out}"))
+    if plan is not None:
+        print(f"opforge index: {len(plan.added)} wheel variant file(s) {verb} under "
+              f"{variant_index.SITE_DIR}/ ({len(plan.files)} in all), "
+              f"{sum(p.endswith('.json') for p in plan.documents)} variants JSON file(s): "
+              f"one index URL for every build")
     return 0
