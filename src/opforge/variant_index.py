@@ -247,6 +247,11 @@ def resolve(index_url: str, project: str, version: str, *, python: str | None = 
     from packaging.utils import parse_wheel_filename as parse
     from variantlib.api import get_variants_by_priority
     from variantlib.errors import PluginError
+    from variantlib.plugins import loader
+
+    # variantlib caches the plugins' answers by plugin and command, not by interpreter: one
+    # host per call, so another host's answers must not be taken for this one's
+    loader.VARIANT_PROVIDER_CACHE_TABLE.clear()
 
     page = f"{index_url.rstrip('/')}/{canonicalize_name(project)}/"
     hrefs = [h.partition("#")[0] for h in index._links(page) or []]

@@ -22,9 +22,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "published file name would get different bytes; exit 2 on bad input.")
     p.add_argument("dist", nargs="?", type=Path, default=Path("dist"),
                    help="folder of <variant>/*.whl (default: dist)")
-    p.add_argument("--out", type=Path, required=True, metavar="SITE",
+    p.add_argument("--out", type=Path, metavar="SITE",
                    help="the index tree: created, or merged into when it exists (e.g. a "
-                        "checkout of the published site)")
+                        "checkout of the published site); required unless --resolve")
     p.add_argument("--merge-from", metavar="URL",
                    help="first copy the wheels the index published at URL serves into --out "
                         "(checked against their pages' sha256), so nothing published is lost "
@@ -33,13 +33,50 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="also copy DIST's wheels that carry no local label (the pypi: true "
                         "variant's, which PyPI accepts) into DIR, for the PyPI upload")
     p.add_argument("--dry-run", action="store_true", help="say what would change; write nothing")
+    r = p.add_argument_group("resolve", "which file a variant-aware installer takes on this host")
+    r.add_argument("--resolve", metavar="NAME==VERSION",
+                   help="print the file of NAME VERSION that variantlib's resolution picks from "
+                        "the wheel-variants/ index at --index-url, asking the provider plugins "
+                        "installed in --host-python (exit 1: none fits this host)")
+    r.add_argument("--index-url", metavar="URL", help="with --resolve: <site>/wheel-variants/")
+    r.add_argument("--host-python", metavar="PATH",
+                   help="with --resolve: the interpreter whose provider plugins describe the "
+                        "host (default: this one)")
     p.set_defaults(func=run_index)
+
+
+def run_resolve(args: argparse.Namespace) -> int:
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    from opforge import variant_index, variants
+
+    try:
+        req = Requirement(args.resolve)
+        pins = list(req.specifier)
+        if len(pins) != 1 or pins[0].operator != "==" or req.extras or req.marker:
+            raise InvalidRequirement("one exact pin")
+    except InvalidRequirement:
+        raise UsageError(f"--resolve {args.resolve!r}: give NAME==VERSION") from None
+    if not args.index_url:
+        raise UsageError("--resolve needs --index-url (the published <site>/wheel-variants/)")
+    if args.host_python and not Path(args.host_python).is_file():
+        raise UsageError(f"--host-python {args.host_python}: no such interpreter")
+    print(f"opforge index: {variants.status_line(variants.require_variantlib())}")
+    print(variant_index.resolve(args.index_url, req.name, pins[0].version,
+                                python=args.host_python))
+    return 0
 
 
 def run_index(args: argparse.Namespace) -> int:
     from opforge import variant_index, variants
     from opforge.index import build_index, check_site
 
+    if args.resolve:
+        return run_resolve(args)
+    if args.index_url or args.host_python:
+        raise UsageError("--index-url and --host-python go with --resolve")
+    if args.out is None:
+        raise UsageError("--out SITE is required (the index tree to write)")
     check_site(args.out)  # an unusable --out is a usage error, before any work
     if args.merge_from:
         if args.dry_run:
