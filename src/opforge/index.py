@@ -186,7 +186,8 @@ def collect_dist(dist: Path) -> list[Entry]:
             raise UsageError(f"{path}: no build record names its variant; put it under "
                              f"{dist}/<variant>/")
         entries.append(read_entry(path, _check_variant(variant, path), published=False))
-    for folder in sorted(p for p in dist.iterdir() if p.is_dir() and not p.name.startswith(".")):
+    for folder in sorted(p for p in dist.iterdir() if p.is_dir() and not p.name.startswith(".")
+                         and p.name != VARIANT_SITE_DIR):  # wheel variants: variant_index's
         for path in sorted(folder.glob("*.whl")):
             entries.append(read_entry(path, _check_variant(folder.name, folder), published=False))
     if not entries:

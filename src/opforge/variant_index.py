@@ -86,10 +86,15 @@ def _read(path: Path, *, published: bool, folder: str | None = None) -> VariantF
 
 
 def collect_dist(dist: Path) -> list[VariantFile]:
-    """The variant wheels to add: ``dist/<variant>/variants/*.whl``."""
-    found = []
+    """The variant wheels to add: ``dist/<variant>/variants/*.whl``, as opforge build writes
+    them, and ``dist/wheel-variants/*.whl``, where the release workflow downloads every
+    cell's (their build records name their variants)."""
+    flat = Path(dist) / SITE_DIR
+    info = lookup(flat, what="DIST")
+    found = [_read(path, published=False) for path in sorted(flat.glob("*.whl"))] \
+        if info is not None and stat.S_ISDIR(info.st_mode) else []
     for folder in sorted(p for p in Path(dist).iterdir() if p.is_dir()
-                         and not p.name.startswith(".")):
+                         and not p.name.startswith(".") and p.name != SITE_DIR):
         sub = folder / variants.SUBDIR
         info = lookup(sub, what="DIST")
         if info is None or not stat.S_ISDIR(info.st_mode):

@@ -66,8 +66,9 @@ def require_variantlib(what: str = "--variants") -> str:
     try:
         import variantlib  # noqa: F401
     except ImportError:
-        raise UsageError(f"{what} needs variantlib, the wheel variants reference library: "
-                         "pip install 'opforge[variants]'") from None
+        raise UsageError(f"{what} needs variantlib, the wheel variants reference library "
+                         f"(an opforge dependency): pip install 'variantlib=={VARIANTLIB}'") \
+            from None
     try:
         return importlib_metadata.version("variantlib")
     except importlib_metadata.PackageNotFoundError:

@@ -204,3 +204,17 @@ def test_a_matrix_of_several_cuda_variants_publishes_one_json(tmp_path):
     data = json.loads((site / SITE_DIR / NAME / f"{NAME}-1.0-variants.json").read_text())
     assert sorted(data["variants"]) == ["cu126", "cu130", "null"]
     assert data["variants"]["cu126"]["nvidia"]["cuda_version_lower_bound"] == ["12.6"]
+
+
+def test_the_release_layout_gives_the_same_tree(built, tmp_path):
+    """The release downloads every cell's wheels into dist/ and their wheel variants into
+    dist/wheel-variants/ (build records name the variants): the same tree as dist/<variant>/."""
+    _root, dist, site = built
+    flat = tmp_path / "dist"
+    (flat / SITE_DIR).mkdir(parents=True)
+    for wheel in dist.glob("*/*.whl"):
+        shutil.copy(wheel, flat / wheel.name)
+    for wheel in dist.glob("*/variants/*.whl"):
+        shutil.copy(wheel, flat / SITE_DIR / wheel.name)
+    assert main(["index", str(flat), "--out", str(tmp_path / "site")]) == 0
+    assert _tree(tmp_path / "site") == _tree(site)

@@ -7,6 +7,7 @@ import csv
 import hashlib
 import io
 import json
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -153,6 +154,16 @@ def test_build_variants_writes_the_variant_wheels_beside_the_normal_one(tmp_path
                  "--allow-host-floor"]) == 0
     shown = capsys.readouterr().out
     assert "wheel variant" in shown and "agrees with its build record" in shown
+    # --variants-only: the same wheel variants from the wheel already built, nothing rebuilt
+    before = {p.name: p.read_bytes() for p in (dist / "variants").iterdir()}
+    shutil.rmtree(dist / "variants")
+    assert main(["build", "--variant", "cpu", "--variants-only", "--file", str(matrix)]) == 0
+    assert {p.name: p.read_bytes() for p in (dist / "variants").iterdir()} == before
+    capsys.readouterr()
+    (dist / f"{NAME}-2.0+cpu-py3-none-any.whl").unlink()
+    assert main(["build", "--variant", "cpu", "--variants-only", "--file", str(matrix)]) == 2
+    assert "holds 0 wheels, expected the one `opforge build --variant cpu` left there" in \
+        capsys.readouterr().err
 
 
 def test_inspect_shows_the_properties_and_checks_them_against_the_build_record(tmp_path,

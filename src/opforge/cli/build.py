@@ -39,7 +39,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "<out>/variants/: the variant-labelled wheel with the properties its "
                         "backend maps the variant to (cuXYZ: CUDA floor and architectures; "
                         "cpu/mps: the null variant, plus a plain copy), written by variantlib "
-                        "(pip install 'opforge[variants]'), for `opforge index`")
+                        "for `opforge index`")
+    b.add_argument("--variants-only", action="store_true",
+                   help="build nothing: write the wheel variants of the wheel the last build "
+                        "left in <out> (what --variants adds to a build, as a later step)")
     b.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
     b.add_argument("-v", "--verbose", action="store_true",
                    help="show every line of the wheel repair (auditwheel's INFO lines too)")
@@ -49,10 +52,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_build(args: argparse.Namespace) -> int:
     matrix = load_matrix(args.file)
     spec = None
-    if args.variants:  # refused (exit 2) before anything is planned or built
+    if args.variants or args.variants_only:  # refused (exit 2) before anything is built
         spec = variants.preflight(matrix.variant(args.variant), matrix.variants)
         print(f"opforge build: {variants.status_line(variants.require_variantlib())}",
               file=sys.stderr)
+    if args.variants_only:
+        return variants_of_built(args, matrix)
     extra_env = build.parse_build_env(args.build_env)
     plan = build.plan_build(matrix, args.variant, out_dir=args.out, work_dir=args.work_dir,
                             torch_spec=args.torch, torch_index=args.torch_index,
@@ -93,3 +98,29 @@ def write_summary(variant: str, stats: compiler_cache.CacheStats | None) -> None
         fh.write(f"### opforge build {variant}: compiler cache\n\n"
                  "| hits | misses | hit rate | not cacheable |\n| ---: | ---: | ---: | ---: |\n"
                  f"| {stats.hits} | {stats.misses} | {rate} | {stats.not_cacheable} |\n\n")
+
+
+def variants_of_built(args: argparse.Namespace, matrix) -> int:
+    """``--variants-only``: the wheel variants of the wheel a build left in ``--out``."""
+    from pathlib import Path
+
+    from opforge.errors import UsageError
+    from opforge.matrix.dist import wheel_record
+
+    if args.dry_run or args.variants:
+        raise UsageError("--variants-only builds nothing: it goes without --dry-run and "
+                         "--variants")
+    variant = matrix.variant(args.variant)
+    out = Path(args.out) if args.out else matrix.dist_dir(variant)
+    wheels = sorted(out.glob("*.whl"))
+    if len(wheels) != 1:
+        raise UsageError(f"--variants-only: {out} holds {len(wheels)} wheels, expected the one "
+                         f"`opforge build --variant {variant.name}` left there")
+    built_for = (wheel_record(wheels[0]) or {}).get("variant")
+    if built_for != variant.name:
+        raise UsageError(f"--variants-only: {wheels[0].name} was built for variant "
+                         f"{built_for!r}, not {variant.name!r}")
+    for path in variants.make_variant_wheels(wheels[0], variant, out / variants.SUBDIR,
+                                             matrix.variants):
+        print(path)
+    return 0
