@@ -38,9 +38,9 @@ from opforge.stamp import RECORD_NAME, _write_wheel
 if TYPE_CHECKING:
     from opforge.matrix import Variant
 
-# the revisions read (peps.python.org/pep-0825 and python/peps#5133), and the library
-PROPOSALS = ("PEP 825 (draft, change history to 26-Aug-2026) and the draft providers PEP "
-             "split from PEP 817")
+# the revisions read (docs/adopt.md, "Wheel variants"), and the library they follow
+PROPOSALS = ("PEP 825 (draft, with its August 2026 updates: python/peps#5086, #5100) and the "
+             "draft providers PEP split from PEP 817 (python/peps#5133)")
 VARIANTLIB = "0.2.2"
 NULL_LABEL = "null"
 DIST_INFO_FILE = "variant.json"   # variantlib's VARIANT_DIST_INFO_FILENAME (checked in tests)
