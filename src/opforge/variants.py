@@ -45,6 +45,7 @@ VARIANTLIB = "0.2.2"
 NULL_LABEL = "null"
 DIST_INFO_FILE = "variant.json"   # variantlib's VARIANT_DIST_INFO_FILENAME (checked in tests)
 SUBDIR = "variants"               # dist/<variant>/variants/: the variant wheels of a build
+MAX_MEMBER = 1 << 20              # variant.json and the build record are a few hundred bytes
 _LABEL = re.compile(r"[0-9a-z._]+\Z")
 
 
@@ -283,6 +284,10 @@ def read_variant(path: Path) -> WheelVariant | None:
             names = archive.namelist()
             found = [n for n in names if re.fullmatch(r"[^/]+\.dist-info/" +
                                                        re.escape(DIST_INFO_FILE), n)]
+            for member in found + [n for n in names if n.endswith(f".dist-info/{RECORD_NAME}")]:
+                if archive.getinfo(member).file_size > MAX_MEMBER:
+                    raise UsageError(f"{path}: {member} is {archive.getinfo(member).file_size} "
+                                     f"bytes, more than {MAX_MEMBER}")
             text = archive.read(found[0]) if len(found) == 1 else None
             records = [n for n in names if n.endswith(f".dist-info/{RECORD_NAME}")]
             record = json.loads(archive.read(records[0])) if records else None

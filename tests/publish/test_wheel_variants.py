@@ -209,3 +209,11 @@ def test_inspect_of_an_unreadable_variant_wheel_is_one_line_exit_2(tmp_path, cap
     assert main(["inspect", str(bad)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_an_oversized_variant_json_is_refused_unread(tmp_path, capsys):
+    [wheel] = variant_wheels(tmp_path, write_matrix(tmp_path), "cu130")
+    rewrite_member(wheel, "variant.json", lambda b: b + b" " * (2 << 20))
+    assert main(["inspect", str(wheel)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "variant.json is 2" in err and "more than 1048576" in err

@@ -37,7 +37,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--resolve", metavar="NAME==VERSION",
                    help="print the file of NAME VERSION that variantlib's resolution picks from "
                         "the wheel-variants/ index at --index-url, asking the provider plugins "
-                        "installed in --host-python (exit 1: none fits this host)")
+                        "installed in --host-python (exit 1: none fits this host); the platform "
+                        "tags are this interpreter's")
     r.add_argument("--index-url", metavar="URL", help="with --resolve: <site>/wheel-variants/")
     r.add_argument("--host-python", metavar="PATH",
                    help="with --resolve: the interpreter whose provider plugins describe the "
