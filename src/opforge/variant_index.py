@@ -149,6 +149,16 @@ def _variants_json(group: list[VariantFile]) -> bytes:
             raise UsageError(what) from None
     if merged is None:
         raise UsageError(f"{group[0].namever}: a plain copy but no variant wheel")
+    by_properties: dict[str, str] = {}
+    for label, vdesc in sorted(merged.variants.items()):
+        other = by_properties.setdefault(vdesc.hexdigest, label)
+        if other != label:  # cu130 and cu130_stable, say: no installer could tell them apart
+            what = (f"{group[0].namever}: labels {other} and {label} declare the same "
+                    "properties, so an installer cannot choose between them; publish one of "
+                    "those variants with --variants")
+            if any(f.entry.published for f in group):
+                raise index.IndexConflict(what + ", nothing was written")
+            raise UsageError(what)
     return merged.to_str().encode()
 
 

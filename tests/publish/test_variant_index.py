@@ -218,3 +218,22 @@ def test_the_release_layout_gives_the_same_tree(built, tmp_path):
         shutil.copy(wheel, flat / SITE_DIR / wheel.name)
     assert main(["index", str(flat), "--out", str(tmp_path / "site")]) == 0
     assert _tree(tmp_path / "site") == _tree(site)
+
+
+def test_two_labels_with_the_same_properties_are_refused(tmp_path, capsys):
+    """cu130 and cu130_stable map to the same properties: an installer could not choose."""
+    twin = CU130.replace("name: cu130", "name: cu130_twin")
+    matrix = write_matrix(tmp_path / "repo", CPU, CU130, twin)
+    variant_wheels(tmp_path, matrix, "cu130")
+    from variants_kit import FACTS
+
+    FACTS["cu130_twin"] = FACTS["cu130"]
+    try:
+        variant_wheels(tmp_path, matrix, "cu130_twin", tag="py3-none-manylinux_2_28_x86_64")
+    finally:
+        del FACTS["cu130_twin"]
+    site = tmp_path / "site"
+    assert main(["index", str(tmp_path / "dist"), "--out", str(site)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "labels cu130 and cu130_twin declare the same" in err
+    assert not site.exists()
