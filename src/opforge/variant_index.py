@@ -28,6 +28,7 @@ import hashlib
 import html
 import json
 import stat
+import zipfile
 from dataclasses import dataclass
 from email.parser import Parser
 from pathlib import Path
@@ -77,8 +78,6 @@ def _read(path: Path, *, published: bool, folder: str | None = None) -> VariantF
                         torch=None, published=published)
     dist_info = None
     if label is not None:
-        import zipfile
-
         with zipfile.ZipFile(path) as archive:
             dist_info = archive.read(next(n for n in archive.namelist()
                                           if n.endswith(f".dist-info/{variants.DIST_INFO_FILE}")))
@@ -277,8 +276,8 @@ def resolve(index_url: str, project: str, version: str, *, python: str | None = 
     wheels: dict[str | None, list[tuple[int, str]]] = {}
     json_name = None
     for href in hrefs:
-        if href.endswith("-variants.json"):
-            if str(parse(f"{href[:-len('-variants.json')]}-py3-none-any.whl")[1]) == version:
+        if href.endswith("-variants.json"):  # <name>-<version>: the name has no dash
+            if _same_version(href[:-len("-variants.json")].partition("-")[2], version):
                 json_name = href
             continue
         base, label = variants.split_label(href)
@@ -287,7 +286,7 @@ def resolve(index_url: str, project: str, version: str, *, python: str | None = 
         except InvalidWheelFilename:
             continue
         fits = [rank[str(t)] for t in wheel_tags if str(t) in rank]
-        if str(got) == version and fits:
+        if _same_version(str(got), version) and fits:
             wheels.setdefault(label, []).append((min(fits), href))
     if json_name is None:
         raise OpforgeError(f"{page}: no variants JSON for {project} {version}")
@@ -295,8 +294,10 @@ def resolve(index_url: str, project: str, version: str, *, python: str | None = 
     try:
         order = get_variants_by_priority(variants_json=json.loads(body or b"{}"),
                                          venv_python_executable=python)
-    except (PluginError, ValueError) as exc:
-        raise OpforgeError(f"the provider plugins of {json_name} failed: {exc}") from None
+    except (PluginError, ValueError) as exc:  # the plugin's traceback: its last line says why
+        last = (str(exc).strip().splitlines() or ["?"])[-1]
+        raise OpforgeError(f"the provider plugins {json_name} names failed on this host "
+                           f"(install them into --host-python): {last}") from None
     # the variants in variantlib's order, then the wheels that are no variant (PEP 825)
     for choice in [*(wheels.get(vdesc.label) for vdesc in order), wheels.get(None)]:
         if choice:
@@ -307,6 +308,15 @@ def resolve(index_url: str, project: str, version: str, *, python: str | None = 
     raise OpforgeError(f"no wheel of {project} {version} fits this host: no variant's "
                        f"properties are supported here ({needs or 'none'}) and the index has "
                        "no null variant (a CPU build) to fall back on")
+
+
+def _same_version(a: str, b: str) -> bool:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(a) == Version(b)
+    except InvalidVersion:
+        return False
 
 
 def _described(data: dict):

@@ -165,6 +165,14 @@ def test_the_resolution_says_the_proposals_are_drafts_once(served, capsys):
     assert sum("drafts" in line for line in out.splitlines()) == 1
 
 
+def test_a_host_without_the_provider_is_one_line_exit_1(served, capsys):
+    base, _hosts = served
+    code, _picked, err = _resolve(capsys, base, "site", Path(sys.executable))
+    assert code == 1 and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert "the provider plugins boxops-1.0-variants.json names failed on this host" in err
+    assert "nvidia_variant_provider" in err
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--resolve", "boxops"], "give NAME==VERSION"),
     (["--resolve", "boxops>=1.0", "--index-url", "http://127.0.0.1:9/"], "give NAME==VERSION"),
