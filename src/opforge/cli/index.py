@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import stat
 from pathlib import Path
 
 from opforge.errors import UsageError
@@ -70,6 +71,7 @@ def run_resolve(args: argparse.Namespace) -> int:
 
 def run_index(args: argparse.Namespace) -> int:
     from opforge import variant_index, variants
+    from opforge.files import lookup
     from opforge.index import build_index, check_site
 
     if args.resolve:
@@ -91,7 +93,9 @@ def run_index(args: argparse.Namespace) -> int:
         count += variant_index.fetch_published(args.merge_from, args.out)
         print(f"opforge index: {count} published wheel(s) fetched from {args.merge_from}")
     # the wheel variants are planned (and refused) before the index writes anything
-    plan = variant_index.plan(args.dist, args.out) if args.dist.is_dir() else None
+    given = lookup(args.dist, what="DIST")  # an unusable name: one line, exit 2
+    plan = variant_index.plan(args.dist, args.out) \
+        if given is not None and stat.S_ISDIR(given.st_mode) else None
     if plan is not None:
         print(f"opforge index: {variants.status_line(variants.require_variantlib())}")
     result = build_index(args.dist, args.out, dry_run=args.dry_run)
