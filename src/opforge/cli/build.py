@@ -7,6 +7,7 @@ import os
 import sys
 
 from opforge import build, compiler_cache, variants
+from opforge.errors import UsageError
 from opforge.matrix import load_matrix
 
 
@@ -52,16 +53,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_build(args: argparse.Namespace) -> int:
     matrix = load_matrix(args.file)
     spec = None
+    if args.variants_only and (args.dry_run or args.variants):
+        raise UsageError("--variants-only builds nothing: it goes without --dry-run and "
+                         "--variants")
     if args.variants or args.variants_only:  # refused (exit 2) before anything is built
         spec = variants.preflight(matrix.variant(args.variant), matrix.variants)
-        print(f"opforge build: {variants.status_line(variants.require_variantlib())}",
-              file=sys.stderr)
     if args.variants_only:
         return variants_of_built(args, matrix)
     extra_env = build.parse_build_env(args.build_env)
     plan = build.plan_build(matrix, args.variant, out_dir=args.out, work_dir=args.work_dir,
                             torch_spec=args.torch, torch_index=args.torch_index,
                             extra_env=extra_env)
+    if spec is not None:  # the drafts' line, once the input is known good
+        print(f"opforge build: {variants.status_line(variants.require_variantlib())}",
+              file=sys.stderr)
     if args.dry_run:
         print(plan.describe())
         if spec is not None:
@@ -104,12 +109,8 @@ def variants_of_built(args: argparse.Namespace, matrix) -> int:
     """``--variants-only``: the wheel variants of the wheel a build left in ``--out``."""
     from pathlib import Path
 
-    from opforge.errors import UsageError
     from opforge.matrix.dist import wheel_record
 
-    if args.dry_run or args.variants:
-        raise UsageError("--variants-only builds nothing: it goes without --dry-run and "
-                         "--variants")
     variant = matrix.variant(args.variant)
     out = Path(args.out) if args.out else matrix.dist_dir(variant)
     wheels = sorted(out.glob("*.whl"))
@@ -120,6 +121,8 @@ def variants_of_built(args: argparse.Namespace, matrix) -> int:
     if built_for != variant.name:
         raise UsageError(f"--variants-only: {wheels[0].name} was built for variant "
                          f"{built_for!r}, not {variant.name!r}")
+    print(f"opforge build: {variants.status_line(variants.require_variantlib())}",
+          file=sys.stderr)
     for path in variants.make_variant_wheels(wheels[0], variant, out / variants.SUBDIR,
                                              matrix.variants):
         print(path)
