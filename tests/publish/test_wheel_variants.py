@@ -181,7 +181,9 @@ def test_inspect_shows_the_properties_and_checks_them_against_the_build_record(t
     assert data["wheel_variant"]["label"] == "cu130" and data["problems"] == []
     assert "nvidia :: sm_arch :: 90_real" in data["wheel_variant"]["properties"]
     assert main(["inspect", str(wheel)]) == 0
-    assert "nvidia :: cuda_version_lower_bound :: 13.0" in capsys.readouterr().out
+    shown = capsys.readouterr().out
+    assert "nvidia :: cuda_version_lower_bound :: 13.0" in shown
+    assert sum("drafts, the format may still change" in line for line in shown.splitlines()) == 1
 
     # variant.json rewritten to claim CUDA 12.0: the record still says 13.0
     rewrite_member(wheel, "variant.json",

@@ -135,6 +135,9 @@ def print_report(report: wheels.WheelReport, problems: list[str], variant: str |
     against = f"variant {variant}" if variant else "what the wheel declares"
     for problem in problems:
         console.print(f"[red]✗[/red] contradicts {against}: {escape(problem)}")
+    if found is not None:
+        drafts = variants.status_line(variants.require_variantlib())
+        console.print(f"[yellow]![/yellow] {escape(drafts)}", soft_wrap=True)
     for problem in variant_problems:
         console.print(f"[red]FAIL[/red] wheel variant: {escape(problem)}", soft_wrap=True)
     if found is not None and not variant_problems:
