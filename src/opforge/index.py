@@ -51,6 +51,7 @@ from opforge.files import check_writable, lookup, open_regular
 from opforge.stamp import RECORD_NAME
 
 MAX_METADATA = 16 << 20
+VARIANT_SITE_DIR = "wheel-variants"  # opforge.variant_index's pages: no variant's name (a dash)
 _VARIANT = re.compile(r"[a-z0-9][a-z0-9_.]*\Z")
 
 
@@ -185,7 +186,8 @@ def collect_dist(dist: Path) -> list[Entry]:
             raise UsageError(f"{path}: no build record names its variant; put it under "
                              f"{dist}/<variant>/")
         entries.append(read_entry(path, _check_variant(variant, path), published=False))
-    for folder in sorted(p for p in dist.iterdir() if p.is_dir() and not p.name.startswith(".")):
+    for folder in sorted(p for p in dist.iterdir() if p.is_dir() and not p.name.startswith(".")
+                         and p.name != VARIANT_SITE_DIR):  # wheel variants: variant_index's
         for path in sorted(folder.glob("*.whl")):
             entries.append(read_entry(path, _check_variant(folder.name, folder), published=False))
     if not entries:
@@ -202,7 +204,7 @@ def collect_published(site: Path) -> list[Entry]:
         raise UsageError(f"{site}: not a directory")
     entries = []
     for variant_dir in sorted(p for p in site.iterdir() if p.is_dir() and not p.is_symlink()
-                              and not p.name.startswith(".")):
+                              and not p.name.startswith(".") and p.name != VARIANT_SITE_DIR):
         for project_dir in sorted(p for p in variant_dir.iterdir() if p.is_dir()
                                   and not p.is_symlink()):
             for path in sorted(project_dir.glob("*.whl")):

@@ -20,7 +20,10 @@ variants, so the same URL installs the CPU build with today's pip and uv.
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+import tempfile
 import zipfile
 from dataclasses import dataclass
 from importlib import metadata as importlib_metadata
@@ -35,13 +38,14 @@ from opforge.stamp import RECORD_NAME, _write_wheel
 if TYPE_CHECKING:
     from opforge.matrix import Variant
 
-# the revisions read (peps.python.org/pep-0825 and python/peps#5133), and the library
-PROPOSALS = ("PEP 825 (draft, change history to 26-Aug-2026) and the draft providers PEP "
-             "split from PEP 817")
+# the revisions read (docs/adopt.md, "Wheel variants"), and the library they follow
+PROPOSALS = ("PEP 825 (draft, with its August 2026 updates: python/peps#5086, #5100) and the "
+             "draft providers PEP split from PEP 817 (python/peps#5133)")
 VARIANTLIB = "0.2.2"
 NULL_LABEL = "null"
 DIST_INFO_FILE = "variant.json"   # variantlib's VARIANT_DIST_INFO_FILENAME (checked in tests)
 SUBDIR = "variants"               # dist/<variant>/variants/: the variant wheels of a build
+MAX_MEMBER = 1 << 20              # variant.json and the build record are a few hundred bytes
 _LABEL = re.compile(r"[0-9a-z._]+\Z")
 
 
@@ -63,8 +67,9 @@ def require_variantlib(what: str = "--variants") -> str:
     try:
         import variantlib  # noqa: F401
     except ImportError:
-        raise UsageError(f"{what} needs variantlib, the wheel variants reference library: "
-                         "pip install 'opforge[variants]'") from None
+        raise UsageError(f"{what} needs variantlib, the wheel variants reference library "
+                         f"(an opforge dependency): pip install 'variantlib=={VARIANTLIB}'") \
+            from None
     try:
         return importlib_metadata.version("variantlib")
     except importlib_metadata.PackageNotFoundError:
@@ -106,25 +111,44 @@ def spec_of(variant: Variant) -> VariantSpec:
     return VariantSpec(variant.name, label, properties, backend.variant_provider)
 
 
-def _variantlib_description(spec: VariantSpec):
-    """variantlib's VariantDescription and VariantInfo for ``spec``."""
+def _refusal(spec: VariantSpec) -> str | None:
+    """Why ``spec`` cannot be a wheel variant (None: it can)."""
+    if spec.null:
+        return None
+    namespaces = sorted({p.split("::", 1)[0].strip() for p in spec.properties})
+    if spec.provider is None or [spec.provider[0]] != namespaces:
+        return (f"variant {spec.variant}: no variant provider plugin is published for its "
+                f"{', '.join(namespaces)} properties, so no installer could select it; build "
+                "it without --variants (its per-variant index pages still serve it)")
+    return None
+
+
+def _variantlib_description(spec: VariantSpec, variants: tuple[Variant, ...]):
+    """variantlib's VariantDescription of ``spec`` and the VariantInfo every wheel variant of
+    the matrix (``variants``) shares: one provider per namespace, in the matrix's order (the
+    format asks each variant.json for the package's providers, the null variant's too)."""
     from variantlib.api import VariantDescription, VariantProperty
     from variantlib.errors import ValidationError
     from variantlib.models.variant_info import ProviderInfo, VariantInfo
 
+    refusal = _refusal(spec)
+    if refusal:
+        raise UsageError(refusal)
+    providers: dict[str, ProviderInfo] = {}
+    for other in (spec_of(v) for v in variants):
+        if other.null or _refusal(other) or other.provider[0] in providers:
+            continue
+        namespace, requires, plugin_api = other.provider
+        providers[namespace] = ProviderInfo(requires=list(requires), plugin_api=plugin_api)
+    if not providers:
+        raise UsageError(f"variant {spec.variant}: no variant of the matrix has properties a "
+                         "provider plugin answers for (a CUDA variant, say), so a wheel "
+                         "variant would add nothing: publish without --variants")
     try:
+        info = VariantInfo(namespace_priorities=list(providers), providers=providers)
         if spec.null:
-            return VariantDescription(), VariantInfo()
+            return VariantDescription(), info
         properties = [VariantProperty.from_str(p) for p in spec.properties]
-        namespaces = sorted({p.namespace for p in properties})
-        if spec.provider is None or {spec.provider[0]} != set(namespaces):
-            raise UsageError(
-                f"variant {spec.variant}: no variant provider plugin is published for its "
-                f"{', '.join(namespaces)} properties, so no installer could select it; build "
-                "it without --variants (its per-variant index pages still serve it)")
-        namespace, requires, plugin_api = spec.provider
-        info = VariantInfo(namespace_priorities=[namespace], providers={
-            namespace: ProviderInfo(requires=list(requires), plugin_api=plugin_api)})
         return VariantDescription(properties=properties, label=spec.label), info
     except ValidationError as exc:
         raise UsageError(f"variant {spec.variant}: variantlib refuses its properties: {exc}") \
@@ -138,14 +162,16 @@ def _rewrite_version(metadata: str, version: str) -> str:
     return "\n".join(lines) + sep + body
 
 
-def make_variant_wheels(wheel: Path, variant: Variant, out_dir: Path) -> list[Path]:
+def make_variant_wheels(wheel: Path, variant: Variant, out_dir: Path,
+                        variants: tuple[Variant, ...]) -> list[Path]:
     """Write ``wheel``'s variant wheel (and, for the null variant, its plain public-version
-    copy) into ``out_dir``; return their paths."""
+    copy) into ``out_dir``; return their paths. ``variants``: the matrix's, whose providers
+    every variant.json lists."""
     require_variantlib()
     from variantlib.api import make_variant_dist_info
 
     spec = spec_of(variant)
-    vdesc, info = _variantlib_description(spec)
+    vdesc, info = _variantlib_description(spec, variants)
     dist_info_text = make_variant_dist_info(vdesc, variant_info=info)
     try:
         name, version, build_tag, _tags = parse_wheel_filename(wheel.name)
@@ -186,83 +212,147 @@ def make_variant_wheels(wheel: Path, variant: Variant, out_dir: Path) -> list[Pa
                      *([f"{build_tag[0]}{build_tag[1]}"] if build_tag else []),
                      *wheel.name[:-4].split("-")[-3:]])
     out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
+    files = {}
     if spec.null:  # the copy today's installers take: same bytes but no variant.json
-        plain = out_dir / f"{base}.whl"
-        _write_wheel(plain, dict(contents), modes, f"{new_info}/RECORD")
-        written.append(plain)
+        files[f"{base}.whl"] = dict(contents)
     contents[f"{new_info}/{DIST_INFO_FILE}"] = dist_info_text.encode("utf-8")
-    labelled = out_dir / f"{base}-{spec.label}.whl"
-    _write_wheel(labelled, contents, modes, f"{new_info}/RECORD")
-    written.insert(0, labelled)
-    return written
+    files[f"{base}-{spec.label}.whl"] = contents
+    return _replace_wheels(out_dir, files, modes, f"{new_info}/RECORD")
+
+
+def _replace_wheels(out_dir: Path, files: dict[str, dict[str, bytes]], modes: dict[str, int],
+                    record_name: str) -> list[Path]:
+    """Write every wheel under a scratch folder, then rename them over the older wheels of
+    ``out_dir`` (a build's variant wheels replace the last build's): nothing half written."""
+    scratch = Path(tempfile.mkdtemp(prefix=".variants-", dir=out_dir))
+    try:
+        for name, contents in files.items():
+            _write_wheel(scratch / name, contents, modes, record_name)
+        for old in out_dir.glob("*.whl"):
+            if old.name not in files:
+                old.unlink()
+        written = []
+        for name in files:
+            os.replace(scratch / name, out_dir / name)
+            written.append(out_dir / name)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return sorted(written, key=lambda p: split_label(p.name)[1] is None)
+
+
+def preflight(variant: Variant, variants: tuple[Variant, ...]) -> VariantSpec:
+    """The spec ``--variants`` will write, checked before anything is built (exit 2 when
+    variantlib is missing or refuses it, or when no provider plugin answers for it)."""
+    require_variantlib()
+    spec = spec_of(variant)
+    _variantlib_description(spec, variants)
+    return spec
+
+
+def describe(spec: VariantSpec) -> str:
+    """One line: the label and properties of a variant's wheel variant."""
+    if spec.null:
+        return f"wheel variant of {spec.variant}: the null variant (no properties), and a " \
+               "plain copy for installers without variant support"
+    return f"wheel variant of {spec.variant}: label {spec.label}, {', '.join(spec.properties)}"
 
 
 @dataclass(frozen=True)
 class WheelVariant:
-    """What a variant wheel says of itself: its label (file name) and variant.json."""
+    """What a wheel says of its variant: the label of its file name, its variant.json (read
+    by variantlib), its build record's ``wheel_variant``, and what is wrong between them."""
 
-    label: str
-    properties: tuple[str, ...]
+    label: str | None                     # None: no label in the file name
+    properties: tuple[str, ...]           # from variant.json; () for none or the null variant
     providers: dict[str, dict]
-    record: dict | None
+    record: dict | None                   # the build record
+    faults: tuple[str, ...] = ()          # the file name and variant.json disagree
+
+    @property
+    def declared(self) -> dict | None:
+        found = (self.record or {}).get("wheel_variant")
+        return found if isinstance(found, dict) else None
 
 
 def read_variant(path: Path) -> WheelVariant | None:
-    """The variant a wheel declares (None: a non-variant wheel); a UsageError when its
-    variant.json is missing, unreadable or names another label than its file name."""
+    """The variant a wheel declares; None for a wheel that is no variant wheel at all (no
+    label, no variant.json, no ``wheel_variant`` in its build record). An unreadable wheel
+    is a UsageError; a variant.json that contradicts the file name is a fault."""
     _, label = split_label(path.name)
-    if label is None:
-        return None
-    require_variantlib("reading a variant wheel")
-    from variantlib.errors import ValidationError
-    from variantlib.variant_dist_info import VariantDistInfo
-
     try:
         with zipfile.ZipFile(path) as archive:
             names = archive.namelist()
             found = [n for n in names if re.fullmatch(r"[^/]+\.dist-info/" +
                                                        re.escape(DIST_INFO_FILE), n)]
-            if len(found) != 1:
-                raise UsageError(f"{path.name}: a variant label ({label}) but no single "
-                                 f".dist-info/{DIST_INFO_FILE}")
-            text = archive.read(found[0])
+            for member in found + [n for n in names if n.endswith(f".dist-info/{RECORD_NAME}")]:
+                if archive.getinfo(member).file_size > MAX_MEMBER:
+                    raise UsageError(f"{path}: {member} is {archive.getinfo(member).file_size} "
+                                     f"bytes, more than {MAX_MEMBER}")
+            text = archive.read(found[0]) if len(found) == 1 else None
             records = [n for n in names if n.endswith(f".dist-info/{RECORD_NAME}")]
             record = json.loads(archive.read(records[0])) if records else None
-    except (zipfile.BadZipFile, OSError, ValueError) as exc:
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
         raise UsageError(f"{path}: not a readable wheel ({exc})") from None
-    try:
-        info = VariantDistInfo(text, label)
-    except (ValidationError, ValueError) as exc:
-        raise UsageError(f"{path.name}: {DIST_INFO_FILE} is not valid: {exc}") from None
-    properties = tuple(sorted(p.to_str() for p in info.variant_desc.properties))
-    providers = json.loads(info.to_str()).get("providers", {})
-    return WheelVariant(label, properties, providers, record if isinstance(record, dict)
-                        else None)
+    record = record if isinstance(record, dict) else None
+    if label is None and not found and not (record or {}).get("wheel_variant"):
+        return None
+    faults: list[str] = []
+    properties: tuple[str, ...] = ()
+    providers: dict[str, dict] = {}
+    if len(found) > 1:
+        faults.append(f"{len(found)} {DIST_INFO_FILE} files")
+    elif label is None and found:
+        faults.append(f"a {DIST_INFO_FILE} but no variant label in the file name: an "
+                      "installer would take it for a plain wheel")
+    elif label is not None and text is None:
+        faults.append(f"the file name's variant label {label} but no .dist-info/"
+                      f"{DIST_INFO_FILE}")
+    elif text is not None:
+        require_variantlib("reading a variant wheel")
+        from variantlib.errors import ValidationError
+        from variantlib.variant_dist_info import VariantDistInfo
+
+        try:
+            info = VariantDistInfo(text, label)
+        except (ValidationError, ValueError) as exc:
+            faults.append(f"{DIST_INFO_FILE} is not valid: {exc}")
+        else:
+            properties = tuple(sorted(p.to_str() for p in info.variant_desc.properties))
+            providers = json.loads(info.to_str()).get("providers", {})
+    return WheelVariant(label, properties, providers, record, tuple(faults))
 
 
-def check_variant_wheel(path: Path, variant: Variant | None) -> list[str]:
-    """How a variant wheel contradicts its build record and (given) its matrix variant."""
+def check_variant_wheel(path: Path, variant: Variant | None = None) -> list[str]:
+    """How a wheel's variant contradicts its build record and (given) its matrix variant:
+    empty for a consistent variant wheel, a consistent plain copy, or no variant wheel."""
     found = read_variant(path)
     if found is None:
         return []
-    problems = []
-    declared = (found.record or {}).get("wheel_variant")
-    if not isinstance(declared, dict):
+    problems = list(found.faults)
+    declared = found.declared
+    if declared is None:
         problems.append("the build record names no wheel_variant: not written by "
                         "opforge build --variants")
+        return problems
+    recorded = tuple(sorted(declared.get("properties") or ()))
+    if found.label is None:  # the plain copy of the null variant
+        if declared.get("label") != NULL_LABEL:
+            problems.append(f"the build record names variant label {declared.get('label')}, "
+                            "the file name none (only the null variant has a plain copy)")
     else:
         if declared.get("label") != found.label:
             problems.append(f"label {found.label} in the file name, "
                             f"{declared.get('label')} in the build record")
-        recorded = tuple(sorted(declared.get("properties") or ()))
-        if recorded != found.properties:
-            problems.append(f"{DIST_INFO_FILE} declares {', '.join(found.properties) or 'none'}"
-                            f", the build record {', '.join(recorded) or 'none'}")
+        if recorded != found.properties and not found.faults:
+            only_json = sorted(set(found.properties) - set(recorded))
+            only_record = sorted(set(recorded) - set(found.properties))
+            problems.append(f"{DIST_INFO_FILE} declares {', '.join(only_json) or 'nothing more'}"
+                            f", the build record {', '.join(only_record) or 'nothing more'}")
     if variant is not None:
         spec = spec_of(variant)
-        if spec.label != found.label or spec.properties != found.properties:
+        label = found.label or NULL_LABEL
+        if spec.label != label or spec.properties != recorded:
             problems.append(f"variant {variant.name} maps to label {spec.label} with "
                             f"{', '.join(spec.properties) or 'no properties'}; the wheel is "
-                            f"{found.label} with {', '.join(found.properties) or 'none'}")
+                            f"{label} with {', '.join(recorded) or 'none'}")
     return problems

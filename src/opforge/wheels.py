@@ -33,6 +33,7 @@ from opforge.matrix import Variant
 from opforge.platforms import backend_of
 from opforge.platforms.cuda import arch_sort_key
 from opforge.stamp import RECORD_NAME, library_backends
+from opforge.variants import split_label
 
 _FATBIN_MAGIC = 0xBA55ED50
 _LIB_SUFFIXES = (".so", ".dylib", ".pyd")
@@ -137,7 +138,8 @@ def inspect_wheel(path: str | Path) -> WheelReport:
     """
     path = Path(path)
     try:
-        name, version, _build, tags = parse_wheel_filename(path.name)
+        # a variant wheel's name ends in its label (PEP 825 draft): the rest is a wheel name
+        name, version, _build, tags = parse_wheel_filename(split_label(path.name)[0])
     except InvalidWheelFilename as exc:
         raise UsageError(f"{path.name}: not a wheel file name ({exc})") from None
     with open_regular(path) as fh:
@@ -574,8 +576,11 @@ def check_against_variant(report: WheelReport, variant: Variant,
 
     ``pythons``: the matrix's, which a stable variant's abi3 wheel must all install on."""
     problems = []
-    if report.local_version != variant.wheel_local_version:
-        expected = (f"+{variant.wheel_local_version}" if variant.wheel_local_version else
+    # a wheel variant has the public version: every variant of a release shares it
+    variant_wheel = isinstance(report.build_info, dict) and "wheel_variant" in report.build_info
+    local = None if variant_wheel else variant.wheel_local_version
+    if report.local_version != local:
+        expected = (f"+{local}" if local else "none (a wheel variant)" if variant_wheel else
                     f"none (variant {variant.name} goes to PyPI, which refuses local versions)")
         problems.append(f"local version is {report.local_version or 'missing'}, expected "
                         f"{expected}")

@@ -176,3 +176,49 @@ def test_a_pin_to_a_commit_the_named_release_was_not_cut_from_is_flagged(tmp_pat
     assert good == []
     monkeypatch.setattr(_release, "WORKFLOWS_COMMIT", "")  # a development opforge cannot tell
     assert _problems(tmp_path, CALLER.format(ref="d" * 40, version=__version__), "ci.yml") == []
+
+
+def _break(tmp_path, name: str, old: str, new: str) -> list[str]:
+    root = repo_copy(tmp_path / "repo")
+    wf = root / ".github/workflows" / name
+    text = wf.read_text()
+    assert old in text
+    wf.write_text(text.replace(old, new))
+    return check_repository(root).problems
+
+
+@pytest.mark.parametrize("name, old, new, expected", [
+    ("reusable-build-smoke.yml", "name: variant-${{ matrix.artifact }}",
+     "name: ${{ matrix.artifact }}-variants",
+     "uploads wheel variants as ${{ matrix.artifact }}-variants: name the artifact variant-"),
+    ("reusable-build-smoke.yml", "path: dist/${{ matrix.variant }}/variants/*.whl",
+     "path: dist/${{ matrix.variant }}/extra/*.whl",
+     "builds wheel variants (opforge build --variants) but uploads none"),
+    ("reusable-release.yml", "          path: dist/wheel-variants\n          merge-multiple: true\n"
+     "      - if: inputs.index-url != ''",
+     "          path: dist\n          merge-multiple: true\n      - if: inputs.index-url != ''",
+     "downloads wheel variants into dist, but opforge index reads them from dist/wheel-variants"),
+    ("reusable-release.yml", "          subject-path: dist/wheel-variants/*.whl\n",
+     "          subject-path: dist/*.whl\n",
+     "publishes wheel variants no job attested"),
+])
+def test_the_wheel_variants_path_from_build_to_index_is_checked(tmp_path, name, old, new,
+                                                                expected):
+    found = _break(tmp_path, name, old, new)
+    assert [p for p in found if expected in p and name in p], found
+
+
+def test_the_reusable_workflows_carry_the_wheel_variants_when_asked():
+    build = yaml.safe_load((ROOT / ".github/workflows/reusable-build-smoke.yml").read_text())
+    release = yaml.safe_load((ROOT / ".github/workflows/reusable-release.yml").read_text())
+    for data in (build, release):
+        spec = data[True]["workflow_call"]["inputs"]["wheel-variants"]  # YAML 1.1: on is True
+        assert spec["type"] == "boolean" and spec["default"] is False
+    steps = build["jobs"]["build"]["steps"]
+    runs = [s for s in steps if "opforge build" in s.get("run", "")]
+    assert [s.get("if") for s in runs] == [None, "inputs.wheel-variants"]
+    assert runs[1]["run"] == runs[0]["run"] + " --variants-only"
+    index = release["jobs"]["index"]["steps"]
+    got = [s["with"] for s in index if "download-artifact" in s.get("uses", "")]
+    assert got[1] == {"pattern": "variant-wheel-*", "path": "dist/wheel-variants",
+                      "merge-multiple": True}

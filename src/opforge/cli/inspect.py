@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from opforge import floor, wheels
+from opforge import floor, variants, wheels
 from opforge.errors import UsageError
 from opforge.matrix import load_matrix
 
@@ -23,7 +24,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                           "library's ABI audit (stable shim / libtorch C++ / "
                                           "CPython / CUDA runtime symbols, minimum torch). "
                                           "Exit 1 when the audit contradicts what the wheel "
-                                          "declares (abi3 tag, torch>=floor) or the variant.")
+                                          "declares (abi3 tag, torch>=floor) or the variant. "
+                                          "A wheel variant (PEP 825 draft) shows its label "
+                                          "and properties, checked against its build record "
+                                          "(and --expect-variant): a FAIL line and exit 1 "
+                                          "when they disagree.")
     i.add_argument("wheel", help="path to a .whl")
     i.add_argument("--json", action="store_true", help="print JSON")
     i.add_argument("--expect-variant", metavar="NAME",
@@ -49,16 +54,25 @@ def run_inspect(args: argparse.Namespace) -> int:
         else report.abi_problems()
     system = floor_check(report, args.torch_wheel, args.allow_host_floor)
     problems += system.problems
+    found = variants.read_variant(Path(args.wheel))
+    variant_problems = variants.check_variant_wheel(Path(args.wheel), variant) if found else []
     if args.json:
         data = report.to_json()
+        if found is not None:
+            data["wheel_variant"] = {"label": found.label or variants.NULL_LABEL,
+                                     "plain_copy": found.label is None,
+                                     "properties": list(found.properties),
+                                     "providers": found.providers,
+                                     "build_record": found.declared,
+                                     "problems": variant_problems}
         if args.expect_variant:
             data["expect_variant"] = args.expect_variant
         data["floor"] = {"needed": system.needed, "torch": system.torch, "notes": system.notes}
-        data["problems"] = problems
+        data["problems"] = problems + [f"wheel variant: {p}" for p in variant_problems]
         print(json.dumps(data, indent=2))
     else:
-        print_report(report, problems, args.expect_variant, system)
-    return 1 if problems else 0
+        print_report(report, problems, args.expect_variant, system, found, variant_problems)
+    return 1 if problems or variant_problems else 0
 
 
 def floor_check(report: wheels.WheelReport, torch_wheel: str | None = None,
@@ -72,7 +86,9 @@ def floor_check(report: wheels.WheelReport, torch_wheel: str | None = None,
 
 
 def print_report(report: wheels.WheelReport, problems: list[str], variant: str | None,
-                 system: floor.FloorCheck | None = None) -> None:
+                 system: floor.FloorCheck | None = None,
+                 found: variants.WheelVariant | None = None,
+                 variant_problems: list[str] = ()) -> None:
     console = Console(width=None if sys.stdout.isatty() else 120)
     table = Table(title=escape(report.wheel), show_header=False)
     table.add_column("field", style="bold")
@@ -102,6 +118,12 @@ def print_report(report: wheels.WheelReport, problems: list[str], variant: str |
                         f"declared: {report.torch_requirement or 'none'})")
     if system is not None and system.needed:
         row("floor", f"{system.needed}; torch: {system.torch or '-'}")
+    if found is not None:
+        what = (f"{found.label or variants.NULL_LABEL}" + (" (the null variant's plain copy, for "
+                "installers without variant support)" if found.label is None else ""))
+        row("wheel variant", what)
+        for prop in found.properties:
+            row("  property", prop)
     for lib in report.libraries:
         row(f"library {lib.path}", f"{lib.size / 1e6:.1f} MB; " + (
             lib.note or f"links {', '.join(lib.needed) or '?'}"))
@@ -113,5 +135,13 @@ def print_report(report: wheels.WheelReport, problems: list[str], variant: str |
     against = f"variant {variant}" if variant else "what the wheel declares"
     for problem in problems:
         console.print(f"[red]✗[/red] contradicts {against}: {escape(problem)}")
+    if found is not None:
+        drafts = variants.status_line(variants.require_variantlib())
+        console.print(f"[yellow]![/yellow] {escape(drafts)}", soft_wrap=True)
+    for problem in variant_problems:
+        console.print(f"[red]FAIL[/red] wheel variant: {escape(problem)}", soft_wrap=True)
+    if found is not None and not variant_problems:
+        console.print(f"[green]✓[/green] wheel variant {found.label or variants.NULL_LABEL} "
+                      "agrees with its build record")
     if not problems:
         console.print(f"[green]✓[/green] consistent with {against}")

@@ -68,7 +68,11 @@ from opforge.workflows.commands import ScriptError, classify, commands
 from opforge.workflows.hygiene import check_hygiene
 from opforge.workflows.paths import check_variant_paths, runs_smoke
 from opforge.workflows.project import load_project
-from opforge.workflows.publishing import check_publishing, check_release_pins
+from opforge.workflows.publishing import (
+    check_publishing,
+    check_release_pins,
+    check_variant_files,
+)
 from opforge.workflows.runsteps import check_run_steps
 from opforge.workflows.triggers import check_bisect_dispatch, check_runs_command
 from opforge.workflows.workflow import Report, Workflow, line_of, load_yaml, steps_of
@@ -148,6 +152,7 @@ def check_repository(root: str | Path, matrix_file: str | Path | None = None,
     for wf in chosen:
         check_hygiene(wf, report)
         check_publishing(wf, report)
+        check_variant_files(wf, report)
         check_release_pins(wf, report)
         check_run_steps(wf, project, report)
         check_calls(wf, project, local, report)

@@ -140,3 +140,86 @@ def check_release_pins(wf: Workflow, report: Report) -> None:
                    f"pinned to {ref[:12]}..., which opforge {__version__} was not released "
                    f"from ({released}): a commit no release published may vanish or change "
                    "under its callers; pin the release's commit (opforge init writes it)")
+
+
+VARIANT_ARTIFACT = "variant-"   # + the cell's wheel artifact: never taken by a wheel-* pattern
+VARIANT_DIR = "wheel-variants"  # where an index job puts them: DIST/wheel-variants (index.py)
+
+
+def _opforge_commands(step: dict) -> list:
+    from opforge.workflows.commands import ScriptError, classify, commands
+
+    try:
+        return [c for c in (classify(argv) for argv in commands(str(step.get("run", ""))))
+                if c.tool == "opforge"]
+    except ScriptError:
+        return []  # reported by check_run_steps
+
+
+def _index_dist(cmd) -> str:
+    """``opforge index DIST ...``'s DIST (default dist)."""
+    takes_value = {"--out", "--merge-from", "--pypi-out", "--resolve", "--index-url",
+                   "--host-python"}
+    args = list(cmd.args[1:])
+    i = 0
+    while i < len(args):
+        if args[i] in takes_value:
+            i += 2
+            continue
+        if not args[i].startswith("-"):
+            return args[i].rstrip("/")
+        i += 1
+    return "dist"
+
+
+def check_variant_files(wf: Workflow, report: Report) -> None:
+    """The wheel variants reach the index: a job that builds them (``opforge build
+    --variants``) uploads ``dist/<variant>/variants/*.whl`` as a ``variant-`` artifact (a
+    ``wheel-*`` name would land them among the plain wheels, where their labelled names are
+    refused); a job that runs ``opforge index DIST`` downloads such artifacts into
+    ``DIST/wheel-variants``; and a workflow that publishes them attests them."""
+    jobs = {k: v for k, v in wf.jobs.items() if isinstance(v, dict)}
+    variant_downloads = False
+    attested = False
+    for job_id, job in jobs.items():
+        where = f"jobs.{job_id}"
+        steps = list(steps_of(job))
+        builds = any("--variants" in str(step.get("run", "")) and
+                     any(c.subcommand == "build" for c in _opforge_commands(step))
+                     for step, _ in steps)
+        uploads, downloads, dists = [], [], []
+        for step, swhere in steps:
+            given = step.get("with") if isinstance(step.get("with"), dict) else {}
+            action = action_name(step.get("uses"))
+            if action == "actions/upload-artifact" and "/variants/" in str(given.get("path", "")):
+                uploads.append((swhere, str(given.get("name", ""))))
+            if action == "actions/download-artifact" and \
+                    str(given.get("pattern") or given.get("name") or "").startswith(
+                        VARIANT_ARTIFACT):
+                downloads.append((swhere, str(given.get("path", "")).rstrip("/")))
+            if action in ATTEST and VARIANT_DIR in str(given.get("subject-path", "")):
+                attested = True
+            dists += [_index_dist(c) for c in _opforge_commands(step) if c.subcommand == "index"]
+        if builds and not uploads:
+            report(wf, line_of(job), where,
+                   "builds wheel variants (opforge build --variants) but uploads none: add an "
+                   "actions/upload-artifact of dist/<variant>/variants/*.whl named "
+                   f"{VARIANT_ARTIFACT}<the wheel's artifact>")
+        for swhere, name in uploads:
+            if not name.startswith(VARIANT_ARTIFACT):
+                report(wf, line_of(job), f"{where}.{swhere}",
+                       f"uploads wheel variants as {name or '(no name)'}: name the artifact "
+                       f"{VARIANT_ARTIFACT}<the wheel's artifact>; the release downloads "
+                       f"{VARIANT_ARTIFACT}wheel-* apart from the plain wheels")
+        variant_downloads |= bool(downloads and dists)
+        for swhere, path in downloads if dists else []:
+            wanted = {f"{d}/{VARIANT_DIR}" for d in dists}
+            if path not in wanted:
+                report(wf, line_of(job), f"{where}.{swhere}",
+                       f"downloads wheel variants into {path or '(the workspace)'}, but opforge "
+                       f"index reads them from {' or '.join(sorted(wanted))}")
+    if variant_downloads and not attested and any(
+            PYPI_PUBLISH in _actions(j) or DEPLOY_PAGES in _actions(j) for j in jobs.values()):
+        report(wf, line_of(wf.data, "jobs"), "jobs",
+               f"publishes wheel variants no job attested: add an attestation over "
+               f"<dist>/{VARIANT_DIR}/*.whl")
