@@ -32,6 +32,8 @@ from pathlib import Path
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
+from opforge.pins import exact_pin, floor_of
+
 # torch's Linux wheels, by the first release on each floor (see the module docstring)
 TORCH_LINUX_FLOORS = ((Version("2.6"), (2, 28)), (Version("0"), (2, 17)))
 TORCH_MACOS_FLOOR = (11, 0)
@@ -333,8 +335,6 @@ def _why(raised: dict[str, list[str]]) -> str:
 
 def version_of(requirement: str | None) -> Version | None:
     """The torch version a requirement names: its exact pin, else its floor."""
-    from opforge.wheels import exact_pin, floor_of
-
     found = exact_pin(requirement) or floor_of(requirement)
     try:
         return Version(found.public) if found else None

@@ -30,6 +30,7 @@ from opforge import abi, floor
 from opforge.errors import UsageError
 from opforge.files import open_regular
 from opforge.matrix import Variant
+from opforge.pins import exact_pin, floor_of
 from opforge.platforms import backend_of
 from opforge.platforms.cuda import arch_sort_key
 from opforge.stamp import RECORD_NAME, library_backends
@@ -505,39 +506,6 @@ def fatbin_archs(data: bytes) -> list[str]:
                     pos += entry_header + payload
         start = data.find(magic, start + 4)
     return sorted(archs, key=arch_sort_key)
-
-
-def _specifiers(requirement: str | None) -> list:
-    """A requirement's version specifiers ([] for nothing or an unparsable requirement)."""
-    if not requirement:
-        return []
-    try:
-        return list(Requirement(requirement).specifier)
-    except InvalidRequirement:
-        return []
-
-
-def exact_pin(requirement: str | None) -> Version | None:
-    """The version of a ``torch==X`` requirement; None for a range, a wildcard or nothing."""
-    specs = _specifiers(requirement)
-    if len(specs) != 1 or specs[0].operator not in ("==", "===") or "*" in specs[0].version:
-        return None
-    try:
-        return Version(specs[0].version)
-    except InvalidVersion:
-        return None
-
-
-def floor_of(requirement: str | None) -> Version | None:
-    """The version of a ``torch>=X`` requirement (an upper bound beside it is allowed)."""
-    specs = _specifiers(requirement)
-    lows = [s for s in specs if s.operator == ">="]
-    if len(lows) != 1 or any(s.operator in ("==", "===", "~=") for s in specs):
-        return None
-    try:
-        return Version(lows[0].version)
-    except InvalidVersion:
-        return None
 
 
 def check_stable_tags(report: WheelReport, variant: Variant,

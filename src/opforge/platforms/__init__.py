@@ -4,22 +4,24 @@ A variant names its backend (``backend: rocm`` in matrix.yaml; ``cuda: "13.0"`` 
 ``mps: true`` are the CUDA and MPS spellings); everything that depends on it — the matrix
 rules, the build's toolchain world, the host check, the wheel repair, the wheel check, the
 description — is asked of ``backend_of(variant)``. Adding a backend is one module that
-registers a ``Backend`` plus matrix entries using it: a module of opforge's own is imported
-at the end of this file; one shipped elsewhere is declared as an ``opforge.platforms`` entry
-point (or imported before the matrix is read).
+defines a ``Backend`` (``BACKEND``) plus matrix entries using it: a module of opforge's own is
+one entry of ``BUILT_IN`` here; one shipped elsewhere is declared as an ``opforge.platforms``
+entry point whose module calls ``register`` (or is imported before the matrix is read). The
+backend modules import nothing of this package's ``__init__``, nor the matrix or the wheel
+checks (which import them): ``base.Variant`` and ``base.WheelReport`` name those types.
 """
 
 from __future__ import annotations
 
 import platform as _platform
 import sys
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from opforge.matrix import Variant
-    from opforge.platforms.base import Backend
+from opforge.platforms import cpu, cuda, mps, rocm, xpu
+from opforge.platforms.base import Backend, Variant
 
-_BACKENDS: dict[str, Backend] = {}
+# opforge's own backends, in the order they are listed
+BUILT_IN = (cpu.BACKEND, cuda.BACKEND, mps.BACKEND, rocm.BACKEND, xpu.BACKEND)
+_BACKENDS: dict[str, Backend] = {backend.name: backend for backend in BUILT_IN}
 
 
 def register(backend: Backend) -> Backend:
@@ -82,6 +84,3 @@ def host_platform() -> str:
         machine = "aarch64"
     return f"{system}-{machine}"
 
-
-# the built-in backends register themselves (after register() exists: they import it)
-from opforge.platforms import cpu, cuda, mps, rocm, xpu  # noqa: E402,F401

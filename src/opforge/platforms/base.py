@@ -25,13 +25,15 @@ import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from opforge.platforms import toolchain
 
-if TYPE_CHECKING:
-    from opforge.matrix import Variant
-    from opforge.wheels import WheelReport
+# A matrix variant (opforge.matrix.Variant) and a wheel's report (opforge.wheels.WheelReport):
+# both of those modules import the backends, so the backends name the types without
+# importing them (no circle, not even for a type checker).
+Variant = Any
+WheelReport = Any
 
 # Libraries torch's wheel provides on every Linux variant: never vendored (auditwheel).
 TORCH_LIBRARIES = ("libtorch*.so*", "libc10*.so*", "libtorch_python.so", "libshm*.so*",

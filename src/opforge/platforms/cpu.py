@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from opforge.platforms import register
 from opforge.platforms.base import Backend
 
 
@@ -16,4 +15,4 @@ class CpuBackend(Backend):
         return f"{variant.name}: CPU kernels only ({abi}) for {', '.join(variant.platforms)}"
 
 
-BACKEND = register(CpuBackend())
+BACKEND = CpuBackend()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from opforge.platforms import register, toolchain
+from opforge.platforms import toolchain
 from opforge.platforms.base import Backend, BuildEnv, VariantFields, split_arch_list
 
 # SM architectures each nvcc accepts (compute capability "X.Y"); PTX-only or family suffixes
@@ -162,4 +162,4 @@ class CudaBackend(Backend):
         return problems
 
 
-BACKEND = register(CudaBackend())
+BACKEND = CudaBackend()

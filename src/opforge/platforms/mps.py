@@ -12,7 +12,7 @@ from __future__ import annotations
 import shutil
 
 from opforge.errors import OpforgeError
-from opforge.platforms import register, toolchain
+from opforge.platforms import toolchain
 from opforge.platforms.base import Backend, BuildEnv
 
 
@@ -61,4 +61,4 @@ class MpsBackend(Backend):
         return problems
 
 
-BACKEND = register(MpsBackend())
+BACKEND = MpsBackend()

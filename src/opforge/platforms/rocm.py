@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 
 from opforge.errors import OpforgeError
-from opforge.platforms import register, toolchain
+from opforge.platforms import toolchain
 from opforge.platforms.base import Backend, BuildEnv, VariantFields, split_arch_list
 
 _VERSION = re.compile(r"\d+\.\d+\Z")
@@ -136,4 +136,4 @@ class RocmBackend(Backend):
                            f"{have}; set ROCM_HOME to a ROCm {variant.toolkit} tree; {where}")
 
 
-BACKEND = register(RocmBackend())
+BACKEND = RocmBackend()

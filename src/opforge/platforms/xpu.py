@@ -17,7 +17,7 @@ import subprocess
 from pathlib import Path
 
 from opforge.errors import OpforgeError
-from opforge.platforms import register, toolchain
+from opforge.platforms import toolchain
 from opforge.platforms.base import Backend, BuildEnv, VariantFields, split_arch_list
 
 _VERSION = re.compile(r"20\d\d\.\d+\Z")
@@ -132,4 +132,4 @@ class XpuBackend(Backend):
                            f"{where}")
 
 
-BACKEND = register(XpuBackend())
+BACKEND = XpuBackend()
