@@ -28,7 +28,8 @@ pytestmark = pytest.mark.slow
 def fake_build(monkeypatch):
     builds, smokes = [], []
 
-    def build_against(variant, env_python, torch_version, out_dir, work_dir, log):
+    def build_against(variant, env_python, torch_version, out_dir, work_dir, log,
+                      matrix=None):
         # the real build runs `python -m pip wheel` in the nightly's environment
         has_pip = subprocess.run([str(env_python), "-m", "pip", "--version"],
                                  capture_output=True).returncode == 0
@@ -39,8 +40,8 @@ def fake_build(monkeypatch):
 
     real_smoke = extension.smoke_command
 
-    def smoke_command(env_python, variant, package=None):
-        smokes.append(real_smoke(env_python, variant, package))
+    def smoke_command(env_python, variant, package=None, matrix=None):
+        smokes.append(real_smoke(env_python, variant, package, matrix=matrix))
         return [str(env_python), "-c", "import fakeops"]
 
     monkeypatch.setattr(extension, "build_against", build_against)
@@ -87,7 +88,8 @@ def test_a_nightly_the_extension_does_not_build_against_is_bad(fake_build, fake_
                                                               monkeypatch, capsys):
     from opforge.errors import OpforgeError
 
-    def build_against(variant, env_python, torch_version, out_dir, work_dir, log):
+    def build_against(variant, env_python, torch_version, out_dir, work_dir, log,
+                      matrix=None):
         if torch_version >= "2.5.0.dev20240607":
             raise OpforgeError(f"the extension does not build against torch {torch_version}: "
                                "compile the extension into a wheel failed with exit 1\n"
@@ -116,3 +118,41 @@ def test_output_to_sends_children_output_to_the_log(tmp_path):
         subprocess.run([sys.executable, "-c", "import sys; print('to out', flush=True); "
                         "print('to err', file=sys.stderr)"])
     assert log.read_text().split() == ["to", "out", "to", "err"]
+
+
+def test_file_is_the_matrix_the_build_and_the_smoke_run_get(fake_build, fake_index, tmp_path,
+                                                           monkeypatch, capsys):
+    import os
+
+    builds, _ = fake_build
+    fake_builder, given = extension.build_against, []
+
+    def build_against(*args, **kwargs):
+        given.append(kwargs.get("matrix"))
+        return fake_builder(*args, **kwargs)
+
+    seen = tmp_path / "seen.txt"
+
+    def smoke_command(env_python, variant, package=None, matrix=None):
+        # the smoke run's environment: which matrix would `opforge smoke` read there
+        return [str(env_python), "-c", "import os; open(os.environ['SEEN_LOG'], 'a').write("
+                "os.environ.get('OPFORGE_MATRIX', '-') + '\\n'); import fakeops"]
+
+    monkeypatch.setattr(extension, "build_against", build_against)
+    monkeypatch.setattr(extension, "smoke_command", smoke_command)
+    work = tmp_path / "work"  # no matrix.yaml here or above: only --file names one
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.delenv("OPFORGE_MATRIX", raising=False)
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("SEEN_LOG", str(seen))
+    before = dict(os.environ)
+    matrix = str(REPO_ROOT / "matrix.yaml")
+    assert main(["bisect", "--file", matrix, "--index", str(fake_index.root), "--good",
+                 "2024-06-05", "--bad", "2024-06-08", "--match", "does not exist", "--state",
+                 str(tmp_path / "state.json"), "--json"]) == 0
+    assert dict(os.environ) == before
+    data = json.loads(capsys.readouterr().out)
+    assert data["first_bad"]["date"] == "2024-06-07"
+    assert given == [matrix] * data["probes"] and len(builds) == data["probes"]
+    assert seen.read_text().split() == [matrix] * data["probes"]

@@ -63,9 +63,12 @@ class NightlyEnv:
     def reused(self) -> bool:
         return not self.actions
 
-    def run_env(self) -> dict[str, str]:
-        """os.environ with this environment activated, and nothing leaking in from outside."""
+    def run_env(self, matrix: str | None = None) -> dict[str, str]:
+        """os.environ with this environment activated, and nothing leaking in from outside;
+        ``matrix`` (--file's) is the command's $OPFORGE_MATRIX."""
         env = dict(os.environ)
+        if matrix:
+            env["OPFORGE_MATRIX"] = matrix
         env.pop("PYTHONPATH", None)
         env.pop("PYTHONHOME", None)
         env["VIRTUAL_ENV"] = str(self.path)

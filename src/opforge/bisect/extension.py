@@ -14,11 +14,12 @@ import sys
 from pathlib import Path
 
 
-def checkout_root() -> Path:
-    """The checkout whose extension is built: where its matrix.yaml is (as `opforge build`)."""
+def checkout_root(matrix: str | None = None) -> Path:
+    """The checkout whose extension is built: where its matrix.yaml is (as `opforge build`):
+    ``matrix`` (--file's), else the one ``find_matrix`` finds."""
     from opforge.matrix import find_matrix
 
-    return find_matrix().parent
+    return (Path(matrix) if matrix else find_matrix()).parent
 
 
 def checkout_revision(root: Path) -> str:
@@ -33,14 +34,16 @@ def checkout_revision(root: Path) -> str:
 
 
 def build_against(variant: str, env_python: Path, torch_version: str,
-                  out_dir: Path, work_dir: Path, log) -> Path:
-    """Build the checkout's wheel for ``variant`` inside the nightly's environment.
+                  out_dir: Path, work_dir: Path, log, matrix: str | None = None) -> Path:
+    """Build the checkout's wheel for ``variant`` inside the nightly's environment, with
+    ``matrix`` (--file's; None: the one ``find_matrix`` finds), as ``opforge build --file``.
 
     Everything the build prints (pip, the compiler) goes to ``work_dir/build-output.log``,
     not over the progress display; a failure's message names that log.
     """
     from opforge.build import build_wheel  # lazily: needs matrix.yaml and a compiler
     from opforge.errors import OpforgeError
+    from opforge.matrix import load_matrix
 
     work_dir.mkdir(parents=True, exist_ok=True)
     logfile = work_dir / "build-output.log"
@@ -48,9 +51,10 @@ def build_against(variant: str, env_python: Path, torch_version: str,
         with output_to(logfile):
             # torch is already in the env (the pin is satisfied); "pypi" keeps the build tools
             # (setuptools, ninja, ...) coming from the default index, not the nightly one.
-            return build_wheel(variant, python=str(env_python), out_dir=out_dir,
-                               work_dir=work_dir, torch_spec=f"torch=={torch_version}",
-                               torch_index="pypi", log=log)
+            return build_wheel(variant, matrix=load_matrix(matrix), python=str(env_python),
+                               out_dir=out_dir, work_dir=work_dir,
+                               torch_spec=f"torch=={torch_version}", torch_index="pypi",
+                               log=log)
     except OpforgeError as exc:
         tail = logfile.read_text(encoding="utf-8", errors="replace")[-3000:]
         first = first_compile_error(work_dir)
@@ -94,23 +98,28 @@ def output_to(logfile: Path):
             os.close(saved[1])
 
 
-def smoke_command(env_python: Path, variant: str, package: str | None = None) -> list[str]:
-    """``opforge smoke`` run on an existing environment (it writes its own report)."""
+def smoke_command(env_python: Path, variant: str, package: str | None = None,
+                  matrix: str | None = None) -> list[str]:
+    """``opforge smoke`` run on an existing environment (it writes its own report); the
+    extension's package compared with ``matrix``'s (--file's, else the one found)."""
     cmd = [sys.executable, "-m", "opforge", "smoke", "--python", str(env_python),
            "--variant", variant]
     if package:
         from opforge.matrix import load_matrix
 
         cmd += ["--package", package]
-        if package != load_matrix().extension.package:
+        if package != load_matrix(matrix).extension.package:
             cmd += ["--namespace", package]  # another project's wheel: torchvision -> torchvision
     return cmd
 
 
-def smoke_env() -> dict[str, str]:
-    """The smoke run's environment: one report per nightly must not land in the job summary."""
+def smoke_env(matrix: str | None = None) -> dict[str, str]:
+    """The smoke run's environment: one report per nightly must not land in the job summary;
+    ``matrix`` (--file's) is its $OPFORGE_MATRIX."""
     env = dict(os.environ)
     env.pop("GITHUB_STEP_SUMMARY", None)
+    if matrix:
+        env["OPFORGE_MATRIX"] = matrix
     return env
 
 

@@ -28,10 +28,14 @@ from .state import BisectState, StepLog, StepRecord
 
 class Session(Levels):
     def __init__(self, params: Params, state: BisectState, state_path: Path, log: StepLog,
-                 envs: EnvCache, display, on_start=None, on_ready=None, prefetch: bool = True):
+                 envs: EnvCache, display, on_start=None, on_ready=None, prefetch: bool = True,
+                 matrix: str | None = None):
         """``on_start`` runs once, when the first step has finished: before it, nothing is
-        written (a mistaken command never touches the saved state or the log)."""
+        written (a mistaken command never touches the saved state or the log). ``matrix``:
+        --file's matrix (None: found as ``find_matrix`` finds it), what the build and the
+        smoke run use and every command run in an environment gets as $OPFORGE_MATRIX."""
         self.params = params
+        self.matrix = matrix
         self.state = state
         self.state_path = state_path
         self.log = log
@@ -360,7 +364,7 @@ class Session(Levels):
         """The command to run in ``env`` and its environment, per mode."""
         wheel = Path(self.params.wheel) if self.params.wheel else None
         if self.params.mode == "build":
-            rev = extension.checkout_revision(extension.checkout_root())
+            rev = extension.checkout_revision(extension.checkout_root(self.matrix))
             builds = self.envs.root / "builds" / f"{env.path.name}-{rev}"
             built = sorted(builds.glob("*.whl"))
             if not built or rev.endswith("-dirty"):
@@ -371,15 +375,15 @@ class Session(Levels):
                     torch = nightly.version if isinstance(nightly, Release) else env.torch_version
                     built = [extension.build_against(
                         self.params.variant, env.python, torch, builds,
-                        builds / "work", log=lambda line: None)]
+                        builds / "work", log=lambda line: None, matrix=self.matrix)]
             wheel = built[-1]
         if wheel is not None:
             self.envs.add_wheel(env, wheel, nightly)
         if self.params.command:
-            return list(self.params.command), env.run_env()
+            return list(self.params.command), env.run_env(self.matrix)
         package = extension.wheel_package(wheel) if self.params.wheel and wheel else None
-        return extension.smoke_command(env.python, self.params.variant, package), \
-            extension.smoke_env()
+        return extension.smoke_command(env.python, self.params.variant, package,
+                                       matrix=self.matrix), extension.smoke_env(self.matrix)
 
 
 __all__ = ["Outcomes", "Session"]

@@ -62,13 +62,14 @@ class Workloads:
     recipes: Path
 
 
-def workloads_of(wheel: str | None) -> Workloads:
-    """The workloads of the checkout's extension (its matrix), or of ``--wheel``'s package."""
+def workloads_of(wheel: str | None, matrix_path: str | None = None) -> Workloads:
+    """The workloads of the checkout's extension (its matrix: ``matrix_path``, --file's, else
+    the one ``find_matrix`` finds), or of ``--wheel``'s package."""
     from opforge.matrix import find_matrix, load_matrix
 
     from .extension import wheel_package
 
-    matrix = load_matrix(find_matrix())
+    matrix = load_matrix(matrix_path or find_matrix())
     ext = matrix.extension
     package = (wheel_package(Path(wheel)) if wheel else None) or ext.package
     if package != ext.package:
@@ -335,7 +336,8 @@ class SpeedJudge:
         session._prepare(env, nightly)  # installs (or builds) the extension there
         session.display.step(nightly, "starting the workloads")
         try:
-            server = WorkloadServer(env.python, env.run_env(), self.workloads, self.timeout)
+            server = WorkloadServer(env.python, env.run_env(session.matrix), self.workloads,
+                                    self.timeout)
         except ServerError as exc:
             if not reference:
                 raise

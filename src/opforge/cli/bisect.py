@@ -127,5 +127,6 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from opforge.bisect.app import run as run_bisect
+    from opforge.bisect.request import request_from
 
-    return run_bisect(args)
+    return run_bisect(request_from(args))
