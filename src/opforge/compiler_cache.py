@@ -36,6 +36,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from opforge.errors import UsageError
 from opforge.paths import user_cache_dir
 
 SWITCH_ENV = "OPFORGE_COMPILER_CACHE"  # "off" (or 0/false/no) compiles without a cache
@@ -300,3 +301,13 @@ def _write_wrappers(tools_dir: Path, sccache: Path | None, path: str, env: dict[
                 f"{INNER_ENV}=1; export {INNER_ENV}\n"
                 f"exec {shlex.quote(str(sccache))} \"$@\"\n")
     return changed
+
+
+ON_VALUES = {"1", "on", "true", "yes"}
+
+
+def check_switch_variable(name: str, value: str) -> None:
+    """OPFORGE_COMPILER_CACHE's value: off (0, false, no) or on (1, true, yes)."""
+    if value.strip().lower() not in OFF_VALUES | ON_VALUES:
+        raise UsageError(f"{name}={value!r}: expected off (or 0, false, no) to compile "
+                         "without the cache, or on (1, true, yes)")

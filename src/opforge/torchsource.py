@@ -8,7 +8,11 @@ a local directory of wheels.
 from __future__ import annotations
 
 import os
+import re
+import stat
 from pathlib import Path
+
+from opforge.errors import UsageError
 
 ENV_VAR = "OPFORGE_TORCH_INDEX"
 PYPI = "pypi"
@@ -33,3 +37,24 @@ def pip_index_args(index: str | None) -> list[str]:
         index = path.as_uri()
     # As PyTorch's install instructions do: the variant's index serves torch and its dependencies.
     return ["--index-url", index]
+
+
+_URL = re.compile(r"https?://[^\s/]+(?:/\S*)?", re.IGNORECASE)
+
+
+def check_index_variable(name: str, value: str) -> None:
+    """OPFORGE_TORCH_INDEX's value: pypi, an http(s):// or file:// URL, or a directory."""
+    if value == PYPI or _URL.fullmatch(value):
+        return
+    path = value[len("file://"):] if value.startswith("file://") else value
+    if "://" in value and not value.startswith("file://"):
+        raise UsageError(f"{name}={value!r}: expected pypi, an http(s):// or file:// index URL, "
+                         "or a directory of wheels")
+    try:
+        info = os.stat(os.path.expanduser(path))
+    except (OSError, ValueError):
+        raise UsageError(f"{name}={value!r}: not pypi, not an http(s):// URL, and no such "
+                         "directory (give pypi, an index URL or a directory of wheels)") from None
+    if not stat.S_ISDIR(info.st_mode):
+        raise UsageError(f"{name}={value!r}: not a directory (give pypi, an index URL or a "
+                         "directory of wheels)")

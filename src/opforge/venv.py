@@ -215,3 +215,9 @@ def install(python: Path | str, *pip_args: str, env: dict | None = None,
             what: str | None = None) -> subprocess.CompletedProcess:
     """``pip install PIP_ARGS`` into ``python``'s environment, with uv when there is one."""
     return installer().install(python, *pip_args, env=env, what=what)
+
+
+def check_installer_variable(name: str, value: str) -> None:
+    """OPFORGE_INSTALLER's value (opforge.envvars checks it before any command acts)."""
+    if value not in INSTALLERS:
+        raise UsageError(f"{name}={value!r}: expected one of {', '.join(INSTALLERS)}")

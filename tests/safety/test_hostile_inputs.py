@@ -22,8 +22,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_races import DAYS, PARAMS, nightly, step
 
-from opforge import envvars, yamlsafe
+from opforge import yamlsafe
 from opforge.bench.baselines import read_baseline
+from opforge.cli import environment as envvars
 from opforge.errors import UsageError
 
 MATRIX = Path(__file__).resolve().parents[2] / "matrix.yaml"

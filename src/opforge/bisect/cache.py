@@ -159,3 +159,8 @@ def remove(env: CachedEnv) -> bool:
 def max_size_from_env() -> int | None:
     text = os.environ.get(MAX_SIZE_ENV)
     return parse_size(text, MAX_SIZE_ENV) if text else None
+
+
+def check_size_variable(name: str, value: str) -> None:
+    """OPFORGE_CACHE_MAX_SIZE's value: a size parse_size reads."""
+    parse_size(value, name)

@@ -37,7 +37,7 @@ from opforge.cli import (
     smoke,
     workflows,
 )
-from opforge.envvars import check_environment
+from opforge.cli.environment import check_environment
 from opforge.errors import EXIT_BUG, EXIT_SIGNAL, Interrupted, OpforgeError, UsageError
 
 # in `opforge --help` order; each registers one subcommand of the same name

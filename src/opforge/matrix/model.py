@@ -19,6 +19,12 @@ from opforge.dispatch_keys import NO_KERNEL_DEVICES, backward_keys, device_of
 from opforge.errors import UsageError
 
 CHANNELS = ("stable", "test", "nightly")
+
+
+def check_channel_variable(name: str, value: str) -> None:
+    """OPFORGE_TORCH_CHANNEL's value: one of the matrix's channels."""
+    if value not in CHANNELS:
+        raise UsageError(f"{name}={value!r} is not one of {', '.join(CHANNELS)}")
 # the words a compat_torch list may hold beside release versions
 COMPAT_WORDS = ("floor", "matrix", "latest", "nightly")
 
