@@ -147,7 +147,7 @@ class CompilerCache:
         env_in = dict(os.environ if env is None else env)
         tools_dir = work_dir / "compiler-cache"
         # two builds of one work dir at once take turns writing the scripts
-        from opforge.files import FileLock
+        from opforge.locks import FileLock
 
         with FileLock(tools_dir / ".lock", what="compiler cache").acquire(
                 wait=300):

@@ -24,7 +24,7 @@ from opforge.bisect import cache as cache_mod
 from opforge.bisect import state as state_mod
 from opforge.bisect.envs import MARKER, EnvCache, NightlyEnv, env_python
 from opforge.bisect.index import Nightly
-from opforge.files import FileLock, LockHeld
+from opforge.locks import FileLock, LockHeld
 
 WORKERS = 4
 ROUNDS = 12

@@ -4,7 +4,7 @@ A baseline is a file anyone can edit (or a run of another opforge wrote): a row 
 is ``1e999`` (JSON reads it as infinity), a string, a list as a key or a negative noise would
 crash the comparison or make it pass on nonsense, so each is refused in one line naming the
 file and the row. Two runs saving one baseline at once write one after the other, each file
-whole (``files.write_file`` under ``files.FileLock``).
+whole (``files.write_file`` under ``locks.FileLock``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import re
 from pathlib import Path
 
 from opforge.errors import UsageError
-from opforge.files import FileLock, write_file
+from opforge.files import write_file
+from opforge.locks import FileLock
 from opforge.paths import cache_dir
 
 # a baseline's name (``--save NAME``, ``--against NAME``): a file name under baseline_dir()

@@ -20,7 +20,7 @@ from decimal import Decimal
 from pathlib import Path
 
 from opforge.errors import UsageError
-from opforge.files import FileLock, LockHeld
+from opforge.locks import FileLock, LockHeld
 
 MAX_SIZE_ENV = "OPFORGE_CACHE_MAX_SIZE"
 MAX_SIZE = 1 << 60  # 1 EiB: any larger number is a typo, not a disk

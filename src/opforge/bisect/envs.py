@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from opforge.errors import OpforgeError
-from opforge.files import FileLock, write_file
+from opforge.files import write_file
+from opforge.locks import FileLock
 from opforge.venv import installer
 
 from .cache import build_lock, use_lock

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from opforge.errors import UsageError
-from opforge.files import FileLock, LockHeld, read_json, write_file
+from opforge.files import read_json, write_file
+from opforge.locks import FileLock, LockHeld
 
 from .index import Nightly
 from .params import Params
