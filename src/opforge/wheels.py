@@ -1,7 +1,7 @@
 """Read a built wheel without installing it: tags, torch pin, build record, libraries, CUDA archs.
 
-``inspect_wheel`` returns a typed report; ``check_against_variant`` lists the ways a wheel
-contradicts its matrix entry (``opforge inspect --expect-variant cu130`` exits 1 on any).
+``inspect_wheel`` returns a typed report (the member rules it applies: ``wheel_safety``);
+``wheel_checks.check_against_variant`` lists the ways a wheel contradicts its matrix entry.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import lzma
 import mmap
 import re
 import shutil
-import stat
 import struct
 import subprocess
 import tempfile
@@ -24,24 +23,22 @@ from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from opforge import abi, floor
 from opforge.errors import UsageError
 from opforge.files import open_regular
-from opforge.matrix import Variant
-from opforge.pins import exact_pin, floor_of
-from opforge.platforms import backend_of
+from opforge.pins import floor_of
 from opforge.platforms.cuda import arch_sort_key
 from opforge.stamp import RECORD_NAME, library_backends
 from opforge.variants import split_label
+from opforge.wheel_safety import MAX_MEMBERS, binary_problem, member_problems, unsafe_member
 
 _FATBIN_MAGIC = 0xBA55ED50
 _LIB_SUFFIXES = (".so", ".dylib", ".pyd")
 MAX_LIBRARY_BYTES = 4 << 30   # bigger than any extension library; larger ones are not read
 MAX_SMALL_MEMBER = 16 << 20   # METADATA, the build record
 MAX_RATIO = 200               # real libraries compress 3-10x; far more is a zip bomb
-MAX_MEMBERS = 20_000          # torch's own wheel has ~12k members; more is not a wheel to audit
 MAX_LIBRARIES = 128           # libraries audited in full (readelf, symbols, floor) per wheel
 AUDIT_SECONDS = 120.0         # the library audit's budget per wheel; the rest are listed
 # what reading a broken member raises: corrupt data, bad CRC, encryption, unknown method
@@ -193,7 +190,7 @@ def _audit_libraries(members: _Members, infos: list[zipfile.ZipInfo], tmp: Path,
         integrity.append(f"{len(infos)} members, more than the {MAX_MEMBERS}-member limit: "
                          "its libraries were not audited")
         return []
-    unsafe = {info.filename for info in infos if _unsafe_member(info)}
+    unsafe = {info.filename for info in infos if unsafe_member(info)}
     deadline = time.monotonic() + AUDIT_SECONDS
     out = []
     for i, info in enumerate(info for info in infos if _is_library(info)):
@@ -218,81 +215,6 @@ def _audit_libraries(members: _Members, infos: list[zipfile.ZipInfo], tmp: Path,
                          f"({skipped[0].note[len('not inspected: '):]}): "
                          "audit them with a higher limit, or split the wheel")
     return out
-
-
-def _unsafe_member(info: zipfile.ZipInfo) -> str | None:
-    """Why a member may not be in a wheel: it leaves the wheel's root, or is a link."""
-    name = info.filename
-    parts = name.replace("\\", "/").split("/")
-    if name.startswith(("/", "\\")) or re.match(r"[A-Za-z]:", name):
-        return "an absolute path: it would be written outside the install folder"
-    if ".." in parts:
-        return "a path with '..': it would be written outside the install folder"
-    if stat.S_ISLNK(info.external_attr >> 16):
-        return "a symbolic link (a wheel holds files only; pip writes the link's target text)"
-    return None
-
-
-def member_problems(infos: list[zipfile.ZipInfo]) -> list[str]:
-    """Members a wheel must not hold: outside its root, links, duplicates."""
-    out, seen = [], set()
-    for info in infos[:MAX_MEMBERS]:
-        why = _unsafe_member(info)
-        if why:
-            out.append(f"member {info.filename!r}: {why}")
-        if info.filename in seen:
-            out.append(f"member {info.filename!r}: listed twice (which one is installed?)")
-        seen.add(info.filename)
-    return out
-
-
-_ELF_DYN, _ELF_EXEC = 3, 2
-
-
-def binary_problem(head: bytes, size: int) -> str | None:
-    """Why a library member is not a loadable library: not ELF, Mach-O or PE, or its headers
-    point past its end (truncated). ``head``: its first bytes (at least 64 when it has them)."""
-    if head[:4] == b"\x7fELF":
-        if size < 52 or len(head) < 52:
-            return f"a truncated ELF file ({size} bytes, shorter than its header)"
-        klass, order = head[4], head[5]
-        if klass not in (1, 2) or order not in (1, 2):
-            return "an ELF file with an unknown class or byte order"
-        end = "<" if order == 1 else ">"
-        if klass == 2:
-            if size < 64 or len(head) < 64:
-                return f"a truncated ELF file ({size} bytes, shorter than its header)"
-            e_type, = struct.unpack_from(end + "H", head, 16)
-            phoff, shoff = struct.unpack_from(end + "QQ", head, 32)
-            phentsize, phnum, shentsize, shnum = struct.unpack_from(end + "HHHH", head, 54)
-        else:
-            e_type, = struct.unpack_from(end + "H", head, 16)
-            phoff, shoff = struct.unpack_from(end + "II", head, 28)
-            phentsize, phnum, shentsize, shnum = struct.unpack_from(end + "HHHH", head, 42)
-        if e_type not in (_ELF_DYN, _ELF_EXEC):
-            return f"an ELF file of type {e_type}, not a shared library"
-        if phnum == 0:
-            return "an ELF file without program headers: nothing the loader can map"
-        if phoff + phnum * phentsize > size or (shnum and shoff + shnum * shentsize > size):
-            return f"a truncated ELF file ({size} bytes; its headers reach further)"
-        return None
-    magic = head[:4]
-    if magic in (b"\xcf\xfa\xed\xfe", b"\xce\xfa\xed\xfe", b"\xfe\xed\xfa\xcf",
-                 b"\xfe\xed\xfa\xce"):
-        header = 32 if magic in (b"\xcf\xfa\xed\xfe", b"\xfe\xed\xfa\xcf") else 28
-        if len(head) < header:
-            return f"a truncated Mach-O file ({size} bytes)"
-        end = "<" if magic[0] in (0xcf, 0xce) else ">"
-        ncmds, sizeofcmds = struct.unpack_from(end + "II", head, 16)
-        if ncmds == 0 or header + sizeofcmds > size:
-            return f"a truncated Mach-O file ({size} bytes; its load commands reach further)"
-        return None
-    if magic in (b"\xca\xfe\xba\xbe", b"\xbe\xba\xfe\xca"):
-        return None  # a universal (fat) Mach-O binary: its slices are read by the tools
-    if head[:2] == b"MZ":
-        return None
-    return (f"not a library: neither ELF, Mach-O nor PE (it starts with "
-            f"{head[:8]!r})")
 
 
 def record_problems(archive: zipfile.ZipFile, members: _Members) -> list[str]:
@@ -506,90 +428,3 @@ def fatbin_archs(data: bytes) -> list[str]:
                     pos += entry_header + payload
         start = data.find(magic, start + 4)
     return sorted(archs, key=arch_sort_key)
-
-
-def check_stable_tags(report: WheelReport, variant: Variant,
-                      pythons: tuple[str, ...] = ()) -> list[str]:
-    """A stable variant's wheel: tagged abi3, installable on every Python the matrix lists,
-    requiring torch>=floor."""
-    problems = []
-    abi_tags = [t.split("-") for t in report.tags]
-    if not abi_tags or any(abi != "abi3" for _, abi, _ in abi_tags):
-        problems.append(f"tags {', '.join(report.tags)} are not abi3: a stable-ABI wheel is "
-                        "one wheel for every Python (Py_LIMITED_API, py_limited_api)")
-    else:
-        lowest = min((tuple(int(x) for x in p.rstrip("t").split(".")) for p in pythons
-                      if not p.endswith("t")), default=None)
-        for interpreter, _, _ in abi_tags:
-            digits = interpreter.removeprefix("cp")
-            tagged = (int(digits[0]), int(digits[1:])) if digits.isdigit() else None
-            if tagged and lowest and tagged > lowest:
-                problems.append(f"tag {interpreter}-abi3 needs Python >= {tagged[0]}."
-                                f"{tagged[1]}, but the matrix lists Python "
-                                f"{lowest[0]}.{lowest[1]}: build with py_limited_api "
-                                f"cp{lowest[0]}{lowest[1]}")
-    floor = floor_of(report.torch_requirement)
-    if floor is None:
-        problems.append(f"Requires-Dist has no torch>={variant.torch_floor} (found "
-                        f"{report.torch_requirement or 'none'})")
-    elif floor != Version(variant.torch_floor or "0"):
-        problems.append(f"requires torch>={floor}, but the variant's torch_floor is "
-                        f"{variant.torch_floor}")
-    return problems
-
-
-def check_against_variant(report: WheelReport, variant: Variant,
-                          pythons: tuple[str, ...] = (), *, extra_env_ok: bool = False) -> list[str]:
-    """Every way the wheel contradicts its matrix entry (empty list: consistent).
-
-    ``pythons``: the matrix's, which a stable variant's abi3 wheel must all install on."""
-    problems = []
-    # a wheel variant has the public version: every variant of a release shares it
-    variant_wheel = isinstance(report.build_info, dict) and "wheel_variant" in report.build_info
-    local = None if variant_wheel else variant.wheel_local_version
-    if report.local_version != local:
-        expected = (f"+{local}" if local else "none (a wheel variant)" if variant_wheel else
-                    f"none (variant {variant.name} goes to PyPI, which refuses local versions)")
-        problems.append(f"local version is {report.local_version or 'missing'}, expected "
-                        f"{expected}")
-    pinned = exact_pin(report.torch_requirement)
-    if variant.stable:
-        problems += check_stable_tags(report, variant, pythons)
-    elif pinned is None:
-        problems.append(f"no exact torch pin in Requires-Dist (found "
-                        f"{report.torch_requirement or 'none'})")
-    info = report.build_info
-    if not info or "error" in info:
-        problems.append(f"no readable build record (.dist-info/{RECORD_NAME}): the wheel was "
-                        "not stamped by opforge build")
-        info = {}
-    else:
-        if info.get("variant") != variant.name:
-            problems.append(f"build info says variant {info.get('variant')!r}, expected "
-                            f"{variant.name!r}")
-        built = info.get("torch_version")
-        try:
-            built_version = Version(built) if built else None
-        except InvalidVersion:
-            problems.append(f"build info's torch_version {built!r} is not a version")
-            built_version = None
-        if built_version and pinned:
-            if pinned.public != built_version.public:
-                problems.append(f"torch pin {report.torch_requirement} differs from the torch "
-                                f"it was built against ({built})")
-        if info.get("version") and info["version"] != report.version:
-            problems.append(f"build record says version {info['version']}, the wheel is "
-                            f"{report.version}")
-        if info.get("omitted_kernels"):  # records of opforge before --build-env
-            problems.append(f"kernels left out at build time: {info['omitted_kernels']}")
-        if info.get("build_env") and not extra_env_ok:
-            given = ", ".join(f"{k}={v}" for k, v in info["build_env"].items())
-            problems.append(f"built with extra build environment ({given}): not a release build")
-    compiled = report.libraries
-    problems += [f"{lib.path}: {lib.note}" for lib in compiled if lib.note]
-    problems += report.abi_problems(stable=variant.stable, torch_floor=variant.torch_floor,
-                                    cuda_major=variant.cuda_major or "")
-    # the platform backend's rules: device code (from the code itself; a pure-Python wheel
-    # of custom_op kernels has none), toolkit and architectures, platform tags
-    problems += backend_of(variant).check_wheel(report, variant, info)
-    return problems

@@ -14,7 +14,8 @@ import pytest
 
 from opforge.cli import main
 from opforge.matrix import load_matrix
-from opforge.wheels import check_against_variant, fatbin_archs, inspect_wheel
+from opforge.wheel_checks import check_against_variant
+from opforge.wheels import fatbin_archs, inspect_wheel
 
 ROOT = Path(__file__).resolve().parents[2]
 MATRIX = load_matrix(ROOT / "matrix.yaml")

@@ -380,7 +380,8 @@ def test_stamp_refuses_a_wheel_without_its_backends_device_code(tmp_path):
 def test_wheel_check_asks_the_variants_backend(tmp_path):
     import _ctypes  # a real shared library of this Python, to carry the marker bytes
 
-    from opforge.wheels import check_against_variant, inspect_wheel
+    from opforge.wheel_checks import check_against_variant
+    from opforge.wheels import inspect_wheel
 
     library = getattr(_ctypes, "__file__", None)
     elf = Path(library).read_bytes() if library else b""

@@ -14,7 +14,8 @@ from publish_wheelkit import make_wheel, repo_copy
 from opforge.cli import main
 from opforge.matrix import load_matrix
 from opforge.stamp import BuildFacts, stamp_wheel
-from opforge.wheels import check_against_variant, inspect_wheel
+from opforge.wheel_checks import check_against_variant
+from opforge.wheels import inspect_wheel
 
 ROOT = Path(__file__).resolve().parents[2]
 

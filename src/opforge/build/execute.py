@@ -75,7 +75,8 @@ def verify(wheel: Path, variant: Variant, pythons: tuple[str, ...] = (), *,
            extra_env_ok: bool = False) -> list[str]:
     """The ways a freshly built wheel contradicts its matrix entry (see ``opforge inspect``);
     extra_env_ok: a build environment given with --build-env is not one of them."""
-    from opforge.wheels import check_against_variant, inspect_wheel
+    from opforge.wheel_checks import check_against_variant
+    from opforge.wheels import inspect_wheel
 
     return check_against_variant(inspect_wheel(wheel), variant, pythons, extra_env_ok=extra_env_ok)
 

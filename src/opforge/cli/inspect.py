@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from opforge import floor, variants, wheels
+from opforge import floor, variants, wheel_checks, wheels
 from opforge.errors import UsageError
 from opforge.matrix import load_matrix
 
@@ -50,7 +50,7 @@ def run_inspect(args: argparse.Namespace) -> int:
     matrix = load_matrix(args.file) if args.expect_variant else None
     variant = matrix.variant(args.expect_variant) if matrix else None
     report = wheels.inspect_wheel(args.wheel)
-    problems = wheels.check_against_variant(report, variant, matrix.pythons) if variant \
+    problems = wheel_checks.check_against_variant(report, variant, matrix.pythons) if variant \
         else report.abi_problems()
     system = floor_check(report, args.torch_wheel, args.allow_host_floor)
     problems += system.problems
