@@ -8,6 +8,7 @@ Everything after ``load_matrix`` receives objects, never dicts. A malformed file
 """
 
 from opforge.dispatch_keys import BACKEND_KEYS
+from opforge.matrix.extension import ABIS, DEFAULT_COMPAT, STABLE_ABI_SINCE
 from opforge.matrix.model import (
     CHANNELS,
     COMPAT_WORDS,
@@ -28,14 +29,11 @@ from opforge.matrix.model import (
     promises,
 )
 from opforge.matrix.parser import (
-    ABIS,
     CHANNEL_ENV,
-    DEFAULT_COMPAT,
     DEFAULT_MATRIX,
     KNOWN_PYTHONS,
     MATRIX_ENV,
     NVCC_ARCHS,
-    STABLE_ABI_SINCE,
     VERSION_ENV,
     find_matrix,
     load_matrix,
