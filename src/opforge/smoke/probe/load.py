@@ -194,6 +194,21 @@ def probe_import(report: Report, args, torch_mod) -> bool:
                           "python": observer.python}
     mapped = loaded_paths(torch_mod) | {e["path"] for e in observer.loads if not e["error"]}
 
+    libs, diagnoses = _load_libraries(info, observer, mapped, pkg_dir, build, torch_mod)
+    diagnosis = _import_diagnosis(info, package, pkg_dir, libs, diagnoses, exc_info)
+    info["diagnosis"] = diagnosis
+    ok = info["ok"] and not diagnoses
+    report.check("import", "import", "pass" if ok else "fail", diagnosis["message"],
+                 kind=diagnosis["kind"])
+
+    _torch_match(report, package, build, torch_mod, ok)
+    return info["ok"]
+
+
+def _load_libraries(info: dict, observer, mapped: set, pkg_dir, build: dict,
+                    torch_mod) -> tuple[list[str], list[dict]]:
+    """Each compiled library of the package loaded (one the import left alone is loaded here
+    and what it registers recorded): (the libraries, the diagnoses of those that fail)."""
     recorded = [os.path.basename(lib.get("path", ""))
                 for lib in (build.get("build_info") or {}).get("libraries") or []]
     libs = compiled_libraries(pkg_dir, recorded) if pkg_dir else []
@@ -215,7 +230,13 @@ def probe_import(report: Report, args, torch_mod) -> bool:
         if not by_import and len(observer.loads) > event:
             entry["added_ops"] = observer.loads[-1]["added_ops"]
             entry["added_orphans"] = observer.loads[-1]["added_orphans"]
+    return libs, diagnoses
 
+
+def _import_diagnosis(info: dict, package: str, pkg_dir, libs: list[str],
+                      diagnoses: list[dict], exc_info) -> dict:
+    """Why the import failed (or that it did not): a load failure first, then no library,
+    then the package's own Python line."""
     if pkg_dir is None:
         diagnosis = {"kind": "not_installed",
                      "message": f"no package {package!r} is importable by {sys.executable}: "
@@ -249,11 +270,11 @@ def probe_import(report: Report, args, torch_mod) -> bool:
         diagnosis = {"kind": "ok", "message": f"import {package} succeeded ({loads})"}
         if not libs:
             diagnosis["no_library"] = True
-    info["diagnosis"] = diagnosis
-    ok = info["ok"] and not diagnoses
-    report.check("import", "import", "pass" if ok else "fail", diagnosis["message"],
-                 kind=diagnosis["kind"])
+    return diagnosis
 
+
+def _torch_match(report: Report, package: str, build: dict, torch_mod, ok: bool) -> None:
+    """The torch-match check: the running torch against the one the wheel was built with."""
     built, running = build.get("built_against_torch"), torch_mod.__version__
     env = report.doc["environment"]
     env["built_against_torch"] = built
@@ -282,6 +303,5 @@ def probe_import(report: Report, args, torch_mod) -> bool:
                      f"{package} was built against torch {built} ({build['source']}) but torch "
                      f"{running} is running, {outcome}: C++ ABI across torch releases is not "
                      "guaranteed; use the wheel with the torch it pins.")
-    return info["ok"]
 
 
