@@ -202,7 +202,6 @@ def function_recipes(path: str | None) -> dict:
 def run_functions(report: Report, t, devices: list[str], path: str | None,
                   import_ok: bool, crumb: Breadcrumb | None = None,
                   crashed: dict | None = None) -> None:
-    from .values import compare, outputs_of, to_device
 
     crumb = crumb or Breadcrumb(None)
 
@@ -237,65 +236,73 @@ def run_functions(report: Report, t, devices: list[str], path: str | None,
                 report.check(f"call:{key}", "run", "fail", f"{key} cannot be reached: "
                              f"{exc if isinstance(exc, ImportError) else first_line(exc)}")
                 continue
-        cpu_out = refused = None
-        for device in wanted:
-            check_id = f"call:{key}:{device}"
-            if refused:
-                report.check(check_id, "run", "skip", f"{key} refused the stub's inputs on cpu "
-                             f"({refused}): nothing to check until its recipe is written",
-                             device=device, reason="stub-rejected")
-                continue
-            if device not in devices:
-                entry = report.doc["devices"].get(device) or {}
-                report.check(check_id, "run", "skip", f"skipped-no-device: "
-                             f"{entry.get('detail') or device + ' is not present'}",
-                             device=device, reason="no-device")
-                continue
-            reason = (recipe.get("skip") or {}).get("run")
-            if reason:
-                report.check(check_id, "run", "skip", f"recipe: {reason}", device=device,
-                             reason="recipe")
-                continue
-            try:
-                args = recipe["inputs"](t.float32)
-            except Exception as exc:  # noqa: BLE001
-                report.check(check_id, "run", "fail", f"recipe {key!r} inputs raised "
-                             f"{first_line(exc)} at {where(exc, path or '')}", recipe_error=True)
-                break
-            args = [to_device(t, a, device) for a in args]
-            crumb.at(kind="function", name=key, check="run", device=device,
-                     recipe=recipe_kind(recipe))
-            try:
-                out = fn(*args)
-            except Exception as exc:  # noqa: BLE001 - the call-time failure is the finding
-                kind, _ = classify(exc)
-                if recipe.get("stub") and kind == REJECTED:  # the function's own checks
-                    said = op_message(exc)
-                    report.check(check_id, "run", "warn", f"stub inputs rejected by {key}"
-                                 + ("" if device == "cpu" else f" on {device}")
-                                 + f": \"{said}\" \u2014 write a recipe for {key} in {path} "
-                                 "(FUNCTIONS; docs/adopt.md#2-fill-in-the-recipes) or run "
-                                 "opforge recipes --derive", device=device,
-                                 reason="stub-rejected", rejected=said)
-                    refused = check_id if device == "cpu" else None
-                    continue
-                report.check(check_id, "run", "fail", f"{key} on {device} raised "
-                             f"{first_line(exc)}", device=device, error_kind=kind)
-                continue
-            got = [o.cpu() if isinstance(o, t.Tensor) else o for o in outputs_of(out)]
-            problem = None
-            if device == "cpu" or cpu_out is None:
-                cpu_out = got if device == "cpu" else cpu_out
-                if "expected" in recipe and device == "cpu":
-                    want = recipe["expected"]
-                    problem = compare(t, outputs_of(want), got, recipe.get("atol", 1e-4),
-                                      recipe.get("rtol", 1e-3))
-            else:
-                problem = compare(t, cpu_out, got, recipe.get("atol", 1e-4),
-                                  recipe.get("rtol", 1e-3))
-            report.check(check_id, "run", "fail" if problem else "pass",
-                         f"{key} on {device}: {problem}" if problem else
-                         f"{key} runs on {device}" + (" and matches the CPU" if
-                                                      device != "cpu" and cpu_out else ""),
-                         device=device)
+        _call_on_devices(report, t, key, recipe, fn, wanted, devices, path, crumb)
         crumb.clear()
+
+
+def _call_on_devices(report: Report, t, key: str, recipe: dict, fn, wanted: list[str],
+                     devices: list[str], path: str | None, crumb: Breadcrumb) -> None:
+    """One module function called on each device its recipe names, compared with the CPU."""
+    from .values import compare, outputs_of, to_device
+
+    cpu_out = refused = None
+    for device in wanted:
+        check_id = f"call:{key}:{device}"
+        if refused:
+            report.check(check_id, "run", "skip", f"{key} refused the stub's inputs on cpu "
+                         f"({refused}): nothing to check until its recipe is written",
+                         device=device, reason="stub-rejected")
+            continue
+        if device not in devices:
+            entry = report.doc["devices"].get(device) or {}
+            report.check(check_id, "run", "skip", f"skipped-no-device: "
+                         f"{entry.get('detail') or device + ' is not present'}",
+                         device=device, reason="no-device")
+            continue
+        reason = (recipe.get("skip") or {}).get("run")
+        if reason:
+            report.check(check_id, "run", "skip", f"recipe: {reason}", device=device,
+                         reason="recipe")
+            continue
+        try:
+            args = recipe["inputs"](t.float32)
+        except Exception as exc:  # noqa: BLE001
+            report.check(check_id, "run", "fail", f"recipe {key!r} inputs raised "
+                         f"{first_line(exc)} at {where(exc, path or '')}", recipe_error=True)
+            break
+        args = [to_device(t, a, device) for a in args]
+        crumb.at(kind="function", name=key, check="run", device=device,
+                 recipe=recipe_kind(recipe))
+        try:
+            out = fn(*args)
+        except Exception as exc:  # noqa: BLE001 - the call-time failure is the finding
+            kind, _ = classify(exc)
+            if recipe.get("stub") and kind == REJECTED:  # the function's own checks
+                said = op_message(exc)
+                report.check(check_id, "run", "warn", f"stub inputs rejected by {key}"
+                             + ("" if device == "cpu" else f" on {device}")
+                             + f": \"{said}\" \u2014 write a recipe for {key} in {path} "
+                             "(FUNCTIONS; docs/adopt.md#2-fill-in-the-recipes) or run "
+                             "opforge recipes --derive", device=device,
+                             reason="stub-rejected", rejected=said)
+                refused = check_id if device == "cpu" else None
+                continue
+            report.check(check_id, "run", "fail", f"{key} on {device} raised "
+                         f"{first_line(exc)}", device=device, error_kind=kind)
+            continue
+        got = [o.cpu() if isinstance(o, t.Tensor) else o for o in outputs_of(out)]
+        problem = None
+        if device == "cpu" or cpu_out is None:
+            cpu_out = got if device == "cpu" else cpu_out
+            if "expected" in recipe and device == "cpu":
+                want = recipe["expected"]
+                problem = compare(t, outputs_of(want), got, recipe.get("atol", 1e-4),
+                                  recipe.get("rtol", 1e-3))
+        else:
+            problem = compare(t, cpu_out, got, recipe.get("atol", 1e-4),
+                              recipe.get("rtol", 1e-3))
+        report.check(check_id, "run", "fail" if problem else "pass",
+                     f"{key} on {device}: {problem}" if problem else
+                     f"{key} runs on {device}" + (" and matches the CPU" if
+                                                  device != "cpu" and cpu_out else ""),
+                     device=device)
