@@ -29,6 +29,8 @@ environment activated (PATH, VIRTUAL_ENV; PYTHONPATH removed) in the current dir
 
 
 def register(subparsers) -> argparse.ArgumentParser:
+    # Long by design: one add_argument per option with its help, read top to bottom as the
+    # command's reference; split, one command's options would be scattered.
     p = subparsers.add_parser("bisect", help="find the nightly where a regression appeared",
                               description=DESCRIPTION, epilog=EPILOG,
                               formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -87,6 +87,8 @@ def device_words(keys, scan: Scan) -> str:
 
 
 def render_matrix(scan: Scan, torch_version: str, python: str) -> str:
+    # Long by design: the commented matrix.yaml written top to bottom, section by section, as
+    # the user will read it; split, the file's order would be spread over functions.
     namespace = choose_namespace(scan)
     ops = _ops_of(scan, namespace)
     forward = [op for op in ops.values() if not op.backward_only]

@@ -139,32 +139,7 @@ def _cell(checks: list[dict]) -> Text:
 def render_terminal(doc: dict, console: Console | None = None) -> None:
     # CI logs are not terminals but are wide: do not squeeze the tables to 80 columns
     console = console or Console(highlight=False, width=None if sys.stdout.isatty() else 160)
-    env = doc.get("environment", {})
-    build = doc.get("build", {})
-    runner = doc.get("runner", {})
-    devices = doc.get("devices", {})
-    variant = f" · variant {doc['variant']}" if doc.get("variant") else ""
-    if doc.get("variant_source"):
-        variant += f" (from {doc['variant_source']})"
-    console.print(f"[bold]opforge smoke[/] {doc.get('package')} · namespace "
-                  f"{doc.get('namespace')}{variant}")
-    if env.get("torch_version"):
-        console.print(f"  torch {env['torch_version']} ({(env.get('torch_git_version') or '')[:12]})"
-                      f" · python {env.get('python')} · {env.get('executable')}")
-    if build.get("built_against_torch") or build.get("distribution"):
-        console.print(f"  {build.get('distribution') or doc.get('package')} "
-                      f"{build.get('distribution_version') or ''} built against torch "
-                      f"{build.get('built_against_torch') or 'unknown'}"
-                      f" ({build.get('source') or 'no build info, no exact torch pin'})")
-    if devices:
-        parts = []
-        for dev, entry in devices.items():
-            parts.append(f"{dev}: {'present' if entry.get('present') else 'absent'}")
-        console.print("  devices: " + ", ".join(parts))
-    if runner.get("installs"):
-        timing = ", ".join(f"{k} {v}s" for k, v in runner.items() if k.endswith("_s"))
-        console.print(f"  env: {runner.get('env_dir') or runner.get('python')} ({timing})")
-
+    _print_header(doc, console)
     for line in cause_lines(doc):
         console.print(line)
 
@@ -191,6 +166,46 @@ def render_terminal(doc: dict, console: Console | None = None) -> None:
     if doc.get("modules"):
         console.print(modules_table(doc))
 
+    _print_runs(doc, console)
+
+    for c in unexplained(doc):
+        style = STATUS_STYLE[c["status"]]
+        console.print(Text(f"{c['status'].upper()} {c['id']}: ", style=style) + Text(c["message"]))
+    n = counts(doc)
+    console.print(Text(headline(doc), style="bold red" if n["fail"] else "bold green"))
+
+
+def _print_header(doc: dict, console: Console) -> None:
+    """Who was probed where: package, torch, the build's torch, devices, the environment."""
+    env = doc.get("environment", {})
+    build = doc.get("build", {})
+    runner = doc.get("runner", {})
+    devices = doc.get("devices", {})
+    variant = f" · variant {doc['variant']}" if doc.get("variant") else ""
+    if doc.get("variant_source"):
+        variant += f" (from {doc['variant_source']})"
+    console.print(f"[bold]opforge smoke[/] {doc.get('package')} · namespace "
+                  f"{doc.get('namespace')}{variant}")
+    if env.get("torch_version"):
+        console.print(f"  torch {env['torch_version']} ({(env.get('torch_git_version') or '')[:12]})"
+                      f" · python {env.get('python')} · {env.get('executable')}")
+    if build.get("built_against_torch") or build.get("distribution"):
+        console.print(f"  {build.get('distribution') or doc.get('package')} "
+                      f"{build.get('distribution_version') or ''} built against torch "
+                      f"{build.get('built_against_torch') or 'unknown'}"
+                      f" ({build.get('source') or 'no build info, no exact torch pin'})")
+    if devices:
+        parts = []
+        for dev, entry in devices.items():
+            parts.append(f"{dev}: {'present' if entry.get('present') else 'absent'}")
+        console.print("  devices: " + ", ".join(parts))
+    if runner.get("installs"):
+        timing = ", ".join(f"{k} {v}s" for k, v in runner.items() if k.endswith("_s"))
+        console.print(f"  env: {runner.get('env_dir') or runner.get('python')} ({timing})")
+
+
+def _print_runs(doc: dict, console: Console) -> None:
+    """The runs table (op x device and check) and the ops only the census saw."""
     grid: dict[str, dict[str, list[dict]]] = {}
     census_only = []
     columns = run_categories()
@@ -215,12 +230,6 @@ def render_terminal(doc: dict, console: Console | None = None) -> None:
         console.print(table)
     if census_only:
         console.print(f"  census only (no recipe says how to call it): {', '.join(census_only)}")
-
-    for c in unexplained(doc):
-        style = STATUS_STYLE[c["status"]]
-        console.print(Text(f"{c['status'].upper()} {c['id']}: ", style=style) + Text(c["message"]))
-    n = counts(doc)
-    console.print(Text(headline(doc), style="bold red" if n["fail"] else "bold green"))
 
 
 def modules_table(doc: dict) -> Table:

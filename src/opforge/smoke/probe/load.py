@@ -70,6 +70,8 @@ def demangle(symbol: str) -> str:
 
 def classify_load_error(lib: str, error: str, build: dict, torch_mod) -> dict:
     """Turn a dlopen error into a diagnosis: kind, message, what to do."""
+    # Long by design: one branch per kind of load error, tried in order, each with its
+    # message; a table of functions would hide the order that decides between them.
     name = os.path.basename(lib)
     built = build.get("built_against_torch")
     running = torch_mod.__version__
