@@ -60,20 +60,7 @@ def scan_python(scan: Scan, path: Path) -> None:
         scan.notes.append(f"{path.relative_to(scan.root)}: not valid Python, skipped")
         return
     rel = path.relative_to(scan.root).as_posix()
-    libraries: dict[str, str] = {}  # variable -> namespace of torch.library.Library(ns, kind)
-    decorated: dict[int, ast.FunctionDef] = {}  # id(decorator call) -> the function
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
-                call_name(node.value.func) == "Library" and node.value.args and \
-                isinstance(node.value.args[0], ast.Constant):
-            for target in node.targets:
-                if isinstance(target, ast.Name):
-                    libraries[target.id] = str(node.value.args[0].value)
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            for deco in node.decorator_list:
-                decorated[id(deco)] = node
-        if isinstance(node, ast.Call) and call_name(node.func) == "load_library":
-            scan.saw(rel, "torch.ops.load_library (libraries the package loads)")
+    libraries, decorated = _libraries_and_decorators(scan, tree, rel)
     seen: dict[str, list[str]] = {}
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call) or call_name(node.func) not in _PY_CALLS:
@@ -110,48 +97,84 @@ def scan_python(scan: Scan, path: Path) -> None:
             op.schema = schema if "(" in schema else op.schema
             op.mutating = op.mutating or "!)" in schema
         elif kind in ("custom_op", "triton_op"):
-            devices = _device_types(kwargs.get("device_types"))
-            op.keys.update({"Meta", "Autograd"})
-            keys = _register(scan, op, f"{rel}:{node.lineno}", devices or
-                             ["CompositeExplicitAutograd"])
-            mutates = kwargs.get("mutates_args")
-            names = {e.value for e in getattr(mutates, "elts", []) if isinstance(e, ast.Constant)}
-            op.mutating = op.mutating or bool(names) or \
-                (isinstance(mutates, ast.Constant) and mutates.value == "unknown")
-            func = decorated.get(id(node))
-            if func is None and len(node.args) > 1 and isinstance(node.args[1], ast.Name):
-                func = next((f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)
-                             and f.name == node.args[1].id), None)
-            params = _python_params(func, names) if func is not None else None
-            if params is not None and not op.schema:
-                op.schema, op.inferred = f"{name}({params}) -> ...", True
-            _kernels(op, keys, f"{rel}:{node.lineno}", func, rel)
+            _custom_op(scan, op, name, node, kwargs, decorated, tree, rel)
         elif kind in ("register_fake", "impl_abstract"):
             op.keys.add("Meta")
         elif kind == "register_autograd":
             op.keys.add("Autograd")
         elif kind in ("register_kernel", "register_autocast", "impl"):
-            # impl("ns::op", "cpu"), register_kernel("ns::op", ("cpu", "cuda"), fn),
-            # lib.impl("op", fn, "CPU")
-            device = next((a for a in args[1:] if isinstance(a, str)), None) or \
-                next((_device_types(a) for a in node.args[1:]
-                      if isinstance(a, (ast.Tuple, ast.List))), None) or \
-                _device_types(kwargs.get("device_types") or kwargs.get("dispatch_key")
-                              or kwargs.get("types"))
-            where = f"{rel}:{node.lineno}"
-            read = "autocast" if kind == "register_autocast" else \
-                "key" if owner in libraries else "any"
-            keys = _register(scan, op, where, _as_list(device), read)
-            if device is None and kind == "register_kernel":
-                op.keys.update(ALIAS_KEYS["CompositeExplicitAutograd"])
-                keys = ["CompositeExplicitAutograd"]
-            if kind != "register_autocast":
-                fn = decorated.get(id(node)) or _named_function(
-                    tree, (node.args[1:2] if owner in libraries else node.args[2:3])
-                    + [v for k, v in kwargs.items() if k in ("func", "fn")])
-                _kernels(op, keys, where, fn, rel)
+            _registration(scan, op, kind, node, args, kwargs, owner, libraries, decorated,
+                          tree, rel)
     for kind, names in seen.items():
         scan.saw(rel, f"{kind}: {', '.join(dict.fromkeys(names))}")
+
+
+def _libraries_and_decorators(scan: Scan, tree: ast.AST, rel: str) -> tuple[dict[str, str],
+                                                                    dict[int, ast.FunctionDef]]:
+    """The file's torch.library.Library variables (-> their namespace) and each decorator
+    call's function; a load_library call is noted."""
+    libraries: dict[str, str] = {}  # variable -> namespace of torch.library.Library(ns, kind)
+    decorated: dict[int, ast.FunctionDef] = {}  # id(decorator call) -> the function
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
+                call_name(node.value.func) == "Library" and node.value.args and \
+                isinstance(node.value.args[0], ast.Constant):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    libraries[target.id] = str(node.value.args[0].value)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for deco in node.decorator_list:
+                decorated[id(deco)] = node
+        if isinstance(node, ast.Call) and call_name(node.func) == "load_library":
+            scan.saw(rel, "torch.ops.load_library (libraries the package loads)")
+    return libraries, decorated
+
+
+def _custom_op(scan: Scan, op: ScannedOp, name: str, node: ast.Call, kwargs: dict,
+               decorated: dict[int, ast.FunctionDef], tree: ast.AST, rel: str) -> None:
+    """``@torch.library.custom_op`` / ``triton_op``: its keys, mutation, schema and kernels."""
+    devices = _device_types(kwargs.get("device_types"))
+    op.keys.update({"Meta", "Autograd"})
+    keys = _register(scan, op, f"{rel}:{node.lineno}", devices or
+                     ["CompositeExplicitAutograd"])
+    mutates = kwargs.get("mutates_args")
+    names = {e.value for e in getattr(mutates, "elts", []) if isinstance(e, ast.Constant)}
+    op.mutating = op.mutating or bool(names) or \
+        (isinstance(mutates, ast.Constant) and mutates.value == "unknown")
+    func = decorated.get(id(node))
+    if func is None and len(node.args) > 1 and isinstance(node.args[1], ast.Name):
+        func = next((f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)
+                     and f.name == node.args[1].id), None)
+    params = _python_params(func, names) if func is not None else None
+    if params is not None and not op.schema:
+        op.schema, op.inferred = f"{name}({params}) -> ...", True
+    _kernels(op, keys, f"{rel}:{node.lineno}", func, rel)
+
+
+def _registration(scan: Scan, op: ScannedOp, kind: str, node: ast.Call, args: list,
+                  kwargs: dict, owner: str | None, libraries: dict[str, str],
+                  decorated: dict[int, ast.FunctionDef], tree: ast.AST, rel: str) -> None:
+    """``register_kernel`` / ``register_autocast`` / ``impl``: the keys it registers and its
+    kernel."""
+    # impl("ns::op", "cpu"), register_kernel("ns::op", ("cpu", "cuda"), fn),
+    # lib.impl("op", fn, "CPU")
+    device = next((a for a in args[1:] if isinstance(a, str)), None) or \
+        next((_device_types(a) for a in node.args[1:]
+              if isinstance(a, (ast.Tuple, ast.List))), None) or \
+        _device_types(kwargs.get("device_types") or kwargs.get("dispatch_key")
+                      or kwargs.get("types"))
+    where = f"{rel}:{node.lineno}"
+    read = "autocast" if kind == "register_autocast" else \
+        "key" if owner in libraries else "any"
+    keys = _register(scan, op, where, _as_list(device), read)
+    if device is None and kind == "register_kernel":
+        op.keys.update(ALIAS_KEYS["CompositeExplicitAutograd"])
+        keys = ["CompositeExplicitAutograd"]
+    if kind != "register_autocast":
+        fn = decorated.get(id(node)) or _named_function(
+            tree, (node.args[1:2] if owner in libraries else node.args[2:3])
+            + [v for k, v in kwargs.items() if k in ("func", "fn")])
+        _kernels(op, keys, where, fn, rel)
 
 
 def _kernels(op: ScannedOp, keys: list[str], where: str, func: ast.FunctionDef | None,
