@@ -151,6 +151,37 @@ def stamp_wheel(wheel: Path, out_dir: Path, facts: BuildFacts, *, cuda_expected:
     # "" (the PyPI variant): no local label, which PyPI refuses; the build record keeps the variant
     label = facts.variant if facts.local_version is None else facts.local_version
     new_version = f"{version.public}+{label}" if label else version.public
+    old_info, new_info, contents, modes, libraries = _members(wheel, new_version)
+    metadata_name = f"{new_info}/METADATA"
+    if metadata_name not in contents:
+        raise OpforgeError(f"{wheel.name}: {old_info}/METADATA is missing: not a valid wheel")
+    contents[metadata_name] = _rewrite_metadata(
+        contents[metadata_name].decode("utf-8"), new_version, facts.requirement).encode("utf-8")
+    backends = sorted({b for lib in libraries for b in lib["backends"]},
+                      key=("cpu", "cuda", "hip", "mps", "xpu").index)
+    expected = backend.device_code if backend is not None else \
+        "cuda" if cuda_expected else "mps" if mps_expected else None
+    _refuse_missing_device_code(wheel, libraries, backends, expected, backend,
+                                build_env or {})
+    record = _record(str(name), new_version, facts, libraries, backends)
+    contents[f"{new_info}/{RECORD_NAME}"] = (json.dumps(record, indent=1) + "\n").encode()
+    tags = wheel.name[:-len(".whl")].split("-")[-3:]
+    _check_stable_tag(wheel, facts, tags)
+    escaped = wheel.name.split("-", 1)[0]
+    parts = [escaped, new_version.replace("-", "_")]
+    if build_tag:
+        parts.append(f"{build_tag[0]}{build_tag[1]}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / ("-".join(parts + tags) + ".whl")
+    _write_wheel(target, contents, modes, f"{new_info}/RECORD")
+    return StampResult(wheel=target, record=record)
+
+
+def _members(wheel: Path, new_version: str) -> tuple[str, str, dict[str, bytes],
+                                                    dict[str, int], list[dict]]:
+    """The wheel's members renamed for ``new_version`` (its dist-info and data folders), their
+    modes, and its libraries with the backends their code is for; the old RECORD and build
+    record are left out (the stamp writes new ones)."""
     with zipfile.ZipFile(wheel) as archive:
         infos = archive.infolist()
         names = [i.filename for i in infos]
@@ -183,21 +214,16 @@ def stamp_wheel(wheel: Path, out_dir: Path, facts: BuildFacts, *, cuda_expected:
             if _is_library(member):
                 libraries.append({"path": member, "size": len(data),
                                   "backends": library_backends(data)})
-    metadata_name = f"{new_info}/METADATA"
-    if metadata_name not in contents:
-        raise OpforgeError(f"{wheel.name}: {old_info}/METADATA is missing: not a valid wheel")
-    contents[metadata_name] = _rewrite_metadata(
-        contents[metadata_name].decode("utf-8"), new_version, facts.requirement).encode("utf-8")
-    backends = sorted({b for lib in libraries for b in lib["backends"]},
-                      key=("cpu", "cuda", "hip", "mps", "xpu").index)
-    expected = backend.device_code if backend is not None else \
-        "cuda" if cuda_expected else "mps" if mps_expected else None
-    _refuse_missing_device_code(wheel, libraries, backends, expected, backend,
-                                build_env or {})
-    record = {
+    return old_info, new_info, contents, modes, libraries
+
+
+def _record(name: str, new_version: str, facts: BuildFacts, libraries: list[dict],
+            backends: list[str]) -> dict:
+    """The build record the stamped wheel carries (opforge-build.json)."""
+    return {
         "schema": RECORD_SCHEMA,
         "stamped_by": _stamped_by(),
-        "distribution": str(name),
+        "distribution": name,
         "version": new_version,
         "variant": facts.variant,
         "torch_version": facts.torch_version,
@@ -214,8 +240,10 @@ def stamp_wheel(wheel: Path, out_dir: Path, facts: BuildFacts, *, cuda_expected:
         "backends": backends,
         **facts.extra,
     }
-    contents[f"{new_info}/{RECORD_NAME}"] = (json.dumps(record, indent=1) + "\n").encode()
-    tags = wheel.name[:-len(".whl")].split("-")[-3:]
+
+
+def _check_stable_tag(wheel: Path, facts: BuildFacts, tags: list[str]) -> None:
+    """A stable-ABI variant's wheel must be tagged abi3: else the build ignored the ABI."""
     if facts.extra.get("abi") == "stable" and "abi3" not in tags[1].split("."):
         raise OpforgeError(
             f"{wheel.name}: this stable-ABI variant's build produced a wheel tagged "
@@ -224,14 +252,6 @@ def stamp_wheel(wheel: Path, out_dir: Path, facts: BuildFacts, *, cuda_expected:
             "Py_LIMITED_API, TORCH_STABLE_ONLY and TORCH_TARGET_VERSION and tag the wheel "
             "(setuptools: py_limited_api=True on the extension and bdist_wheel's "
             "py_limited_api=cp310; scikit-build-core: wheel.py-api = \"cp310\").")
-    escaped = wheel.name.split("-", 1)[0]
-    parts = [escaped, new_version.replace("-", "_")]
-    if build_tag:
-        parts.append(f"{build_tag[0]}{build_tag[1]}")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    target = out_dir / ("-".join(parts + tags) + ".whl")
-    _write_wheel(target, contents, modes, f"{new_info}/RECORD")
-    return StampResult(wheel=target, record=record)
 
 
 def _refuse_missing_device_code(wheel: Path, libraries: list[dict], backends: list[str],
