@@ -63,7 +63,7 @@ RETIRED_DEVICE_TYPES = ("mkldnn", "opengl", "opencl", "ideep")
 DEVICE_KEY = {d: DEVICE_TYPE_KEY[d] for d in ("cpu", "cuda", "mps", "xpu")}
 AUTOCAST_KEY = {device: f"Autocast{key}" for device, key in DEVICE_KEY.items()}
 # the devices an op may declare it has no kernel for in matrix.yaml (those the smoke runs on)
-NO_KERNEL_DEVICES = {d: DEVICE_KEY[d] for d in ("cpu", "cuda", "mps")}
+NO_KERNEL_DEVICES = {d: DEVICE_KEY[d] for d in ("cpu", "cuda", "mps", "xpu")}
 # the keys a census always shows, expected or not (and the order `opforge init` writes keys in)
 OBSERVED_KEYS = ("CPU", "CUDA", "MPS", "Meta", "Autograd", "AutocastCPU", "AutocastCUDA",
                  "AutocastMPS")

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .common import AUTOCAST_KEY, DEVICE_KEY, DEVICES, first_line
+from .common import AUTOCAST_KEY, DEVICE_KEY, first_line
 from .crashes import recipe_kind
 from .recipes import RecipeError, where
 from .speed import block_timer, calls_per_block, paired, seconds, synchronizer
@@ -102,7 +102,7 @@ def device_runs(runner, call: Call):
     t = runner.t
     op, fn, recipe, dtype, tag = call.op, call.fn, call.recipe, call.dtype, call.tag
     cpu_out = cpu_grads = None
-    for device in DEVICES:
+    for device in runner.device_types():
         check_id = f"run:{op}:{device}{tag}"
         wants_grad = bool(recipe.get("grad")) and "backward" not in (recipe.get("skip") or {})
         if runner.by_design(op, device, check_id, "run", device=device):
@@ -304,7 +304,7 @@ def autocast_runs(runner, call: Call):
     op, fn, recipe = call.op, call.fn, call.recipe
     if not recipe.get("autocast"):
         return
-    for device in DEVICES:
+    for device in runner.device_types():
         check_id = f"autocast:{op}:{device}"
         key = AUTOCAST_KEY[device]
         if runner.by_design(op, device, check_id, "autocast", device=device):

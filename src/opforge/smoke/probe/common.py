@@ -14,7 +14,9 @@ OBSERVED_KEYS = ("CPU", "CUDA", "MPS", "Meta", "Autograd", "AutocastCPU", "Autoc
 BACKEND_KEYS = ("CPU", "CUDA", "MPS", "XPU", "HIP", "PrivateUse1")
 DEVICE_KEY = {"cpu": "CPU", "cuda": "CUDA", "mps": "MPS", "xpu": "XPU"}
 AUTOCAST_KEY = {device: f"Autocast{key}" for device, key in DEVICE_KEY.items()}
-DEVICES = ("cpu", "cuda", "mps")  # the devices the probe runs ops on
+DEVICES = ("cpu", "cuda", "mps", "xpu")  # the devices the probe runs ops on
+# the devices every report lists (present or not); another is listed when torch is built for it
+ALWAYS_LISTED = ("cpu", "cuda", "mps")
 
 
 def err_text(exc: BaseException) -> str:

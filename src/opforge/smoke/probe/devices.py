@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .common import DEVICES, Report, first_line
+from .common import ALWAYS_LISTED, DEVICES, Report, first_line
 
 
 def probe_devices(report: Report, args, torch_mod) -> list[str]:
@@ -18,8 +18,15 @@ def probe_devices(report: Report, args, torch_mod) -> list[str]:
             mps = getattr(torch_mod.backends, "mps", None)
             entry["built"] = bool(mps and mps.is_built())
             entry["available"] = bool(mps and mps.is_available())
+        elif dev == "xpu":
+            xpu = getattr(torch_mod, "xpu", None)
+            compiled = getattr(xpu, "_is_compiled", None)
+            entry["built"] = bool(compiled and compiled())
+            entry["available"] = bool(entry["built"] and xpu.is_available())
         else:
             entry["built"] = entry["available"] = True
+        if dev not in ALWAYS_LISTED and not entry["built"]:
+            continue  # a torch without this backend: not a column of every report
         if entry["available"]:
             try:
                 x = torch_mod.arange(64, dtype=torch_mod.float32, device=dev)
@@ -27,9 +34,10 @@ def probe_devices(report: Report, args, torch_mod) -> list[str]:
                 if total != 4032.0:
                     raise RuntimeError(f"2*sum(arange(64)) gave {total}, expected 4032")
                 entry["present"] = True
-                if dev == "cuda":
-                    entry["name"] = torch_mod.cuda.get_device_name(0)
-                    entry["count"] = torch_mod.cuda.device_count()
+                if dev in ("cuda", "xpu"):
+                    module = getattr(torch_mod, dev)
+                    entry["name"] = module.get_device_name(0)
+                    entry["count"] = module.device_count()
             except Exception as exc:  # noqa: BLE001
                 entry["present"] = False
                 entry["detail"] = (f"{dev} reports available but a 256-byte allocation and sum "

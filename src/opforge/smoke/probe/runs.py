@@ -6,7 +6,7 @@ op: everything op-specific comes from the recipes file."""
 from __future__ import annotations
 
 from . import checks, crashes, rejections
-from .common import Report, first_line
+from .common import ALWAYS_LISTED, DEVICES, Report, first_line
 from .recipes import RecipeError, validate, where
 from .values import outputs_of
 
@@ -177,6 +177,12 @@ class OpRunner:
         for op in sorted(set(self.recipes or {}) - set(self.rows)):
             self.report.check(f"recipe:{op}", "run", "warn", f"{self.path} has a recipe for "
                               f"{op}, which is not an op of torch.ops.{self.ns}")
+
+    def device_types(self) -> list[str]:
+        """The devices each op's checks go over: those every report lists, and one the probe
+        found this torch built for (xpu)."""
+        listed = self.report.doc.get("devices") or {}
+        return [d for d in DEVICES if d in ALWAYS_LISTED or d in listed]
 
     def absent(self, device: str) -> tuple[str, str]:
         entry = self.report.doc["devices"][device]
