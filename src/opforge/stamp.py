@@ -36,19 +36,12 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import Version
 
+from opforge import platforms
 from opforge.errors import OpforgeError
 
 RECORD_NAME = "opforge-build.json"
 RECORD_SCHEMA = 1
 LIBRARY_SUFFIXES = (".so", ".dylib", ".pyd")
-_FATBIN_MAGIC = b"\x50\xed\x55\xba"
-# Strings a compiled library holds when it carries device code for a backend.
-_CUDA_MARKERS = (b"__cudaRegisterFatBinary", b"__fatbinwrap", b".nv_fatbin")
-_HIP_MARKERS = (b"__hipRegisterFatBinary", b"__hip_fatbin")
-# DPC++'s offload wrapper registers a library's SYCL device images with the runtime by this call
-_SYCL_MARKERS = (b"__sycl_register_lib",)
-_METAL_MARKERS = (b"/Metal.framework/", b"MTLCreateSystemDefaultDevice",
-                  b"newLibraryWithSource", b"newLibraryWithData", b"kernel void ")
 
 
 @dataclass(frozen=True)
@@ -75,17 +68,11 @@ class BuildFacts:
 
 
 def library_backends(data: bytes) -> list[str]:
-    """The backends a compiled library's bytes hold code for: cpu, plus cuda / hip / mps / xpu."""
-    found = ["cpu"]
-    if _FATBIN_MAGIC in data or any(m in data for m in _CUDA_MARKERS):
-        found.append("cuda")
-    if any(m in data for m in _HIP_MARKERS):
-        found.append("hip")
-    if any(m in data for m in _METAL_MARKERS):
-        found.append("mps")
-    if any(m in data for m in _SYCL_MARKERS):
-        found.append("xpu")
-    return found
+    """The backends a compiled library's bytes hold code for: cpu, plus the device code of each
+    platform backend whose markers it carries (cuda, hip, mps, xpu), in that order."""
+    found = {backend.device_code for backend in platforms.backends()
+             if backend.device_code and any(m in data for m in backend.code_markers)}
+    return ["cpu", *sorted(found)]
 
 
 def _is_library(member: str) -> bool:
@@ -138,12 +125,10 @@ class StampResult:
     record: dict
 
 
-def stamp_wheel(wheel: Path, out_dir: Path, facts: BuildFacts, *, cuda_expected: bool = False,
-                mps_expected: bool = False, build_env: dict[str, str] | None = None,
-                backend=None) -> StampResult:
+def stamp_wheel(wheel: Path, out_dir: Path, facts: BuildFacts, *,
+                build_env: dict[str, str] | None = None, backend=None) -> StampResult:
     """Write the stamped copy of ``wheel`` into ``out_dir``; return its path and build record.
-    ``backend``: the variant's platform backend, whose device code the wheel must hold
-    (``cuda_expected`` / ``mps_expected`` say the same for CUDA and MPS)."""
+    ``backend``: the variant's platform backend, whose device code the wheel must hold."""
     try:
         name, version, build_tag, _tags = parse_wheel_filename(wheel.name)
     except InvalidWheelFilename as exc:
@@ -158,9 +143,8 @@ def stamp_wheel(wheel: Path, out_dir: Path, facts: BuildFacts, *, cuda_expected:
     contents[metadata_name] = _rewrite_metadata(
         contents[metadata_name].decode("utf-8"), new_version, facts.requirement).encode("utf-8")
     backends = sorted({b for lib in libraries for b in lib["backends"]},
-                      key=("cpu", "cuda", "hip", "mps", "xpu").index)
-    expected = backend.device_code if backend is not None else \
-        "cuda" if cuda_expected else "mps" if mps_expected else None
+                      key=lambda b: (b != "cpu", b))
+    expected = backend.device_code if backend is not None else None
     _refuse_missing_device_code(wheel, libraries, backends, expected, backend,
                                 build_env or {})
     record = _record(str(name), new_version, facts, libraries, backends)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from opforge import platforms
 from opforge.errors import OpforgeError
 from opforge.stamp import BuildFacts, library_backends, stamp_wheel
 from opforge.wheels import inspect_wheel
@@ -51,7 +52,7 @@ FACTS = BuildFacts(variant="cu130", torch_version="2.14.1+cu130", torch_git_vers
 
 def test_stamp_sets_version_pin_record_and_a_valid_record_file(tmp_path):
     raw = _wheel(tmp_path, library=b"\x7fELF" + FATBIN + b"__cudaRegisterFatBinary")
-    result = stamp_wheel(raw, tmp_path / "out", FACTS, cuda_expected=True)
+    result = stamp_wheel(raw, tmp_path / "out", FACTS, backend=platforms.get("cuda"))
     assert result.wheel.name == "tiny_ops-1.2.0+cu130-cp311-cp311-linux_x86_64.whl"
     with zipfile.ZipFile(result.wheel) as zf:
         names = zf.namelist()
@@ -85,7 +86,7 @@ def test_stamp_sets_version_pin_record_and_a_valid_record_file(tmp_path):
 def test_cuda_variant_without_device_code_is_refused_naming_what_to_read(tmp_path):
     raw = _wheel(tmp_path)
     with pytest.raises(OpforgeError) as info:
-        stamp_wheel(raw, tmp_path / "out", FACTS, cuda_expected=True,
+        stamp_wheel(raw, tmp_path / "out", FACTS, backend=platforms.get("cuda"),
                     build_env={"FORCE_CUDA": "1", "TORCH_CUDA_ARCH_LIST": "9.0"})
     message = str(info.value)
     assert "produced no device code" in message

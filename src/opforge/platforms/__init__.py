@@ -61,6 +61,12 @@ def names() -> tuple[str, ...]:
     return tuple(_BACKENDS)
 
 
+def backends() -> tuple[Backend, ...]:
+    """Every known backend: opforge's own and the plugins'."""
+    load_plugins()
+    return tuple(_BACKENDS.values())
+
+
 def get(name: str) -> Backend:
     if name not in _BACKENDS:
         load_plugins()

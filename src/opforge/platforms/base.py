@@ -89,8 +89,10 @@ class Backend:
     name: str = ""
     # the torch device its kernels run on ("cuda" for ROCm too: torch's HIP devices are cuda)
     device: str | None = None
-    # the marker stamp.library_backends finds in a library carrying its device code
+    # the name stamp.library_backends gives its device code in a library ("hip" for ROCm),
+    # and the strings a compiled library holds when it carries that code
     device_code: str | None = None
+    code_markers: tuple[bytes, ...] = ()
     # OS families (platform name prefixes) it can target
     oses: tuple[str, ...] = ("linux", "macos", "windows")
     # the accelerator runtime's libraries torch's wheel brings (left out of the repaired wheel)

@@ -75,6 +75,9 @@ class CudaBackend(Backend):
     name = "cuda"
     device = "cuda"
     device_code = "cuda"
+    # a fat binary's magic, and what nvcc's registration code leaves in the library
+    code_markers = (b"\x50\xed\x55\xba", b"__cudaRegisterFatBinary", b"__fatbinwrap",
+                    b".nv_fatbin")
     oses = ("linux",)
     runtime_libraries = CUDA_LIBRARIES
     toolchain_mode = "cuda"

@@ -20,6 +20,8 @@ class MpsBackend(Backend):
     name = "mps"
     device = "mps"
     device_code = "mps"
+    code_markers = (b"/Metal.framework/", b"MTLCreateSystemDefaultDevice",
+                    b"newLibraryWithSource", b"newLibraryWithData", b"kernel void ")
     oses = ("macos",)
     toolchain_mode = "mps"
     variables = ("FORCE_MPS", "MACOSX_DEPLOYMENT_TARGET")

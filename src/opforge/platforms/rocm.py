@@ -69,6 +69,7 @@ class RocmBackend(Backend):
     name = "rocm"
     device = "cuda"          # torch's ROCm build: HIP devices are "cuda", kernels the CUDA key
     device_code = "hip"
+    code_markers = (b"__hipRegisterFatBinary", b"__hip_fatbin")
     oses = ("linux",)
     runtime_libraries = ROCM_LIBRARIES
     toolchain_mode = "rocm"

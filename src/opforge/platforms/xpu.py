@@ -62,6 +62,8 @@ class XpuBackend(Backend):
     name = "xpu"
     device = "xpu"
     device_code = "xpu"
+    # DPC++'s offload wrapper registers a library's SYCL device images by this call
+    code_markers = (b"__sycl_register_lib",)
     oses = ("linux", "windows")
     runtime_libraries = XPU_LIBRARIES
     toolchain_mode = "xpu"
