@@ -22,6 +22,7 @@ from pathlib import Path
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import Version
 
+from opforge import bytecode
 from opforge.errors import OpforgeError, UsageError
 from opforge.smoke.archive import probe_archive
 
@@ -31,6 +32,9 @@ FACTS_SOURCE = Path(__file__).with_name("probe") / "facts.py"
 PROBE_TIMEOUT_S = 900
 # Variables that would let the checkout or a user's site leak into a fresh environment.
 _LEAKY_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONSAFEPATH", "VIRTUAL_ENV")
+# ...and that would send a fresh environment's bytecode elsewhere, or nowhere: opforge keeps
+# it for the next fresh environment (opforge.bytecode)
+_BYTECODE_ENV = ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")
 
 
 @dataclass(frozen=True)
@@ -113,6 +117,7 @@ class Environment:
     installs: list[str] = field(default_factory=list)
     torch_installed: str | None = None
     installer: str | None = None   # "uv" or "pip": what made the fresh environment
+    subject: str | None = None     # the wheel's distribution: its bytecode is not kept
 
 
 def _pip_args(index: str | None) -> list[str]:
@@ -180,6 +185,8 @@ def _install(target: Target, env_dir: Path) -> Environment:
         tool.install(env.python, subject, *index)
     env.timings["install_s"] = round(time.monotonic() - t0, 2)
     env.torch_installed = installed_version(env.python, "torch")
+    env.subject = target.wheel.name.split("-")[0] if target.wheel else None
+    env.timings["bytecode_linked"] = bytecode.restore(env_dir, exclude=env.subject)
     return env
 
 
@@ -233,7 +240,7 @@ def torch_mismatch(spec: str | None, installed: str | None) -> str | None:
 def _clean_env(fresh: bool) -> dict[str, str]:
     env = dict(os.environ)
     if fresh:
-        for name in _LEAKY_ENV:
+        for name in (*_LEAKY_ENV, *_BYTECODE_ENV):
             env.pop(name, None)
         env["PYTHONNOUSERSITE"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
@@ -276,6 +283,8 @@ def run_probe(env: Environment, request: ProbeRequest, timeout_s: float = PROBE_
         doc = _read_document(out, rc, stderr, request, timeout_s)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    if env.fresh and env.env_dir:
+        bytecode.save(env.env_dir, exclude=env.subject)
     runner = doc.setdefault("runner", {})
     runner.update({"python": str(env.python), "fresh_env": env.fresh, "cwd": str(scratch),
                    "probe_wall_s": wall, "installs": env.installs, **env.timings})
