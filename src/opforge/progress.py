@@ -127,6 +127,7 @@ class Tally:
         self.t0 = time.monotonic()
         self.live = None
         self.task = None
+        self.failed = False  # set when the step ended without raising but did not finish
         if not _QUIET and interactive(stream):
             self._start_live()
 
@@ -224,7 +225,7 @@ def tally(what: str, *, total: int | None = None, estimate_s: float | None = Non
     ok = False
     try:
         yield shown
-        ok = True
+        ok = not shown.failed
     finally:
         shown.finish(ok)
 

@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -254,10 +255,12 @@ def _source_roots() -> list[Path]:
 
 
 def run_probe(env: Environment, request: ProbeRequest, timeout_s: float = PROBE_TIMEOUT_S,
-              mode: tuple[str, ...] = (), extra_argv: tuple[str, ...] = ()) -> dict:
+              mode: tuple[str, ...] = (), extra_argv: tuple[str, ...] = (),
+              parts: str | None = None) -> dict:
     """Run the probe with a new interpreter in a scratch directory; return its document.
 
-    ``mode`` ``("bench",)`` runs the benchmark instead, with ``extra_argv`` its own options.
+    ``mode`` ``("bench",)`` runs the benchmark instead, with ``extra_argv`` its own options;
+    ``parts`` names the step whose progress lines it writes (the bench's rows) while it runs.
     """
     scratch = Path(tempfile.mkdtemp(prefix="opforge-smoke-run-"))
     try:
@@ -268,9 +271,13 @@ def run_probe(env: Environment, request: ProbeRequest, timeout_s: float = PROBE_
         cmd = [str(env.python), str(probe), *mode, *request.argv(out, spec_path), *extra_argv]
         t0 = time.monotonic()
         try:
-            proc = subprocess.run(cmd, cwd=scratch, env=_clean_env(env.fresh),
-                                  capture_output=True, text=True, timeout=timeout_s)
-            rc, stderr = proc.returncode, proc.stderr
+            if parts is not None:
+                rc, stderr = _run_with_progress(cmd, scratch, _clean_env(env.fresh), timeout_s,
+                                                parts)
+            else:
+                proc = subprocess.run(cmd, cwd=scratch, env=_clean_env(env.fresh),
+                                      capture_output=True, text=True, timeout=timeout_s)
+                rc, stderr = proc.returncode, proc.stderr
         except subprocess.TimeoutExpired as exc:
             rc, stderr = None, (exc.stderr or b"").decode(errors="replace") \
                 if isinstance(exc.stderr, bytes) else (exc.stderr or "")
@@ -294,6 +301,55 @@ def run_probe(env: Environment, request: ProbeRequest, timeout_s: float = PROBE_
         runner["env_dir"] = str(env.env_dir)
     _check_not_from_checkout(doc)
     return doc
+
+
+def _run_with_progress(cmd: list[str], cwd: Path, env: dict[str, str], timeout_s: float,
+                       what: str) -> tuple[int | None, str]:
+    """Run the target, showing the progress lines it writes on stderr (a bench's rows, see
+    ``opforge.bench.target.bench.announce``); its exit status (None: past ``timeout_s``)
+    and the rest of its stderr."""
+    from opforge.bench.target.bench import PROGRESS_PREFIX
+    from opforge.progress import tally
+
+    kept: list[str] = []
+    with tally(what, unit="rows") as shown, subprocess.Popen(
+            cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            text=True, errors="replace") as proc:
+
+        def read() -> None:
+            for line in proc.stderr:
+                if not line.startswith(PROGRESS_PREFIX):
+                    kept.append(line)
+                    continue
+                try:
+                    said = json.loads(line[len(PROGRESS_PREFIX):])
+                    done, total, current = said["done"], said["total"], said["current"]
+                except (ValueError, KeyError, TypeError):
+                    kept.append(line)
+                    continue
+                if type(done) is int and type(total) is int and isinstance(current, str):
+                    shown.update(done=done, total=total, current=current)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        try:
+            rc: int | None = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            rc = None
+            shown.failed = True
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        finally:
+            reader.join(timeout=10)
+        if rc == 0:
+            shown.update(done=shown.total or shown.done)
+        elif rc is not None and rc < 0:  # killed by a signal: not finished
+            shown.failed = True
+    return rc, "".join(kept)
 
 
 def _read_document(out: Path, rc: int | None, stderr: str, request: ProbeRequest,
