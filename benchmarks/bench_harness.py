@@ -62,6 +62,7 @@ class Row:
     new: Callable[[Path], object]                # the fast way
     target: float | None = None                  # the speed-up asked for (old / new)
     prepare: Callable[[], None] | None = None    # untimed, once, before the first pair
+    settle: Callable[[], None] | None = None     # untimed, after each side (work it left behind)
     times: dict[str, list[float]] = field(default_factory=lambda: {"old": [], "new": []})
     results: set = field(default_factory=set)
 
@@ -129,10 +130,18 @@ def smoke_rows(ctx: Context) -> list[Row]:
                                f"{done.stderr.strip().splitlines()[-1:]}")
         return json.loads(out.read_text())["environment"]["torch_version"]
 
+    def removed() -> None:
+        # smoke removes its environment behind itself: that disk work must not land in the
+        # next measurement (the user's command does not wait for it, the next pair would)
+        for _ in range(1200):
+            if not list(Path(tempfile.gettempdir()).glob(".opforge-smoke-env-*.removing")):
+                return
+            time.sleep(0.05)
+
     return [
         Row("smoke-warm", f"opforge smoke --variant {ctx.variant} (warm) vs a bare virtualenv "
             f"+ pip install {ctx.torch_spec} and the wheel", old=bare, new=smoke, target=5.0,
-            prepare=lambda: smoke(_fresh(ctx.scratch))),
+            prepare=lambda: smoke(_fresh(ctx.scratch)), settle=removed),
         Row("smoke-env-warm", f"fresh env + {ctx.torch_spec}: virtualenv + pip vs uv, "
             "uv's cache warm",
             old=lambda s: _smoke_env(pip, ctx, s), new=lambda s: _smoke_env(uv, ctx, s),
@@ -237,6 +246,8 @@ def measure(row: Row, pairs: int, scratch_root: Path, log) -> None:
             t0 = time.perf_counter()
             result = (row.old if side == "old" else row.new)(scratch)
             row.times[side].append(time.perf_counter() - t0)
+            if row.settle:
+                row.settle()
             row.results.add(result)
             shutil.rmtree(scratch, ignore_errors=True)  # torch envs are large
         log(f"bench_harness: {row.name} pair {i + 1}/{pairs}: old {row.times['old'][-1]:.1f} s, "

@@ -75,10 +75,24 @@ def distributions(site: Path, exclude: str | None = None) -> dict[str, list[str]
     return keys
 
 
-def _pycs(site: Path, source: str) -> list[Path]:
-    path = site / source
-    folder = path.parent / "__pycache__"
-    return sorted(folder.glob(f"{path.stem}.*.pyc")) if folder.is_dir() else []
+def _pycs(site: Path, sources: list[str]) -> dict[str, list[str]]:
+    """The bytecode beside ``sources``: each folder's ``__pycache__`` (relative to ``site``)
+    -> the ``.pyc`` names in it compiled from one of them (each folder listed once)."""
+    stems: dict[str, set[str]] = {}
+    for source in sources:
+        folder, _, name = source.rpartition("/")
+        stems.setdefault(folder, set()).add(name[:-3])
+    found: dict[str, list[str]] = {}
+    for folder, names in stems.items():
+        cache = f"{folder}/__pycache__" if folder else "__pycache__"
+        try:
+            listed = os.listdir(site / cache)
+        except OSError:
+            continue
+        pycs = [n for n in listed if n.endswith(".pyc") and n.split(".", 1)[0] in names]
+        if pycs:
+            found[cache] = pycs
+    return found
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
@@ -146,13 +160,17 @@ def save(env_dir: Path, exclude: str | None = None) -> int:
             stored = root / key
             if stored.is_symlink():
                 continue
-            for source in sources:
-                for pyc in _pycs(site, source):
-                    dst = stored / Path(source).parent / "__pycache__" / pyc.name
-                    if dst.exists():
-                        continue
-                    dst.parent.mkdir(parents=True, exist_ok=True)
-                    _link_or_copy(pyc, dst)
+            for cache, names in _pycs(site, sources).items():
+                try:
+                    have = set(os.listdir(stored / cache))
+                except OSError:
+                    have = set()
+                missing = [n for n in names if n not in have]
+                if not missing:
+                    continue
+                (stored / cache).mkdir(parents=True, exist_ok=True)
+                for name in missing:
+                    _link_or_copy(site / cache / name, stored / cache / name)
                     added += 1
         _forget_unused(root)
     except OSError:
