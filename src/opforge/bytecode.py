@@ -95,7 +95,7 @@ def _pycs(site: Path, sources: list[str]) -> dict[str, list[str]]:
     return found
 
 
-def _link_or_copy(src: Path, dst: Path) -> None:
+def _link_or_copy(src: str | Path, dst: str | Path) -> None:
     """``dst`` becomes ``src``'s content, never half-written: a hard link, else a copy renamed
     into place; an existing ``dst`` stays."""
     try:
@@ -105,6 +105,7 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         return
     except OSError:
         pass  # another file system: copy
+    dst = Path(dst)
     partial = dst.with_name(f".{dst.name}.{os.getpid()}.partial")
     try:
         shutil.copyfile(src, partial, follow_symlinks=False)
@@ -126,23 +127,32 @@ def restore(env_dir: Path, exclude: str | None = None) -> int:
         if stored.is_symlink() or not stored.is_dir():
             continue
         os.utime(stored)  # last used: what save's clean-up goes by
-        for folder, dirs, files in os.walk(stored):
-            dirs[:] = [d for d in dirs if not (Path(folder) / d).is_symlink()]
-            rel = Path(folder).relative_to(stored)
-            if rel.name != "__pycache__":
-                continue
-            target = site / rel
-            if not target.parent.is_dir() or target.parent.is_symlink():
-                continue  # the source folder is not in this environment
-            target.mkdir(exist_ok=True)
-            for name in files:
-                src = Path(folder) / name
-                if name.endswith(".pyc") and not src.is_symlink():
-                    try:
-                        _link_or_copy(src, target / name)
-                        linked += 1
-                    except OSError:
-                        continue
+        linked += _link_tree(str(stored), str(site))
+    return linked
+
+
+def _link_tree(stored: str, site: str) -> int:
+    """Link every ``.pyc`` under ``stored`` (laid out like ``site``) into ``site``'s
+    ``__pycache__`` folders whose source folder exists; plain os calls: 2,000 files."""
+    linked = 0
+    for folder, dirs, files in os.walk(stored):
+        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(folder, d))]
+        if os.path.basename(folder) != "__pycache__":
+            continue
+        rel = os.path.relpath(folder, stored)
+        target = os.path.join(site, rel)
+        source_dir = os.path.dirname(target)
+        if not os.path.isdir(source_dir) or os.path.islink(source_dir):
+            continue  # the source folder is not in this environment
+        os.makedirs(target, exist_ok=True)
+        for name in files:
+            src = os.path.join(folder, name)
+            if name.endswith(".pyc") and not os.path.islink(src):
+                try:
+                    _link_or_copy(src, os.path.join(target, name))
+                    linked += 1
+                except OSError:
+                    continue
     return linked
 
 

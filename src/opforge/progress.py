@@ -12,14 +12,18 @@ still said.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 _QUIET = False
+# a log hears from a step that runs longer than this, so a slow step is not taken for a hung one
+HEARTBEAT_S = 30.0
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
@@ -61,6 +65,25 @@ def duration(seconds: float) -> str:
 
 
 @contextmanager
+def heartbeat(beat: Callable[[float], None]) -> Iterator[None]:
+    """``beat(seconds so far)`` every HEARTBEAT_S while the block runs."""
+    t0 = time.monotonic()
+    stop = threading.Event()
+
+    def run() -> None:
+        while not stop.wait(HEARTBEAT_S):
+            beat(time.monotonic() - t0)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=1)
+
+
+@contextmanager
 def step(what: str, *, stream=None) -> Iterator[None]:
     """Show ``what`` while the block runs; report its duration when it ends without error."""
     stream = sys.stderr if stream is None else stream
@@ -76,7 +99,9 @@ def step(what: str, *, stream=None) -> Iterator[None]:
             yield
         console.print(f"[green]✓[/] {escape(what)} [dim]({time.monotonic() - t0:.1f} s)[/]")
     else:
-        yield
+        with heartbeat(lambda t: print(f"opforge: {plain(what)}: not done yet ({duration(t)} so "
+                                       "far)", file=stream, flush=True)):
+            yield
         print(f"opforge: {plain(what)} ({time.monotonic() - t0:.1f} s)", file=stream, flush=True)
 
 
@@ -223,8 +248,12 @@ def tally(what: str, *, total: int | None = None, estimate_s: float | None = Non
     closing line with the count and the time when it ends without error."""
     shown = Tally(what, total, estimate_s, sys.stderr if stream is None else stream, unit)
     ok = False
+    # a log hears from a long part too (one .cu file compiles for minutes, silently)
+    beat = heartbeat(lambda _t: print(shown.line(), file=shown.stream, flush=True)) \
+        if shown.live is None and not _QUIET else contextlib.nullcontext()
     try:
-        yield shown
+        with beat:
+            yield shown
         ok = not shown.failed
     finally:
         shown.finish(ok)

@@ -232,3 +232,36 @@ def test_the_record_of_a_build_is_kept_per_project_and_variant(cache):
     assert record_path(ROOT, "cpu") != record_path(ROOT, "cu130")
     assert record_path(ROOT, "cpu").parent == cache / "builds"
     assert json.dumps(last_build(cache / "builds" / "missing.json")) == "null"
+
+
+def _wait_for(out: io.StringIO, words: str) -> None:
+    import time
+
+    for _ in range(200):  # the heartbeat's outcome, not its timing
+        if words in out.getvalue():
+            return
+        time.sleep(0.05)
+
+
+def test_a_log_hears_from_a_long_step_before_it_ends(cache, monkeypatch):
+    monkeypatch.setenv("CI", "1")
+    monkeypatch.setattr(progress, "HEARTBEAT_S", 0.05)
+    out = io.StringIO()
+    with progress.step("installed torch with uv", stream=out):
+        _wait_for(out, "not done yet")
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("opforge: installed torch with uv: not done yet (")
+    assert lines[-1].startswith("opforge: installed torch with uv (")
+    out = io.StringIO()
+    with compile_progress("compile the extension", ROOT, "cpu", stream=out) as feed:
+        feed(NINJA_BUILD.splitlines()[1])
+        _wait_for(out, "\n" * 2)  # a second line: one .cu compiling for minutes says so
+    assert out.getvalue().splitlines()[1].startswith(
+        "opforge: compile the extension: 1/3 files csrc/cpu/nms_kernel.cpp (")
+    progress.set_quiet(True)
+    quiet_out = io.StringIO()
+    with progress.step("installed torch with uv", stream=quiet_out):
+        import time
+
+        time.sleep(0.2)
+    assert quiet_out.getvalue() == ""

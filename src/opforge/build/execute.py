@@ -274,11 +274,27 @@ def _run(argv: list[str], env: dict[str, str], log, what: str, logfile: Path | N
             returncode, lines = _stream(argv, full_env, None, into=fh, feed=feed)
     if returncode != 0:
         if logfile is not None or quiet():
-            show_tail(what, lines, log=str(logfile) if logfile else None)
+            show_tail(what, _without_pip_echo(lines), log=str(logfile) if logfile else None)
         tail = _error_lines(lines) or "(it printed nothing)"
         where = f" (full log: {logfile})" if logfile else ""
         hint = f"; {explain(tail)}" if explain else ""
         raise OpforgeError(f"{what} failed with exit {returncode}{where}: {tail}{hint}")
+
+
+def _without_pip_echo(lines: list[str]) -> list[str]:
+    """The output without pip's echo of the command it ran (``full command: ...`` up to
+    ``cwd:``, 15 lines of setuptools' caller on pip's legacy path): what the build said is
+    what the last lines must show."""
+    kept, echo = [], False
+    for line in lines:
+        stripped = line.strip()
+        if stripped.startswith("full command:"):
+            echo = True
+        elif echo and stripped.startswith("cwd:"):
+            echo = False
+        elif not echo:
+            kept.append(line)
+    return lines if echo else kept  # an echo that never ended: not pip's, keep it all
 
 
 def _everything(line: str) -> bool:

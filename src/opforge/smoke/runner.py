@@ -189,14 +189,24 @@ def _install(target: Target, env_dir: Path) -> Environment:
         env.installs.append(f"pip install {subject} {' '.join(index)}".strip())
         tool.install(env.python, subject, *index)
     env.timings["install_s"] = round(time.monotonic() - t0, 2)
-    env.torch_installed = installed_version(env.python, "torch")
+    env.torch_installed = installed_version(env.python, "torch", env_dir)
     env.subject = target.wheel.name.split("-")[0] if target.wheel else None
     env.timings["bytecode_linked"] = bytecode.restore(env_dir, exclude=env.subject)
     return env
 
 
-def installed_version(python: Path, distribution: str) -> str | None:
-    """The version of ``distribution`` in ``python``'s environment (None: not installed)."""
+def installed_version(python: Path, distribution: str,
+                      env_dir: Path | None = None) -> str | None:
+    """The version of ``distribution`` in ``python``'s environment (None: not installed);
+    a fresh ``env_dir``'s own site-packages is read from here, without starting
+    ``python``."""
+    site = bytecode.site_packages(env_dir) if env_dir is not None else None
+    if site is not None:
+        import importlib.metadata
+
+        found = next(iter(importlib.metadata.distributions(name=distribution,
+                                                           path=[str(site)])), None)
+        return found.version if found is not None else None
     code = ("import importlib.metadata as m, sys\n"
             "try: print(m.version(sys.argv[1]))\n"
             "except m.PackageNotFoundError: pass")
