@@ -1,7 +1,7 @@
 """The harness's own speed: today's way and the fast way, side by side in one run.
 
     OPFORGE_TORCH_INDEX=pypi python benchmarks/bench_harness.py [--pairs 3] [--rows ROW ...]
-        [--variant cpu] [--file matrix.yaml] [--json results.json]
+        [--variant cpu] [--file matrix.yaml] [--wheel W] [--json results.json]
 
 Each row times one piece of harness work done two ways ("old": what opforge did before,
 "new": what it does now). The two are measured in pairs, alternating which goes first, and
@@ -15,6 +15,9 @@ Rows (see ROWS below):
   smoke-env-warm   fresh smoke environment with the variant's torch: virtualenv + pip vs uv,
                    uv's cache warm (any machine that made one environment before)
   smoke-env-cold   the same with an empty uv cache (a fresh machine)
+  smoke-warm       the whole `opforge smoke --variant V --wheel W` (uv's cache and the kept
+                   bytecode warm) vs only making a bare environment by hand: virtualenv,
+                   pip install torch and the wheel (issue 38 asks >= 5x)
   bisect-env       one bisect probe environment (bisect's EnvCache) for a torch wheel: pip vs uv
   build-fresh-clone  `opforge build` of the variant in a fresh clone of this checkout's HEAD:
                    --no-compiler-cache vs sccache warm with another clone's objects (CI's
@@ -59,6 +62,7 @@ class Row:
     new: Callable[[Path], object]                # the fast way
     target: float | None = None                  # the speed-up asked for (old / new)
     prepare: Callable[[], None] | None = None    # untimed, once, before the first pair
+    settle: Callable[[], None] | None = None     # untimed, after each side (work it left behind)
     times: dict[str, list[float]] = field(default_factory=lambda: {"old": [], "new": []})
     results: set = field(default_factory=set)
 
@@ -73,6 +77,7 @@ class Context:
     uv: str
     variant: str = "cpu"
     matrix_file: Path = ROOT / "matrix.yaml"
+    wheel: Path | None = None     # the variant's wheel (smoke-warm); default: dist/<variant>'s
 
 
 def _torch_in(python: Path) -> str:
@@ -96,7 +101,47 @@ def smoke_rows(ctx: Context) -> list[Row]:
         env = {**os.environ, "UV_CACHE_DIR": str(scratch / "uv-cache")}
         return _smoke_env(uv, ctx, scratch, env=env)
 
+    def wheel() -> Path:
+        found = [ctx.wheel] if ctx.wheel else sorted(
+            (ctx.matrix_file.parent / "dist" / ctx.variant).glob("*.whl"),
+            key=lambda p: p.stat().st_mtime)
+        if not found:
+            raise OpforgeError(f"smoke-warm needs the {ctx.variant} wheel: opforge build "
+                               f"--variant {ctx.variant}, or --wheel W")
+        return found[-1]
+
+    def bare(scratch: Path) -> str:
+        # what a user does by hand, no check at all: a venv, the variant's torch, the wheel
+        python = pip.create(scratch / "env")
+        pip.install(python, ctx.torch_spec, *ctx.index_args)
+        pip.install(python, str(wheel()), *ctx.index_args)
+        return _torch_in(python)
+
+    def smoke(scratch: Path) -> str:
+        out = scratch / "smoke.json"
+        env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+        env.pop("GITHUB_STEP_SUMMARY", None)
+        done = subprocess.run([sys.executable, "-m", "opforge", "smoke", "--variant",
+                               ctx.variant, "--wheel", str(wheel()), "--file",
+                               str(ctx.matrix_file), "--json", str(out)], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if done.returncode != 0:
+            raise OpforgeError(f"opforge smoke failed ({done.returncode}): "
+                               f"{done.stderr.strip().splitlines()[-1:]}")
+        return json.loads(out.read_text())["environment"]["torch_version"]
+
+    def removed() -> None:
+        # smoke removes its environment behind itself: that disk work must not land in the
+        # next measurement (the user's command does not wait for it, the next pair would)
+        for _ in range(1200):
+            if not list(Path(tempfile.gettempdir()).glob(".opforge-smoke-env-*.removing")):
+                return
+            time.sleep(0.05)
+
     return [
+        Row("smoke-warm", f"opforge smoke --variant {ctx.variant} (warm) vs a bare virtualenv "
+            f"+ pip install {ctx.torch_spec} and the wheel", old=bare, new=smoke, target=5.0,
+            prepare=lambda: smoke(_fresh(ctx.scratch)), settle=removed),
         Row("smoke-env-warm", f"fresh env + {ctx.torch_spec}: virtualenv + pip vs uv, "
             "uv's cache warm",
             old=lambda s: _smoke_env(pip, ctx, s), new=lambda s: _smoke_env(uv, ctx, s),
@@ -201,6 +246,8 @@ def measure(row: Row, pairs: int, scratch_root: Path, log) -> None:
             t0 = time.perf_counter()
             result = (row.old if side == "old" else row.new)(scratch)
             row.times[side].append(time.perf_counter() - t0)
+            if row.settle:
+                row.settle()
             row.results.add(result)
             shutil.rmtree(scratch, ignore_errors=True)  # torch envs are large
         log(f"bench_harness: {row.name} pair {i + 1}/{pairs}: old {row.times['old'][-1]:.1f} s, "
@@ -243,6 +290,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rows", nargs="+", metavar="ROW", help="only these rows")
     parser.add_argument("--file", type=Path, default=ROOT / "matrix.yaml", help="matrix.yaml")
     parser.add_argument("--variant", default="cpu", help="whose torch the environments get")
+    parser.add_argument("--wheel", type=Path, help="the variant's wheel for smoke-warm "
+                        "(default: the newest in dist/<variant>)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     if args.pairs < 1:
@@ -268,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     scratch_root = Path(tempfile.mkdtemp(prefix="opforge-bench-harness-"))
     try:
-        ctx = Context(spec, index, scratch_root, uv, variant.name, args.file.resolve())
+        ctx = Context(spec, index, scratch_root, uv, variant.name, args.file.resolve(),
+                      args.wheel.resolve() if args.wheel else None)
         rows = [row for factory in ROW_FACTORIES for row in factory(ctx)]
         known = [row.name for row in rows]
         unknown = sorted(set(args.rows or ()) - set(known))
@@ -279,7 +329,11 @@ def main(argv: list[str] | None = None) -> int:
         rows = [row for row in rows if not args.rows or row.name in args.rows]
         summaries = []
         for row in rows:
-            measure(row, args.pairs, scratch_root, lambda m: print(m, file=sys.stderr))
+            try:
+                measure(row, args.pairs, scratch_root, lambda m: print(m, file=sys.stderr))
+            except OpforgeError as exc:
+                print(f"bench_harness: {row.name}: error: {exc}", file=sys.stderr)
+                return 1
             summaries.append(summarize(row))
     finally:
         shutil.rmtree(scratch_root, ignore_errors=True)

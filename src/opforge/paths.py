@@ -1,7 +1,9 @@
 """Where opforge keeps what outlives a run: one cache directory for the whole tool.
 
 Under it: ``envs/`` and ``bisect/`` (bisect's environments and state), ``bench/`` (bench
-baselines), ``logs/`` (crash logs). The compiler cache is the exception (``sccache/`` under
+baselines), ``logs/`` (crash logs), ``bytecode/`` (the ``.pyc`` files fresh environments
+share, ``opforge.bytecode``), ``builds/`` (how long each variant's last build took, for the
+compile's estimate). The compiler cache is the exception (``sccache/`` under
 the platform's user cache directory, or ``$SCCACHE_DIR``): the workflows persist that path.
 """
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from opforge.errors import OpforgeError, UsageError
 from opforge.pipconfig import PipConfig, read_pip_config
-from opforge.progress import step
+from opforge.progress import show_tail, step
 
 INSTALLER_ENV = "OPFORGE_INSTALLER"
 INSTALLERS = ("uv", "pip")
@@ -104,6 +104,8 @@ class Installer:
         with step(f"installed {shown} with {self.name}"):  # not said when it failed
             result = subprocess.run(cmd, capture_output=True, text=True, env=full_env)
             if result.returncode != 0:
+                show_tail(f"pip install {shown}",
+                          ((result.stderr or "") + (result.stdout or "")).splitlines())
                 errors = _error_lines(result)
                 hint = torch_index_hint(pip_args, errors)
                 raise OpforgeError(f"pip install failed: {errors}" + (f"; {hint}" if hint else ""))

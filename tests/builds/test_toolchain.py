@@ -341,9 +341,17 @@ def test_host_guessing_setup_py_builds_cpu_unedited(tmp_path, host_leaks):
     project = _project(tmp_path / "host_guessing")
     python = _env("env-cpu")
     work = WORK / "cpu"
+    cache = tmp_path / "opforge-cache"
     built = opforge_cli("build", "--variant", "cpu", "--python", python, "--work-dir",
-                        str(work), cwd=project, env=host_leaks)
+                        str(work), cwd=project, env={**host_leaks, "OPFORGE_CACHE_DIR": str(cache)})
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    # the compile's progress, in a log: plain lines, the file ninja compiled, the time kept
+    assert "\x1b" not in built.stderr and "\r" not in built.stderr
+    assert "opforge: compile the extension into a wheel (" in built.stderr
+    if "[1/1]" in (work / "build.log").read_text():  # compiled now, not reused from last run
+        assert "opforge: compile the extension into a wheel: 1/1 files csrc/scale.cpp (" in \
+            built.stderr
+    assert json.loads((cache / "builds" / "host_guessing-cpu.json").read_text())["seconds"] > 0
     assert _guesses(work) == ("{'nvcc': False, 'CUDA_HOME': False, "
                               "'torch.cuda.is_available()': False, "
                               "'cpp_extension.CUDA_HOME': False}")

@@ -216,3 +216,39 @@ def test_the_installed_build_record_chooses_before_the_probe_runs(tmp_path, monk
     request, choice = choose_installed(args, env, request, choice)
     assert (choice.variant, choice.source) == ("cu130", "opforge-ops build record")
     assert request.op_keys["_roi_align_backward"] == ("CPU", "CUDA", "Meta")
+
+
+def _env_dir(root):
+    from opforge.smoke.runner import Environment
+
+    (root / "lib" / "site-packages" / "torch").mkdir(parents=True)
+    (root / "lib" / "site-packages" / "torch" / "x.py").write_text("")
+    return Environment(python=root / "bin" / "python", fresh=True, env_dir=root)
+
+
+def test_a_temporary_environment_is_gone_at_once_and_removed_behind_the_command(tmp_path):
+    import time
+
+    from opforge.smoke.runner import TRASH_SUFFIX, cleanup
+
+    env = _env_dir(tmp_path / "opforge-smoke-env-abc")
+    env.temporary = True
+    cleanup(env, keep=False)
+    assert not env.env_dir.exists()
+    trash = tmp_path / f".opforge-smoke-env-abc{TRASH_SUFFIX}"
+    for _ in range(600):  # the detached remover's outcome, not its speed
+        if not trash.exists():
+            break
+        time.sleep(0.1)
+    assert not trash.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_an_env_dir_is_removed_before_the_command_returns_and_kept_with_keep_env(tmp_path):
+    from opforge.smoke.runner import cleanup
+
+    kept = _env_dir(tmp_path / "kept")
+    cleanup(kept, keep=True)
+    assert kept.env_dir.is_dir()
+    given = _env_dir(tmp_path / "given")
+    cleanup(given, keep=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"]

@@ -106,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
                     what=", ".join(args.extras))
         try:
             doc = run_probe(env, request, BENCH_TIMEOUT_S, mode=("bench",),
-                            extra_argv=("--bench", json.dumps(options)))
+                            extra_argv=("--bench", json.dumps(options)),
+                            parts="bench: timing the workloads")
         except KeyboardInterrupt as exc:
             # the rows finished so far, and the ones not measured, in a valid document
             partial = getattr(exc, "partial_document", None)

@@ -12,6 +12,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from opforge import progress
 from opforge.errors import OpforgeError
 from opforge.files import write_atomic
 
@@ -28,32 +29,50 @@ _STYLE = {Outcome.GOOD: "green", Outcome.BAD: "red", Outcome.SKIP: "yellow"}
 
 
 class Display:
-    """Progress on stderr: which nightly, what step, roughly how many probes are left."""
+    """Progress on stderr: which nightly, what step, roughly how many probes are left. A live
+    line in a terminal; in a log (no terminal, or ``CI`` set) a plain line per step; nothing
+    with ``-q``."""
 
     def __init__(self, console: Console | None = None):
-        self.console = console or Console(stderr=True, highlight=False)
+        self.live = console is not None or progress.interactive(sys.stderr)
+        self.console = console or Console(stderr=True, highlight=False,
+                                          quiet=progress.quiet(),
+                                          no_color=not self.live, soft_wrap=not self.live)
         self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(bar_width=20),
                                  TextColumn("{task.fields[count]}"), TimeElapsedColumn(),
                                  console=self.console, transient=True)
         self.task = self.progress.add_task("resolving the endpoints", total=None, count="")
         self.probes = 0
         self.remaining = 0
+        self._said = ""
 
     def __enter__(self) -> Display:
-        self.progress.start()
+        if self.live:
+            self.progress.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.progress.stop()
+        if self.live:
+            self.progress.stop()
+
+    def count(self) -> str:
+        return f"{self.probes} done" + (f", ~{self.remaining} left" if self.remaining else "")
 
     def _update(self, text: str) -> None:
-        count = f"{self.probes} done" + (f", ~{self.remaining} left" if self.remaining else "")
-        self.progress.update(self.task, description=text, count=count,
+        if not self.live:
+            if text and text != self._said:  # a log: one plain line per step
+                self._said = text
+                self.console.print(f"bisect: {escape(text)} ({self.count()})")
+            return
+        self.progress.update(self.task, description=text, count=self.count(),
                              total=self.probes + self.remaining or None, completed=self.probes)
 
     @contextlib.contextmanager
     def paused(self):
         """No live redraws while something else owns the terminal's file descriptors."""
+        if not self.live:
+            yield
+            return
         self.progress.stop()
         try:
             yield
@@ -76,10 +95,11 @@ class Display:
         self.probes += 1
         self.remaining = max(0, self.remaining - 1)
         env = "cached env" if record.reused_env else "new env"
+        where = "" if self.live else f", {self.count()}"
         self.console.print(
             f"  {record.nightly.key:<10}  {escape(record.nightly.version):<28} "
             f"[{_STYLE[record.outcome]}]{record.outcome.value:<4}[/]  {escape(record.reason)}"
-            f"  [dim]({record.duration_s:.2f} s, {env})[/]")
+            f"  [dim]({record.duration_s:.2f} s, {env}{where})[/]")
         self._update("")
 
 

@@ -17,10 +17,12 @@ from pathlib import Path
 
 from opforge import platforms
 from opforge.build.plan import BuildPlan, Step, check_host, is_torch, plan_build
+from opforge.build.progress import compile_progress
 from opforge.compiler_cache import OFF_ENV, STATS_FILE, CacheStats, CompilerCache, disabled_by
 from opforge.errors import OpforgeError, UsageError
 from opforge.matrix import Matrix, Variant, load_matrix
 from opforge.platforms import toolchain
+from opforge.progress import plain, quiet, show_tail
 from opforge.stamp import BuildFacts, stamp_wheel
 
 
@@ -167,8 +169,10 @@ def compile_(plan: BuildPlan, python: str, path: str, *, log=print,
     off = OFF_ENV if not compiler_cache or disabled_by() else {}
     env = {**plan.build.env, "PATH": path, **(cache.env if cache else off)}
     try:
-        _run(expand(plan.build, python), env, log, plan.build.description, logfile=logfile,
-             unset=plan.build.unset)
+        with compile_progress(plan.build.description, plan.extension_dir,
+                              plan.variant.name) as feed:
+            _run(expand(plan.build, python), env, log, plan.build.description, logfile=logfile,
+                 unset=plan.build.unset, feed=feed)
     finally:
         stats = cache.stop() if cache else None
         if stats is not None:
@@ -254,36 +258,64 @@ def needs_repair(plan: BuildPlan, wheel: Path) -> bool:
 
 
 def _run(argv: list[str], env: dict[str, str], log, what: str, logfile: Path | None = None,
-         *, unset: tuple[str, ...] = (), show=None, explain=None):
-    """Run one step. Its output goes to ``logfile`` (the compile), else to the terminal as it
-    comes (lines ``show`` refuses are held back); a failure names the step, its exit, its
-    error lines and, from ``explain(errors)``, the likely cause."""
+         *, unset: tuple[str, ...] = (), show=None, explain=None, feed=None):
+    """Run one step. Its output goes to ``logfile`` (the compile; each line through ``feed``
+    too, the compile's progress), else to the terminal as it comes (lines ``show`` refuses
+    are held back; none with -q); a failure shows the step's last lines (those not already on
+    the terminal), then names the step, its exit, its error lines and, from
+    ``explain(errors)``, the likely cause."""
     log(f"opforge build: {what}: {' '.join(shlex.quote(a) for a in argv)}")
     # the caller's PYTHONPATH (a checkout's src/, say) must not leak into the target env
     full_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and k not in unset}
     full_env.update(env)
     if logfile is None:
-        returncode, lines = _stream(argv, full_env, show)
+        returncode, lines = _stream(argv, full_env, None if quiet() else (show or _everything))
     else:
         with open(logfile, "w", encoding="utf-8") as fh:
-            returncode = subprocess.run(argv, env=full_env, stdout=fh,
-                                        stderr=subprocess.STDOUT).returncode
-        lines = logfile.read_text(encoding="utf-8", errors="replace").splitlines()
+            returncode, lines = _stream(argv, full_env, None, into=fh, feed=feed)
     if returncode != 0:
+        if logfile is not None or quiet():
+            show_tail(what, _without_pip_echo(lines), log=str(logfile) if logfile else None)
         tail = _error_lines(lines) or "(it printed nothing)"
         where = f" (full log: {logfile})" if logfile else ""
         hint = f"; {explain(tail)}" if explain else ""
         raise OpforgeError(f"{what} failed with exit {returncode}{where}: {tail}{hint}")
 
 
-def _stream(argv: list[str], env: dict[str, str], show) -> tuple[int, list[str]]:
-    """Run ``argv``, its output to stdout line by line (``show`` filters), and keep it."""
+def _without_pip_echo(lines: list[str]) -> list[str]:
+    """The output without pip's echo of the command it ran (``full command: ...`` up to
+    ``cwd:``, 15 lines of setuptools' caller on pip's legacy path): what the build said is
+    what the last lines must show."""
+    kept, echo = [], False
+    for line in lines:
+        stripped = line.strip()
+        if stripped.startswith("full command:"):
+            echo = True
+        elif echo and stripped.startswith("cwd:"):
+            echo = False
+        elif not echo:
+            kept.append(line)
+    return lines if echo else kept  # an echo that never ended: not pip's, keep it all
+
+
+def _everything(line: str) -> bool:
+    return True
+
+
+def _stream(argv: list[str], env: dict[str, str], show, *, into=None,
+            feed=None) -> tuple[int, list[str]]:
+    """Run ``argv`` and keep its output; each line goes to stdout if ``show`` lets it
+    (None: shown nowhere), to the file ``into`` and to ``feed``."""
     lines: list[str] = []
     with subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, errors="replace") as proc:
         for line in proc.stdout:
             lines.append(line.rstrip("\n"))
-            if show is None or show(line):
+            if into is not None:
+                into.write(line)
+            if feed is not None:
+                feed(line)
+            if show is not None and show(line):
                 sys.stdout.write(line)
                 sys.stdout.flush()
     return proc.returncode, lines
@@ -292,7 +324,7 @@ def _stream(argv: list[str], env: dict[str, str], show) -> tuple[int, list[str]]
 def _error_lines(lines: list[str]) -> str:
     """The lines that say what went wrong: pip's ERROR, uv's error and its last cause,
     a compiler's error; else the last lines."""
-    said = [ln.strip() for ln in lines if ln.strip()]
+    said = [plain(ln).strip() for ln in lines if ln.strip()]  # a compiler's colours too
     errors = [ln for ln in said if "error" in ln.lower()]
     causes = [ln for ln in said if ln.lower().startswith(("cause:", "caused by:", "hint:"))]
     picked = errors[-5:] if not causes else [*errors[:1], *causes[-2:]]

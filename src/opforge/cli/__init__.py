@@ -23,7 +23,7 @@ import traceback
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from opforge import __version__
+from opforge import __version__, progress
 from opforge.cli import (
     bench,
     bisect,
@@ -65,7 +65,24 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers.required = True
     for module in COMMANDS.values():
         module.register(subparsers)
+    parser.add_argument(*QUIET_FLAGS, action="store_true", help=QUIET_HELP)
+    _add_quiet(subparsers)
     return parser
+
+
+QUIET_FLAGS = ("-q", "--quiet")
+QUIET_HELP = "no progress lines (reports, results and errors are still printed)"
+
+
+def _add_quiet(subparsers: argparse._SubParsersAction) -> None:
+    """-q after any command word too (opforge build -q, opforge cache list -q)."""
+    for sub in dict.fromkeys(subparsers.choices.values()):
+        # SUPPRESS: a command's own -q sets it, its absence leaves `opforge -q CMD`'s alone
+        sub.add_argument(*QUIET_FLAGS, action="store_true", default=argparse.SUPPRESS,
+                         help=QUIET_HELP)
+        for action in sub._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                _add_quiet(action)
 
 
 def command_of(argv: Sequence[str]) -> str | None:
@@ -85,6 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser = build_parser()
             args = parser.parse_args(argv)
             args.command_parser = parser  # opforge workflows check parses steps with it
+            progress.set_quiet(getattr(args, "quiet", False))
             check_environment()  # a bad OPFORGE_* value: one line, before anything is made
             code = int(args.func(args) or 0)
             sys.stdout.flush()  # a closed pipe shows here, inside the boundary
@@ -112,6 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                  f"{type(exc).__name__}: {_one_line(str(exc))}; the traceback is in {log} "
                  "- please report it")
             return EXIT_BUG
+        finally:
+            progress.set_quiet(False)  # main called again in one process starts afresh
 
 
 @contextlib.contextmanager

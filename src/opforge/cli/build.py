@@ -9,6 +9,7 @@ import sys
 from opforge import build, compiler_cache, variants
 from opforge.errors import UsageError
 from opforge.matrix import load_matrix
+from opforge.progress import quiet
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -76,7 +77,7 @@ def run_build(args: argparse.Namespace) -> int:
     wheel = build.build_wheel(args.variant, matrix=matrix, python=args.python, plan=plan,
                               install=not args.no_install,
                               compiler_cache=not args.no_compiler_cache,
-                              verbose=args.verbose)
+                              verbose=args.verbose, log=_silent if quiet() else print)
     write_summary(plan.variant.name, compiler_cache.read_stats(plan.work_dir))
     # a wheel built with --build-env is flagged by inspect; here it is what was asked for
     problems = build.verify(wheel, plan.variant, matrix.pythons, extra_env_ok=bool(extra_env))
@@ -91,6 +92,10 @@ def run_build(args: argparse.Namespace) -> int:
                                                  matrix.variants):
             print(path)
     return 0
+
+
+def _silent(*_args, **_kwargs) -> None:
+    """-q: the build's step lines are progress too."""
 
 
 def write_summary(variant: str, stats: compiler_cache.CacheStats | None) -> None:

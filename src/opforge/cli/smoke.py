@@ -14,6 +14,7 @@ from pathlib import Path
 from opforge.cli.args import comma_list
 from opforge.errors import UsageError
 from opforge.files import check_writable, lookup, open_problem, write_atomic
+from opforge.progress import say
 
 _KEY = re.compile(r"[A-Z][A-Za-z]*\Z")
 
@@ -296,8 +297,8 @@ def run(args: argparse.Namespace) -> int:
         expecting = ", expected keys from the variant the installed build info names"
     else:
         expecting = ", no expected keys (census is informational; pass --variant or --expect-keys)"
-    print(f"opforge smoke: {target.describe()}" + (f", variant {variant}" if variant else "")
-          + expecting, file=sys.stderr, flush=True)
+    say(f"opforge smoke: {target.describe()}" + (f", variant {variant}" if variant else "")
+        + expecting)
     env = prepare_environment(target)
     try:
         request, choice = choose_installed(args, env, request, choice)

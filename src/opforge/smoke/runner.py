@@ -14,7 +14,9 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -22,6 +24,7 @@ from pathlib import Path
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import Version
 
+from opforge import bytecode
 from opforge.errors import OpforgeError, UsageError
 from opforge.smoke.archive import probe_archive
 from opforge.smoke.probe import crashes
@@ -34,6 +37,9 @@ PROBE_TIMEOUT_S = 900
 MAX_CRASHES = 8
 # Variables that would let the checkout or a user's site leak into a fresh environment.
 _LEAKY_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONSAFEPATH", "VIRTUAL_ENV")
+# ...and that would send a fresh environment's bytecode elsewhere, or nowhere: opforge keeps
+# it for the next fresh environment (opforge.bytecode)
+_BYTECODE_ENV = ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")
 
 
 @dataclass(frozen=True)
@@ -116,6 +122,8 @@ class Environment:
     installs: list[str] = field(default_factory=list)
     torch_installed: str | None = None
     installer: str | None = None   # "uv" or "pip": what made the fresh environment
+    subject: str | None = None     # the wheel's distribution: its bytecode is not kept
+    temporary: bool = False        # made in the temporary directory (no --env-dir)
 
 
 def _pip_args(index: str | None) -> list[str]:
@@ -139,7 +147,9 @@ def prepare_environment(target: Target) -> Environment:
     made = target.env_dir is None or not target.env_dir.exists()
     env_dir = target.env_dir or Path(tempfile.mkdtemp(prefix="opforge-smoke-env-"))
     try:
-        return _install(target, env_dir)
+        env = _install(target, env_dir)
+        env.temporary = target.env_dir is None
+        return env
     except BaseException:
         # never leave half an environment: a folder we made goes, an empty one is emptied
         # again (so the same command can run once the cause is fixed)
@@ -182,12 +192,24 @@ def _install(target: Target, env_dir: Path) -> Environment:
         env.installs.append(f"pip install {subject} {' '.join(index)}".strip())
         tool.install(env.python, subject, *index)
     env.timings["install_s"] = round(time.monotonic() - t0, 2)
-    env.torch_installed = installed_version(env.python, "torch")
+    env.torch_installed = installed_version(env.python, "torch", env_dir)
+    env.subject = target.wheel.name.split("-")[0] if target.wheel else None
+    env.timings["bytecode_linked"] = bytecode.restore(env_dir, exclude=env.subject)
     return env
 
 
-def installed_version(python: Path, distribution: str) -> str | None:
-    """The version of ``distribution`` in ``python``'s environment (None: not installed)."""
+def installed_version(python: Path, distribution: str,
+                      env_dir: Path | None = None) -> str | None:
+    """The version of ``distribution`` in ``python``'s environment (None: not installed);
+    a fresh ``env_dir``'s own site-packages is read from here, without starting
+    ``python``."""
+    site = bytecode.site_packages(env_dir) if env_dir is not None else None
+    if site is not None:
+        import importlib.metadata
+
+        found = next(iter(importlib.metadata.distributions(name=distribution,
+                                                           path=[str(site)])), None)
+        return found.version if found is not None else None
     code = ("import importlib.metadata as m, sys\n"
             "try: print(m.version(sys.argv[1]))\n"
             "except m.PackageNotFoundError: pass")
@@ -236,7 +258,7 @@ def torch_mismatch(spec: str | None, installed: str | None) -> str | None:
 def _clean_env(fresh: bool) -> dict[str, str]:
     env = dict(os.environ)
     if fresh:
-        for name in _LEAKY_ENV:
+        for name in (*_LEAKY_ENV, *_BYTECODE_ENV):
             env.pop(name, None)
         env["PYTHONNOUSERSITE"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
@@ -250,10 +272,12 @@ def _source_roots() -> list[Path]:
 
 
 def run_probe(env: Environment, request: ProbeRequest, timeout_s: float = PROBE_TIMEOUT_S,
-              mode: tuple[str, ...] = (), extra_argv: tuple[str, ...] = ()) -> dict:
+              mode: tuple[str, ...] = (), extra_argv: tuple[str, ...] = (),
+              parts: str | None = None) -> dict:
     """Run the probe with a new interpreter in a scratch directory; return its document.
 
-    ``mode`` ``("bench",)`` runs the benchmark instead, with ``extra_argv`` its own options.
+    ``mode`` ``("bench",)`` runs the benchmark instead, with ``extra_argv`` its own options;
+    ``parts`` names the step whose progress lines it writes (the bench's rows) while it runs.
     """
     scratch = Path(tempfile.mkdtemp(prefix="opforge-smoke-run-"))
     try:
@@ -268,7 +292,7 @@ def run_probe(env: Environment, request: ProbeRequest, timeout_s: float = PROBE_
         t0 = time.monotonic()
         while True:
             spec_path.write_text(json.dumps(spec, indent=1), encoding="utf-8")
-            rc, stderr = _run(cmd, scratch, env, out, timeout_s)
+            rc, stderr = _run(cmd, scratch, env, out, timeout_s, parts)
             crashed = crashes.read(str(at)) if rc is not None and rc < 0 and not mode else None
             where = crashes.key(crashed["kind"], crashed["name"]) if crashed else None
             if where is None or where in spec["crashed"] or len(spec["crashed"]) >= MAX_CRASHES:
@@ -283,6 +307,8 @@ def run_probe(env: Environment, request: ProbeRequest, timeout_s: float = PROBE_
             doc.setdefault("runner", {})["crashed"] = spec["crashed"]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    if env.fresh and env.env_dir:
+        bytecode.save(env.env_dir, exclude=env.subject)
     runner = doc.setdefault("runner", {})
     runner.update({"python": str(env.python), "fresh_env": env.fresh, "cwd": str(scratch),
                    "probe_wall_s": wall, "installs": env.installs, **env.timings})
@@ -294,10 +320,13 @@ def run_probe(env: Environment, request: ProbeRequest, timeout_s: float = PROBE_
     return doc
 
 
-def _run(cmd: list[str], scratch: Path, env: Environment, out: Path,
-         timeout_s: float) -> tuple[int | None, str]:
-    """One probe process: its exit status (None: timed out; negative: the signal) and stderr."""
+def _run(cmd: list[str], scratch: Path, env: Environment, out: Path, timeout_s: float,
+         parts: str | None = None) -> tuple[int | None, str]:
+    """One probe process: its exit status (None: timed out; negative: the signal) and stderr;
+    ``parts``: the step whose progress lines it writes (a bench's rows), shown as they come."""
     try:
+        if parts is not None:
+            return _run_with_progress(cmd, scratch, _clean_env(env.fresh), timeout_s, parts)
         proc = subprocess.run(cmd, cwd=scratch, env=_clean_env(env.fresh),
                               capture_output=True, text=True, timeout=timeout_s)
         return proc.returncode, proc.stderr
@@ -313,6 +342,55 @@ def _run(cmd: list[str], scratch: Path, env: Environment, out: Path,
 
 def _signal_name(rc: int) -> str:
     return signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else str(-rc)
+
+
+def _run_with_progress(cmd: list[str], cwd: Path, env: dict[str, str], timeout_s: float,
+                       what: str) -> tuple[int | None, str]:
+    """Run the target, showing the progress lines it writes on stderr (a bench's rows, see
+    ``opforge.bench.target.bench.announce``); its exit status (None: past ``timeout_s``)
+    and the rest of its stderr."""
+    from opforge.bench.target.bench import PROGRESS_PREFIX
+    from opforge.progress import tally
+
+    kept: list[str] = []
+    with tally(what, unit="rows") as shown, subprocess.Popen(
+            cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            text=True, errors="replace") as proc:
+
+        def read() -> None:
+            for line in proc.stderr:
+                if not line.startswith(PROGRESS_PREFIX):
+                    kept.append(line)
+                    continue
+                try:
+                    said = json.loads(line[len(PROGRESS_PREFIX):])
+                    done, total, current = said["done"], said["total"], said["current"]
+                except (ValueError, KeyError, TypeError):
+                    kept.append(line)
+                    continue
+                if type(done) is int and type(total) is int and isinstance(current, str):
+                    shown.update(done=done, total=total, current=current)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        try:
+            rc: int | None = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            rc = None
+            shown.failed = True
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        finally:
+            reader.join(timeout=10)
+        if rc == 0:
+            shown.update(done=shown.total or shown.done)
+        elif rc is not None and rc < 0:  # killed by a signal: not finished
+            shown.failed = True
+    return rc, "".join(kept)
 
 
 def _read_document(out: Path, rc: int | None, stderr: str, request: ProbeRequest,
@@ -395,9 +473,29 @@ def _check_not_from_checkout(doc: dict) -> None:
                        "from the installed wheel")
 
 
+TRASH_SUFFIX = ".removing"
+
+
 def cleanup(env: Environment, keep: bool) -> None:
-    if env.fresh and env.env_dir and not keep:
-        shutil.rmtree(env.env_dir, ignore_errors=True)
+    """Remove the fresh environment. One opforge made in the temporary directory is renamed
+    aside at once and removed by a detached process: unlinking torch's 15,000 files took
+    2.4 s here, a third of a warm smoke, and nothing the command reports waits for it.
+    An --env-dir is removed before the command returns."""
+    if not (env.fresh and env.env_dir and not keep):
+        return
+    if env.temporary:
+        trash = env.env_dir.with_name(f".{env.env_dir.name}{TRASH_SUFFIX}")
+        try:
+            os.rename(env.env_dir, trash)
+            subprocess.Popen([sys.executable, "-I", "-S", "-c",
+                              "import shutil, sys; shutil.rmtree(sys.argv[1], True)", str(trash)],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+            return
+        except OSError:
+            if trash.exists():
+                shutil.rmtree(trash, ignore_errors=True)
+    shutil.rmtree(env.env_dir, ignore_errors=True)
 
 
 def device_code_cause(doc: dict, wheel: Path, arch_list: str, variant: str) -> None:

@@ -85,6 +85,7 @@ class Bench:
         self.planned: list[tuple[str, str, str]] = []  # (op, workload, row id)
         self.finished: set[tuple[str, str]] = set()    # (op, workload) with every row done
         self.checkpoint = lambda: None
+        self.started = 0  # rows whose timing began: the progress the host shows
 
     # ----------------------------------------------------------------- plumbing
 
@@ -233,6 +234,9 @@ class Bench:
                         if count is not None:
                             row["threads"] = count
                         self.rows.append(row)
+                        announce(self.started, len(self.planned),
+                                 row_id(op, name, direction, device, count))
+                        self.started += 1
                         self.time_row(row, fn, reference, plain, load, cpu_args, device,
                                       grad if direction == "backward" else [], recipe, count)
                         if first is None:
@@ -373,6 +377,15 @@ def judge_vs_plain(row, limit) -> None:
         row.update(status="fail", message=(
             f"{vs:.2f}x the time of {row['plain']} on the same arguments (at most "
             f"{limit:g}x allowed, beyond noise ±{noise * 100:.0f}%)"))
+
+
+# a line on stderr the host reads as progress (opforge.smoke.runner), not as an error's words
+PROGRESS_PREFIX = "opforge-progress: "
+
+
+def announce(done: int, total: int, current: str) -> None:
+    print(PROGRESS_PREFIX + json.dumps({"done": done, "total": total, "current": current}),
+          file=sys.stderr, flush=True)
 
 
 def row_id(op, workload, direction, device, threads=None) -> str:
