@@ -10,7 +10,7 @@ import pytest
 
 from opforge import progress
 from opforge.bench.target.bench import PROGRESS_PREFIX
-from opforge.smoke.runner import _run_with_progress
+from opforge.smoke.live import run_with_progress as _run_with_progress
 
 ESCAPE = re.compile(r"[\x1b\r\x07\x08]")
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from dataclasses import replace
+from pathlib import Path
 
 from rich.console import Console
 
@@ -143,6 +145,7 @@ def test_wheel_without_device_code_for_a_promised_arch_is_a_cause(tmp_path):
 
     from smoke_wheelkit import write_wheel
 
+    from opforge.matrix import load_matrix
     from opforge.smoke.runner import device_code_cause
 
     def fatbin(arch: int) -> bytes:  # one cubin entry (the layout opforge.wheels reads)
@@ -160,15 +163,17 @@ def test_wheel_without_device_code_for_a_promised_arch_is_a_cause(tmp_path):
     lib = (tmp_path / "_C.so").read_bytes()
     wheel = write_wheel(tmp_path / "gpuops-1.0+cu130-cp311-cp311-manylinux_2_28_x86_64.whl",
                         {"gpuops/_C.so": lib}, dist="gpuops", version="1.0+cu130")
+    cu130 = load_matrix(Path(__file__).parents[1] / "matrix" / "fixtures" / "matrix.yaml") \
+        .variant("cu130")
     doc = document(PASS)
-    device_code_cause(doc, wheel, "8.0;9.0+PTX", "cu130")
+    device_code_cause(doc, wheel, replace(cu130, arch_list="8.0;9.0+PTX"))
     cause = doc["causes"][0]
     assert cause["class"] == "device_code" and cause["missing"] == ["sm_90", "compute_90"]
     assert "no kernel image is available" in cause["title"]
     assert "gpuops/_C.so: sm_80" in cause["evidence"]
     assert report.exit_code(doc) == 1
     fine = document(PASS)
-    device_code_cause(fine, wheel, "8.0", "cu130")
+    device_code_cause(fine, wheel, replace(cu130, arch_list="8.0"))
     assert "causes" not in fine
 
 

@@ -321,10 +321,10 @@ def run(args: argparse.Namespace) -> int:
                       f"{variant}) before the wheel, or fix the wheel's torch pin",
                       explains=["torch-variant"])
     matrix = _load_matrix(args.file, required=False) if variant and target.wheel else None
-    if matrix is not None and matrix.variant(variant).cuda:
+    if matrix is not None:
         from opforge.smoke.runner import device_code_cause
 
-        device_code_cause(doc, target.wheel, matrix.variant(variant).arch_list or "", variant)
+        device_code_cause(doc, target.wheel, matrix.variant(variant))
     if choice.pending:
         # neither the arguments nor the build record named a variant: nothing was promised
         names = [v.name for v in _load_matrix(args.file, required=True).variants]

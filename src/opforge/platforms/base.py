@@ -251,6 +251,12 @@ class Backend:
         return ()
 
     # ------------------------------------------------------------------ wheel check
+    def missing_device_code(self, report: WheelReport, variant: Variant) -> dict | None:
+        """What device code the wheel (a read ``WheelReport``) lacks that the variant promises,
+        as a smoke cause's fields (``title``, ``evidence``, ``fix``, and data such as
+        ``missing``); None when nothing is missing or the backend promises no code per target."""
+        return None
+
     def check_wheel(self, report: WheelReport, variant: Variant, info: dict) -> list[str]:
         """The ways the wheel's binaries and tags contradict this backend's variant."""
         problems = []

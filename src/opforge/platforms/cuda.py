@@ -164,5 +164,28 @@ class CudaBackend(Backend):
             problems.append(f"built with CUDA {info['cuda_version']}, expected {variant.cuda}")
         return problems
 
+    def missing_device_code(self, report, variant) -> dict | None:
+        """The archs (cubin or PTX) the variant's arch_list promises that no library embeds:
+        on such a GPU the kernels fail with "no kernel image is available"."""
+        arch_list = variant.arch_list or ""
+        sass, ptx = expected_archs(arch_list)
+        found = set(report.cuda_archs)
+        missing = sorted((sass | ptx) - found, key=arch_sort_key)
+        if not missing:
+            return None
+        compiled = [lib for lib in report.libraries if not lib.note]
+        evidence = [f"{lib.path}: {', '.join(lib.cuda_archs) or 'no CUDA fat binary'}"
+                    for lib in compiled][:4]
+        name = variant.name
+        return {"title": f"the wheel has no device code for {', '.join(missing)}, which variant "
+                         f"{name} promises (arch_list {arch_list!r}): on such a GPU its kernels "
+                         "fail with \"no kernel image is available for execution on the device\"",
+                "evidence": evidence + [f"embedded: "
+                                        f"{', '.join(sorted(found, key=arch_sort_key)) or 'none'}"],
+                "fix": f"build with TORCH_CUDA_ARCH_LIST=\"{arch_list}\" (opforge build --variant "
+                       f"{name} sets it from matrix.yaml); a setup.py that sets its own -gencode "
+                       "flags or arch list overrides it",
+                "missing": missing, "embedded": sorted(found)}
+
 
 BACKEND = CudaBackend()

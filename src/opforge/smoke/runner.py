@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -27,6 +26,7 @@ from packaging.version import Version
 from opforge import bytecode
 from opforge.errors import OpforgeError, UsageError
 from opforge.smoke.archive import probe_archive
+from opforge.smoke.live import run_with_progress
 from opforge.smoke.probe import crashes
 
 # what the build record of an installed package says, read by the probe's own reader
@@ -326,7 +326,7 @@ def _run(cmd: list[str], scratch: Path, env: Environment, out: Path, timeout_s: 
     ``parts``: the step whose progress lines it writes (a bench's rows), shown as they come."""
     try:
         if parts is not None:
-            return _run_with_progress(cmd, scratch, _clean_env(env.fresh), timeout_s, parts)
+            return run_with_progress(cmd, scratch, _clean_env(env.fresh), timeout_s, parts)
         proc = subprocess.run(cmd, cwd=scratch, env=_clean_env(env.fresh),
                               capture_output=True, text=True, timeout=timeout_s)
         return proc.returncode, proc.stderr
@@ -342,55 +342,6 @@ def _run(cmd: list[str], scratch: Path, env: Environment, out: Path, timeout_s: 
 
 def _signal_name(rc: int) -> str:
     return signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else str(-rc)
-
-
-def _run_with_progress(cmd: list[str], cwd: Path, env: dict[str, str], timeout_s: float,
-                       what: str) -> tuple[int | None, str]:
-    """Run the target, showing the progress lines it writes on stderr (a bench's rows, see
-    ``opforge.bench.target.bench.announce``); its exit status (None: past ``timeout_s``)
-    and the rest of its stderr."""
-    from opforge.bench.target.bench import PROGRESS_PREFIX
-    from opforge.progress import tally
-
-    kept: list[str] = []
-    with tally(what, unit="rows") as shown, subprocess.Popen(
-            cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            text=True, errors="replace") as proc:
-
-        def read() -> None:
-            for line in proc.stderr:
-                if not line.startswith(PROGRESS_PREFIX):
-                    kept.append(line)
-                    continue
-                try:
-                    said = json.loads(line[len(PROGRESS_PREFIX):])
-                    done, total, current = said["done"], said["total"], said["current"]
-                except (ValueError, KeyError, TypeError):
-                    kept.append(line)
-                    continue
-                if type(done) is int and type(total) is int and isinstance(current, str):
-                    shown.update(done=done, total=total, current=current)
-
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
-        try:
-            rc: int | None = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            rc = None
-            shown.failed = True
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
-        finally:
-            reader.join(timeout=10)
-        if rc == 0:
-            shown.update(done=shown.total or shown.done)
-        elif rc is not None and rc < 0:  # killed by a signal: not finished
-            shown.failed = True
-    return rc, "".join(kept)
 
 
 def _read_document(out: Path, rc: int | None, stderr: str, request: ProbeRequest,
@@ -498,13 +449,14 @@ def cleanup(env: Environment, keep: bool) -> None:
     shutil.rmtree(env.env_dir, ignore_errors=True)
 
 
-def device_code_cause(doc: dict, wheel: Path, arch_list: str, variant: str) -> None:
-    """A cause when the wheel lacks device code (cubin or PTX) for an arch the variant promises.
+def device_code_cause(doc: dict, wheel: Path, variant) -> None:
+    """A cause when the wheel lacks device code the variant's backend promises (for CUDA: a
+    cubin or PTX for each arch of its arch_list; ``Backend.missing_device_code``).
 
     Read from the wheel file (opforge.wheels), not in the probe: the GPU that would fail with
     "no kernel image is available" need not be on this machine.
     """
-    from opforge.platforms.cuda import arch_sort_key, expected_archs
+    from opforge.platforms import backend_of
     from opforge.smoke.probe.causes import add_cause
     from opforge.wheels import inspect_wheel
 
@@ -512,23 +464,11 @@ def device_code_cause(doc: dict, wheel: Path, arch_list: str, variant: str) -> N
         info = inspect_wheel(wheel)
     except OpforgeError:
         return  # an unreadable wheel could not have been installed: its failure is said there
-    sass, ptx = expected_archs(arch_list)
-    found = set(info.cuda_archs)
-    missing = sorted((sass | ptx) - found, key=arch_sort_key)
-    if not missing:
+    cause = backend_of(variant).missing_device_code(info, variant)
+    if not cause:
         return
-    compiled = [lib for lib in info.libraries if not lib.note]
-    evidence = [f"{lib.path}: {', '.join(lib.cuda_archs) or 'no CUDA fat binary'}"
-                for lib in compiled][:4]
-    add_cause(doc, "device_code",
-              f"the wheel has no device code for {', '.join(missing)}, which variant {variant} "
-              f"promises (arch_list {arch_list!r}): on such a GPU its kernels fail with \"no "
-              "kernel image is available for execution on the device\"",
-              evidence + [f"embedded: {', '.join(sorted(found, key=arch_sort_key)) or 'none'}"],
-              f"build with TORCH_CUDA_ARCH_LIST=\"{arch_list}\" (opforge build --variant "
-              f"{variant} sets it from matrix.yaml); a setup.py that sets its own -gencode "
-              "flags or arch list overrides it", missing=missing, embedded=sorted(found))
+    add_cause(doc, "device_code", cause.pop("title"), cause.pop("evidence"), cause.pop("fix"),
+              **cause)
     summary = doc.setdefault("summary", {})
     summary["fail"] = summary.get("fail", 0) + 1
     summary["status"] = "fail"
-
