@@ -152,7 +152,7 @@ def _fixture_repo(tmp_path, monkeypatch):
 
 def _resolve(*argv):
     from opforge.cli import build_parser
-    from opforge.cli.smoke import resolve_choice
+    from opforge.smoke.plan import resolve_choice
 
     return resolve_choice(build_parser().parse_args(["smoke", *argv]))
 
@@ -195,7 +195,7 @@ def test_the_installed_build_record_chooses_before_the_probe_runs(tmp_path, monk
     from pathlib import Path
 
     from opforge.cli import build_parser
-    from opforge.cli.smoke import choose_installed
+    from opforge.smoke.plan import choose_installed
     from opforge.smoke.runner import Environment, installed_build_record
 
     (tmp_path / "repo").mkdir()

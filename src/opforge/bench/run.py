@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     """``opforge bench`` with its parsed arguments: the exit code (0 pass, 1 a row failed)."""
     from opforge.bench import report as benchreport
     from opforge.bench.compare import compare_to_baseline
-    from opforge.cli.smoke import resolve
+    from opforge.smoke.plan import resolve
     from opforge.smoke.runner import cleanup, prepare_environment, run_probe
     from opforge.torchsource import pip_index_args
     from opforge.venv import install

@@ -1,0 +1,212 @@
+"""The smoke's plan, from its arguments: the matrix read, the variant under test chosen (from
+``--variant``, the wheel's build record or local version, or the installed record), the target
+and the probe request carrying that variant's promises. ``opforge smoke`` and ``opforge bench``
+both start here; the command modules keep their arguments and the call."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import stat
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from opforge.errors import UsageError
+from opforge.files import check_writable, lookup, open_problem
+
+_KEY = re.compile(r"[A-Z][A-Za-z]*\Z")
+
+
+def load_matrix_of(path: Path | None, required: bool):
+    from opforge.errors import OpforgeError
+    from opforge.matrix import load_matrix
+
+    try:
+        return load_matrix(path)
+    except OpforgeError:
+        if required:
+            raise
+        return None
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The variant under test: its name and how it is known (``--variant``, the wheel's build
+    record or local version), or ``pending`` when only the installed build record can say
+    (``--python``, ``--requirement``): then ``choose_installed`` picks it before the probe."""
+
+    variant: str | None = None
+    source: str | None = None
+    pending: bool = False
+
+
+def _regular_file(path: Path, option: str) -> None:
+    try:
+        info = os.stat(path)
+    except (OSError, ValueError) as exc:
+        problem = open_problem(exc) if isinstance(exc, OSError) else "not a valid path"
+        raise UsageError(f"{option} {path}: {problem}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise UsageError(f"{option} {path}: not a regular file")
+
+
+def _interpreter(path: Path) -> None:
+    try:
+        info = os.stat(path)
+    except (OSError, ValueError):
+        raise UsageError(f"--python {path}: no such interpreter") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise UsageError(f"--python {path}: not an interpreter (not a regular file)")
+    if not os.access(path, os.X_OK):
+        raise UsageError(f"--python {path}: not executable")
+
+
+def _empty_or_new_dir(path: Path) -> None:
+    info = lookup(path, what="--env-dir")
+    if path.is_symlink() or info is not None:
+        if info is None or not stat.S_ISDIR(info.st_mode):
+            raise UsageError(f"--env-dir {path}: exists and is not a directory")
+        if any(path.iterdir()):
+            raise UsageError(f"--env-dir {path} exists and is not empty: remove it or choose "
+                             "another directory")
+        return
+    check_writable(path, what="--env-dir")
+
+
+def resolve(args: argparse.Namespace):
+    """Arguments + matrix -> (Target, ProbeRequest, variant name or None)."""
+    target, request, choice = resolve_choice(args)
+    return target, request, choice.variant
+
+
+def resolve_choice(args: argparse.Namespace):
+    """Arguments + matrix -> (Target, ProbeRequest, Choice): the request carries the promises
+    of the variant under test only (none yet while the choice is pending)."""
+    from opforge.smoke.runner import ProbeRequest, Target
+    from opforge.torchsource import resolve_index
+
+    if not (args.wheel or args.requirement or args.python or args.variant):
+        raise UsageError("give --variant V (its wheel from dist/V), --wheel PATH, "
+                         "--requirement REQ or --python PATH")
+    if args.wheel is not None and args.wheel.suffix != ".whl":
+        raise UsageError(f"--wheel {args.wheel}: not a .whl file")
+    if args.wheel is not None:
+        _regular_file(args.wheel, "--wheel")
+    if args.python is not None:
+        _interpreter(args.python)
+    if args.python is not None and (args.torch_spec or args.keep_env or args.env_dir):
+        raise UsageError("--torch, --keep-env and --env-dir apply to a fresh environment, "
+                         "not --python")
+    if args.recipes is not None:
+        _regular_file(args.recipes, "--recipes")
+    if args.env_dir is not None:
+        _empty_or_new_dir(args.env_dir)
+    for option, target in (("--json", args.json), ("--junit", args.junit)):
+        if target is not None:
+            check_writable(target, what=option)
+    if os.environ.get("GITHUB_STEP_SUMMARY"):
+        check_writable(os.environ["GITHUB_STEP_SUMMARY"], what="$GITHUB_STEP_SUMMARY",
+                       append=True, make_folders=False)
+    needs_matrix = (args.variant is not None or args.package is None or args.namespace is None
+                    or args.file is not None)
+    matrix = load_matrix_of(args.file, required=needs_matrix)
+    ext = matrix.extension if matrix else None
+    package = args.package or ext.package
+    namespace = args.namespace or ext.namespace
+    for what, value in (("--package", package), ("--namespace", namespace)):
+        if not value.replace(".", "_").isidentifier():
+            raise UsageError(f"{what} {value!r} is not an identifier")
+    own = ext is not None and package == ext.package
+
+    wheel = args.wheel
+    if not (wheel or args.requirement or args.python):
+        from opforge.matrix.dist import latest_wheel
+
+        wheel = latest_wheel(matrix, matrix.variant(args.variant).name)
+    variant = None
+    choice = Choice()
+    if args.variant is not None:
+        variant = matrix.variant(args.variant)
+        choice = Choice(variant.name)
+    elif own:
+        from opforge.matrix.dist import identify_wheel
+
+        found = identify_wheel(matrix, wheel) if wheel is not None else None
+        if found is not None:
+            variant = found[0]
+            choice = Choice(variant.name, found[1])
+        elif args.expect_keys is None:
+            choice = Choice(pending=True)
+    for key in args.expect_keys or ():
+        if not _KEY.match(key):
+            raise UsageError(f"--expect-keys: {key!r} is not a dispatch key name "
+                             "(e.g. CPU, CUDA, MPS, Meta, Autograd, AutocastCPU)")
+    for op in (*(args.ops or ()), *(args.internal_ops or ())):
+        if not op.isidentifier():
+            raise UsageError(f"{op!r} is not an operator name")
+
+    chosen = _promises(args, ext if own else None, variant)
+    device_checks = args.device_checks
+    if variant is not None and not variant.device_checks and device_checks == "auto":
+        device_checks = "skip"
+    channel_index = matrix.torch_index(variant) if (matrix and variant) else None
+    index = resolve_index(channel_index, args.torch_index)
+    if choice.pending:  # nothing is promised until the installed build record names a variant
+        from opforge.matrix import Promises
+
+        chosen = Promises()
+    recipes = args.recipes
+    if recipes is None and own and ext.recipes:
+        recipes = matrix.path.parent / ext.recipes
+        if not recipes.is_file():
+            raise UsageError(f"{matrix.path.name}: extension.recipes {ext.recipes!r}: no such "
+                             f"file in {matrix.path.parent}")
+    variant_torch = matrix.torch_spec(variant) \
+        if (variant is not None and wheel is not None and not args.torch_spec) else None
+    target = Target(wheel=wheel, requirement=args.requirement, python=args.python,
+                    torch_spec=args.torch_spec, torch_index=index, env_dir=args.env_dir,
+                    variant_torch=variant_torch)
+    request = ProbeRequest(package=package, namespace=namespace, device_checks=device_checks,
+                           recipes=recipes,
+                           speed=speed_spec(ext if own else None, args.speed_check))
+    return target, request.promising(chosen), choice
+
+
+def _promises(args: argparse.Namespace, ext, variant):
+    """What the probe checks: the variant's promises, or what --expect-keys, --ops and
+    --internal-ops say instead (``opforge.matrix.promises`` works out each op's keys)."""
+    from opforge.matrix import promises
+
+    return promises(ext, variant, keys=args.expect_keys, ops=args.ops,
+                    backward_ops=args.internal_ops)
+
+
+def choose_installed(args: argparse.Namespace, env, request, choice: Choice):
+    """A pending choice made from the build record installed in ``env``: the request with
+    that variant's promises, and the choice (still pending when no record names a variant)."""
+    from opforge.matrix.dist import identify_record
+    from opforge.smoke.runner import installed_build_record
+
+    if not choice.pending:
+        return request, choice
+    matrix = load_matrix_of(args.file, required=True)
+    record, distribution = installed_build_record(env, request.package)
+    found = identify_record(matrix, record, distribution)
+    if found is None:
+        return request, choice
+    variant, source = found
+    request = request.promising(_promises(args, matrix.extension, variant))
+    if not variant.device_checks and args.device_checks == "auto":
+        request = replace(request, device_checks="skip")
+    return request, Choice(variant.name, source)
+
+
+def speed_spec(ext, mode: str) -> dict:
+    """The probe's speed-check settings: the matrix's factors (10x when it has none)."""
+    spec: dict = {"enabled": mode != "skip", "factor": ext.max_slowdown if ext else 10.0,
+                  "op_factors": ext.slowdown_factors() if ext else {}}
+    devices = os.environ.get("OPFORGE_SPEED_EXTRA_DEVICES", "")
+    if devices:  # for tests on a machine without an accelerator (docs/adopt.md)
+        spec["devices"] = [d.strip() for d in devices.split(",") if d.strip()]
+    return spec
