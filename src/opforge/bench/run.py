@@ -32,12 +32,7 @@ BENCH_TIMEOUT_S = 3 * 3600
 
 def run(args: argparse.Namespace) -> int:
     """``opforge bench`` with its parsed arguments: the exit code (0 pass, 1 a row failed)."""
-    from opforge.bench import report as benchreport
-    from opforge.bench.compare import compare_to_baseline
     from opforge.smoke.plan import resolve
-    from opforge.smoke.runner import cleanup, prepare_environment, run_probe
-    from opforge.torchsource import pip_index_args
-    from opforge.venv import install
 
     if args.summary is not None:
         check_writable(args.summary, what="--summary")
@@ -49,6 +44,35 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--baseline and --against both name a baseline: give one")
     if args.baseline is not None and not args.baseline.strip():
         raise UsageError("--baseline '': name a baseline (NAME, or a FILE ending in .json)")
+    baseline, record, kept, threshold = _baselines(args)
+    if args.save:
+        check_writable(baseline_dir() / f"{args.save}.json", what="--save")
+    threads = list(getattr(args, "threads", None) or ())
+    max_thread_cost = getattr(args, "max_thread_cost", None)
+    if max_thread_cost is not None and len(threads) < 2:
+        raise UsageError("--max-thread-cost compares thread counts: give --threads with two or "
+                         "more, e.g. --threads 1,2")
+    target, request, _variant = resolve(args)
+    if request.recipes is None:
+        raise UsageError("no recipes file: name one in matrix.yaml (extension.recipes) or "
+                         "pass --recipes FILE (its workloads are what bench times)")
+    # the names the recipes file writes as literals; the rest are checked in the target
+    selection.check(request.recipes, args.ops, args.workloads)
+    options = _options(args, request, threads, max_thread_cost)
+    print(f"opforge bench: {target.describe()}"
+          + (f" with {', '.join(args.extras)}" if args.extras else ""), file=sys.stderr,
+          flush=True)
+    doc = _measure(args, target, request, options)
+    refused = next((c for c in doc.get("checks", []) if c.get("usage")), None)
+    if refused is not None:  # a name only the recipes file's code makes, found unknown there
+        raise UsageError(refused["message"])
+    return _finish(args, doc, baseline, record, kept, threshold)
+
+
+def _baselines(args: argparse.Namespace):
+    """The baseline compared with and its threshold, checked before anything runs:
+    (baseline, record: the --baseline this run becomes, kept: the one no run replaces,
+    threshold)."""
     compared = args.against is not None or args.baseline is not None
     for option, value in (("--regression", args.regression),
                           ("--against-label", args.against_label)):
@@ -70,20 +94,12 @@ def run(args: argparse.Namespace) -> int:
             record = (name, path)
     if baseline and args.against_label:
         baseline = (args.against_label, *baseline[1:])
-    if args.save:
-        check_writable(baseline_dir() / f"{args.save}.json", what="--save")
-    threads = list(getattr(args, "threads", None) or ())
-    max_thread_cost = getattr(args, "max_thread_cost", None)
-    if max_thread_cost is not None and len(threads) < 2:
-        raise UsageError("--max-thread-cost compares thread counts: give --threads with two or "
-                         "more, e.g. --threads 1,2")
-    target, request, _variant = resolve(args)
-    if request.recipes is None:
-        raise UsageError("no recipes file: name one in matrix.yaml (extension.recipes) or "
-                         "pass --recipes FILE (its workloads are what bench times)")
-    # the names the recipes file writes as literals; the rest are checked in the target
-    selection.check(request.recipes, args.ops, args.workloads)
-    options = {"ops": list(args.ops or ()), "workloads": list(args.workloads or ()),
+    return baseline, record, kept, threshold
+
+
+def _options(args: argparse.Namespace, request, threads: list, max_thread_cost) -> dict:
+    """What the bench target is told: the selection, budget, limits and directions."""
+    return {"ops": list(args.ops or ()), "workloads": list(args.workloads or ()),
                "reference": args.reference, "budget_s": args.budget,
                "min_speedup": args.min_speedup if args.min_speedup is not None else 0.1,
                # the ops matrix.yaml declares slower than their reference by design
@@ -92,9 +108,15 @@ def run(args: argparse.Namespace) -> int:
                "directions": ["forward"] if args.forward_only else ["forward", "backward"],
                "threads": threads, "contended": bool(getattr(args, "contended", False)),
                "max_thread_cost": max_thread_cost}
-    print(f"opforge bench: {target.describe()}"
-          + (f" with {', '.join(args.extras)}" if args.extras else ""), file=sys.stderr,
-          flush=True)
+
+
+def _measure(args: argparse.Namespace, target, request, options: dict) -> dict:
+    """The environment made (with --with's packages) and the workloads timed in it: the
+    bench document; an interrupted run writes the rows finished so far to --json."""
+    from opforge.smoke.runner import cleanup, prepare_environment, run_probe
+    from opforge.torchsource import pip_index_args
+    from opforge.venv import install
+
     env = prepare_environment(target)
     try:
         if args.extras:
@@ -120,9 +142,15 @@ def run(args: argparse.Namespace) -> int:
             raise
     finally:
         cleanup(env, keep=args.keep_env)
-    refused = next((c for c in doc.get("checks", []) if c.get("usage")), None)
-    if refused is not None:  # a name only the recipes file's code makes, found unknown there
-        raise UsageError(refused["message"])
+    return doc
+
+
+def _finish(args: argparse.Namespace, doc: dict, baseline, record, kept, threshold) -> int:
+    """Compared with the baseline, stored, reported (terminal, --json, --summary, the job
+    summary): the exit code."""
+    from opforge.bench import report as benchreport
+    from opforge.bench.compare import compare_to_baseline
+
     if baseline:
         compare_to_baseline(doc, baseline[1], baseline[0], threshold, base_machine=baseline[2])
     elif record is not None:
