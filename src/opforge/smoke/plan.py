@@ -86,28 +86,7 @@ def resolve_choice(args: argparse.Namespace):
     from opforge.smoke.runner import ProbeRequest, Target
     from opforge.torchsource import resolve_index
 
-    if not (args.wheel or args.requirement or args.python or args.variant):
-        raise UsageError("give --variant V (its wheel from dist/V), --wheel PATH, "
-                         "--requirement REQ or --python PATH")
-    if args.wheel is not None and args.wheel.suffix != ".whl":
-        raise UsageError(f"--wheel {args.wheel}: not a .whl file")
-    if args.wheel is not None:
-        _regular_file(args.wheel, "--wheel")
-    if args.python is not None:
-        _interpreter(args.python)
-    if args.python is not None and (args.torch_spec or args.keep_env or args.env_dir):
-        raise UsageError("--torch, --keep-env and --env-dir apply to a fresh environment, "
-                         "not --python")
-    if args.recipes is not None:
-        _regular_file(args.recipes, "--recipes")
-    if args.env_dir is not None:
-        _empty_or_new_dir(args.env_dir)
-    for option, target in (("--json", args.json), ("--junit", args.junit)):
-        if target is not None:
-            check_writable(target, what=option)
-    if os.environ.get("GITHUB_STEP_SUMMARY"):
-        check_writable(os.environ["GITHUB_STEP_SUMMARY"], what="$GITHUB_STEP_SUMMARY",
-                       append=True, make_folders=False)
+    _check_arguments(args)
     needs_matrix = (args.variant is not None or args.package is None or args.namespace is None
                     or args.file is not None)
     matrix = load_matrix_of(args.file, required=needs_matrix)
@@ -124,20 +103,7 @@ def resolve_choice(args: argparse.Namespace):
         from opforge.matrix.dist import latest_wheel
 
         wheel = latest_wheel(matrix, matrix.variant(args.variant).name)
-    variant = None
-    choice = Choice()
-    if args.variant is not None:
-        variant = matrix.variant(args.variant)
-        choice = Choice(variant.name)
-    elif own:
-        from opforge.matrix.dist import identify_wheel
-
-        found = identify_wheel(matrix, wheel) if wheel is not None else None
-        if found is not None:
-            variant = found[0]
-            choice = Choice(variant.name, found[1])
-        elif args.expect_keys is None:
-            choice = Choice(pending=True)
+    variant, choice = _choose(args, matrix, own, wheel)
     for key in args.expect_keys or ():
         if not _KEY.match(key):
             raise UsageError(f"--expect-keys: {key!r} is not a dispatch key name "
@@ -171,6 +137,52 @@ def resolve_choice(args: argparse.Namespace):
                            recipes=recipes,
                            speed=speed_spec(ext if own else None, args.speed_check))
     return target, request.promising(chosen), choice
+
+
+def _choose(args: argparse.Namespace, matrix, own: bool, wheel):
+    """The variant under test and how it is known: --variant, else the wheel's build record
+    or local version, else pending (the installed record decides)."""
+    variant = None
+    choice = Choice()
+    if args.variant is not None:
+        variant = matrix.variant(args.variant)
+        choice = Choice(variant.name)
+    elif own:
+        from opforge.matrix.dist import identify_wheel
+
+        found = identify_wheel(matrix, wheel) if wheel is not None else None
+        if found is not None:
+            variant = found[0]
+            choice = Choice(variant.name, found[1])
+        elif args.expect_keys is None:
+            choice = Choice(pending=True)
+    return variant, choice
+
+
+def _check_arguments(args: argparse.Namespace) -> None:
+    """The target's options and every file the run will write, checked first (exit 2)."""
+    if not (args.wheel or args.requirement or args.python or args.variant):
+        raise UsageError("give --variant V (its wheel from dist/V), --wheel PATH, "
+                         "--requirement REQ or --python PATH")
+    if args.wheel is not None and args.wheel.suffix != ".whl":
+        raise UsageError(f"--wheel {args.wheel}: not a .whl file")
+    if args.wheel is not None:
+        _regular_file(args.wheel, "--wheel")
+    if args.python is not None:
+        _interpreter(args.python)
+    if args.python is not None and (args.torch_spec or args.keep_env or args.env_dir):
+        raise UsageError("--torch, --keep-env and --env-dir apply to a fresh environment, "
+                         "not --python")
+    if args.recipes is not None:
+        _regular_file(args.recipes, "--recipes")
+    if args.env_dir is not None:
+        _empty_or_new_dir(args.env_dir)
+    for option, target in (("--json", args.json), ("--junit", args.junit)):
+        if target is not None:
+            check_writable(target, what=option)
+    if os.environ.get("GITHUB_STEP_SUMMARY"):
+        check_writable(os.environ["GITHUB_STEP_SUMMARY"], what="$GITHUB_STEP_SUMMARY",
+                       append=True, make_folders=False)
 
 
 def _promises(args: argparse.Namespace, ext, variant):
