@@ -6,6 +6,7 @@ both start here; the command modules keep their arguments and the call."""
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import re
 import stat
@@ -18,7 +19,39 @@ from opforge.files import check_writable, lookup, open_problem
 _KEY = re.compile(r"[A-Z][A-Za-z]*\Z")
 
 
+# the matrix one smoke or bench run parsed, by the file and its bytes' digest: a run asks for
+# it several times (the plan, the device-code cause, compat), and parses it once
+_PARSED: dict[tuple, object] = {}
+
+
 def load_matrix_of(path: Path | None, required: bool):
+    """The matrix ``--file`` names (else the one found from here), parsed once per process
+    while its bytes are unchanged; None when none loads and ``required`` is false."""
+    from opforge.errors import OpforgeError
+    from opforge.matrix import find_matrix, load_matrix
+
+    try:
+        found = Path(path) if path is not None else find_matrix()
+        if not stat.S_ISREG(os.stat(found).st_mode):
+            return _fallback(path, required)  # a FIFO, a directory...: never opened here
+        with open(found, "rb") as fh:  # the parser reads it again, guarded, when it changed
+            digest = hashlib.sha256(fh.read(1 << 24)).hexdigest()
+        key = (str(found.resolve()), digest)
+        if key not in _PARSED:
+            _PARSED.clear()  # one matrix per run: keep only the newest
+            _PARSED[key] = load_matrix(found)
+        return _PARSED[key]
+    except OSError:
+        return _fallback(path, required)
+    except OpforgeError:
+        if required:
+            raise
+        return None
+
+
+def _fallback(path: Path | None, required: bool):
+    """A file that cannot be opened (missing, a directory, a FIFO...): the parser says why,
+    in its words."""
     from opforge.errors import OpforgeError
     from opforge.matrix import load_matrix
 
