@@ -25,6 +25,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 from planted import planted_env, write_planted
+from projectkit import matrix_yaml
 
 from opforge.cli import main
 
@@ -159,26 +160,6 @@ def test_bench_summary_has_a_table_and_one_chart_per_timed_op(bench):
     assert "| `fair` | small fwd | cpu | reference |" in summary
 
 
-DECLARED = """\
-extension:
-  path: .
-  package: planted
-  namespace: planted
-  recipes: {recipes}
-  ops: [fair, {{slow_device: {{max_slowdown: 1000000000}}}}, slow_cpu, mismatch]
-torch:
-  channel: stable
-  version: "2.13.0"
-  index: https://download.pytorch.org/whl
-pythons: ["3.11"]
-platforms:
-  linux-x86_64:
-    runner: ubuntu-24.04
-variants:
-  - name: cpu
-    platforms: [linux-x86_64]
-    expected_keys: [CPU, Meta]
-"""
 
 
 def test_smoke_passes_a_device_kernel_the_matrix_declares_slower(planted, tmp_path):
@@ -187,7 +168,9 @@ def test_smoke_passes_a_device_kernel_the_matrix_declares_slower(planted, tmp_pa
     ratio reaches, and passes within it; the other ops keep the default."""
     root, recipes = planted
     matrix = root / "declared.yaml"
-    matrix.write_text(DECLARED.format(recipes=recipes.name))
+    matrix.write_text(matrix_yaml("planted", ["fair", {"slow_device": {"max_slowdown": 1000000000}},
+                                              "slow_cpu", "mismatch"], recipes=recipes.name,
+                                  expected_keys=("CPU", "Meta")))
     out = tmp_path / "doc.json"
     with pytest.MonkeyPatch.context() as mp:
         for name, value in planted_env(root).items():
