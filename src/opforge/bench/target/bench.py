@@ -42,7 +42,7 @@ from ...smoke.probe.common import DEVICES, first_line
 from ...smoke.probe.speed import paired, synchronizer, yardstick
 from ...smoke.probe.values import compare, outputs_of, to_device
 from . import selection
-from .cores import busy_cores, thread_count
+from .cores import busy_cores, cpu_model, thread_count
 
 SCHEMA = 1
 ALONE_BLOCK_S = 0.002  # a block of an op timed alone, and of its yardstick
@@ -403,18 +403,6 @@ def _block(t, call, target_s: float = 0.02):
     once = min(timer.timeit(1).mean for _ in range(3))  # a stall must not set the block size
     number = max(1, min(10_000, int(target_s / max(once, 1e-7))))
     return lambda: timer.timeit(number).mean
-
-
-def cpu_model() -> str:
-    """The processor's name (what a reader compares when two runs' absolute times differ)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                if line.lower().startswith(("model name", "hardware")):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def new_document(args) -> dict:

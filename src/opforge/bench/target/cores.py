@@ -1,11 +1,12 @@
-"""The machine a CPU row is timed on: torch's thread count for a block, and busy processes on
-every core the process may use (``--contended``: a busy CI runner). Standard library only
+"""The machine a CPU row is timed on: its processor's name, torch's thread count for a block,
+and busy processes on every core the process may use (``--contended``: a busy CI runner). Standard library only
 (torch is passed in)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import platform
 import subprocess
 import sys
 import time
@@ -53,3 +54,15 @@ def busy_cores(on: bool):
             proc.kill()
         for proc in procs:
             proc.wait()
+
+
+def cpu_model() -> str:
+    """The processor's name (what a reader compares when two runs' absolute times differ)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.lower().startswith(("model name", "hardware")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
