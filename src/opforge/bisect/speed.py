@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from opforge.errors import OpforgeError, UsageError
+from opforge.processes import stop_child
 from opforge.smoke.probe.speed import paired, seconds
 
 from .index import Nightly
@@ -166,17 +167,7 @@ class WorkloadServer:
         return float(answer["s"])
 
     def close(self) -> None:
-        proc = getattr(self, "proc", None)
-        if proc is not None and proc.poll() is None:
-            try:
-                proc.stdin.close()
-                proc.wait(timeout=5)
-            except (OSError, subprocess.TimeoutExpired):
-                try:
-                    os.killpg(proc.pid, 9)
-                except (ProcessLookupError, PermissionError):
-                    proc.kill()
-                proc.wait()
+        stop_child(getattr(self, "proc", None))
         self.stderr.close()
         shutil.rmtree(self.scratch, ignore_errors=True)
 

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from opforge.errors import OpforgeError
+from opforge.processes import stop_child
 
 START_TIMEOUT_S = 600   # importing torch and the package
 CALL_TIMEOUT_S = 30     # one trial call (twice, with its inputs)
@@ -116,16 +117,7 @@ class TrialWorker:
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
-            try:
-                proc.stdin.close()
-                proc.wait(timeout=5)
-            except (OSError, subprocess.TimeoutExpired):
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    proc.kill()
-                proc.wait()
+        stop_child(proc)
         stderr = getattr(self, "_stderr", None)
         if stderr is not None:
             stderr.close()

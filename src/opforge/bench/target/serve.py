@@ -19,12 +19,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 import sys
 import warnings
 
 from ...smoke.probe import recipes as recipes_file
-from ...smoke.probe.common import first_line
+from ...smoke.probe.common import first_line, own_stdout
 from ...smoke.probe.speed import block_timer, calls_per_block
 from .bench import Bench, Row
 
@@ -93,14 +92,7 @@ class Failed(Exception):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    # the protocol owns the real stdout; whatever the extension prints goes to stderr
-    protocol = os.fdopen(os.dup(1), "w", encoding="utf-8", buffering=1)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-
-    def say(message: dict) -> None:
-        protocol.write(json.dumps(message) + "\n")
-        protocol.flush()
+    say = own_stdout()  # the protocol owns the real stdout; the extension's prints go to stderr
 
     try:
         ready, calls = prepare(args)

@@ -20,11 +20,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 import sys
 import warnings
 
-from ...smoke.probe.common import first_line
+from ...smoke.probe.common import first_line, own_stdout
 from ...smoke.probe.modules import resolve
 from ...smoke.probe.rejections import beyond_inputs
 from ...smoke.probe.values import compare, outputs_of
@@ -189,14 +188,7 @@ class Trial:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    # the protocol owns the real stdout; whatever the extension prints goes to stderr
-    protocol = os.fdopen(os.dup(1), "w", encoding="utf-8", buffering=1)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-
-    def say(message: dict) -> None:
-        protocol.write(json.dumps(message) + "\n")
-        protocol.flush()
+    say = own_stdout()  # the protocol owns the real stdout; the extension's prints go to stderr
 
     try:
         import torch
