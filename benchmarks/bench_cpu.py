@@ -1,19 +1,23 @@
 """CPU benchmarks: opforge_ops beside torchvision.ops, same process, same inputs, 1 and 2 threads.
 
     python benchmarks/bench_cpu.py [--threads 1,2] [--contended] [--min-speedup 2.0]
-        [--max-thread-cost 1.2] [--rounds 5] [--min-run-time 0.2] [--only TEXT] [--json FILE]
+        [--max-thread-cost 1.2] [--rounds 15] [--min-run-time 0.05] [--only TEXT] [--json FILE]
 
 Needs torchvision and an opforge_ops built against the same torch (CPU kernels suffice).
 The rows are the ops' "cpu" rows in extension/recipes.py (BENCHMARKS), op by op. Each row
-times the forward, or forward+backward, of one op with torch.utils.benchmark at every thread
-count of --threads. A round measures, at each thread count, opforge then torchvision (the
-order alternates from round to round), so load from other processes on a shared machine hits
-both sides of a pair alike; a row reports medians over --rounds rounds:
+times the forward, or forward+backward, of one op at every thread count of --threads, for
+opforge and for torchvision (and the row's baseline), with benchmarks/timing.py: --rounds
+interleaved rounds, each measuring every one of those conditions once for --min-run-time
+seconds in an order that turns from round to round, so load from other processes on a shared
+machine hits every condition alike. A ratio is the median over rounds of that round's ratio
+(a median of medians); the number after "±" is its noise, half the interquartile range of the
+rounds' ratios:
 
   ms@T      opforge's median time per call on T threads
-  x@T       speed-up on T threads: the median over rounds of torchvision time / opforge time
-  2t/1t     the median over rounds of opforge's time on the most threads / on one thread:
-            what a second thread costs (below 1) or gains; above 1, a call waited on a thread
+  x@T       speed-up on T threads: torchvision time / opforge time
+  2t/1t     opforge's time on the most threads / on one thread: what a second thread costs
+            (above 1: a call waited on a thread) or gains (below 1)
+  tv 2t/1t  the same for torchvision, beside it: what the machine does to a second thread
 
 A row with a "baseline" (deform_conv2d beside a plain conv2d of the same shape) also times
 that baseline on one thread: "vs base" is opforge time / baseline time, which must not exceed
@@ -39,8 +43,8 @@ import sys
 from functools import partial
 
 import bench_rows
+import timing
 import torch
-import torch.utils.benchmark as benchmark
 
 
 def fail(message):
@@ -140,12 +144,6 @@ def build_label(info):
     return info.get("version") or info.get("variant", "?")
 
 
-def measure(fn, threads, min_run_time):
-    torch.set_num_threads(threads)
-    timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=threads)
-    return timer.blocked_autorange(min_run_time=min_run_time).median
-
-
 def thread_counts(text):
     try:
         counts = sorted({int(part) for part in text.split(",") if part.strip()})
@@ -171,20 +169,44 @@ class BusyCores:
             proc.wait()
 
 
-def time_row(ours_fn, tv_fn, threads, rounds, min_run_time, base_fn=None):
-    """({T: (opforge seconds per round, torchvision seconds per round)}, baseline seconds per
-    round): paired by round, the baseline (base_fn, one thread) timed in the same rounds as the
-    one-thread pair so that the ratio to it sees the same machine state."""
-    times = {t: ([], []) for t in threads}
-    base = []
-    for r in range(rounds):
-        for t in threads:
-            pair = [(0, ours_fn), (1, tv_fn)]
-            for side, fn in pair if r % 2 == 0 else pair[::-1]:
-                times[t][side].append(measure(fn, t, min_run_time))
-        if base_fn is not None:
-            base.append(measure(base_fn, 1, min_run_time))
-    return times, base
+def time_row(ours_fn, tv_fn, threads, rounds, seconds, base_fn=None):
+    """{(side, T): seconds per call, round by round} for side "ours" and "tv" at every thread
+    count T, and ("base", 1) for a baseline: every condition measured once per round, the
+    rounds interleaved (timing.py), so that a ratio of two conditions compares neighbours."""
+    conditions = {}
+    for t in threads:
+        conditions[("ours", t)] = ours_fn
+        conditions[("tv", t)] = tv_fn
+    if base_fn is not None:
+        conditions[("base", 1)] = base_fn
+    return timing.interleaved(conditions, rounds, seconds,
+                              prepare=lambda key: torch.set_num_threads(key[1]))
+
+
+def summarize(name, times, threads, floor=None):
+    """The row's figures: medians of per-round ratios, each with its noise (timing.ratio)."""
+    row = {"case": name}
+    for t in threads:
+        ours_s, tv_s = times[("ours", t)], times[("tv", t)]
+        row[f"opforge_ms@{t}"] = statistics.median(ours_s) * 1e3
+        row[f"torchvision_ms@{t}"] = statistics.median(tv_s) * 1e3
+        row[f"speedup@{t}"], row[f"speedup_noise@{t}"] = timing.ratio(tv_s, ours_s)
+    if len(threads) > 1:
+        first, last = threads[0], threads[-1]
+        row["thread_cost"], row["thread_cost_noise"] = timing.ratio(
+            times[("ours", last)], times[("ours", first)])
+        row["tv_thread_cost"], row["tv_thread_cost_noise"] = timing.ratio(
+            times[("tv", last)], times[("tv", first)])
+    if ("base", 1) in times:
+        row["baseline_ms@1"] = statistics.median(times[("base", 1)]) * 1e3
+        row["vs_baseline"], row["vs_baseline_noise"] = timing.ratio(
+            times[("ours", 1)], times[("base", 1)])
+        row["floor"] = floor
+    return row
+
+
+def cell(value, noise, width):
+    return f"{f'{value:.2f}±{noise:.2f}':>{width}}"
 
 
 def main(argv=None):
@@ -193,8 +215,10 @@ def main(argv=None):
                         help="thread counts, comma-separated (default 1,2)")
     parser.add_argument("--contended", action="store_true",
                         help="run the rows while busy processes hold every core")
-    parser.add_argument("--min-run-time", type=float, default=0.2, help="seconds per measurement")
-    parser.add_argument("--rounds", type=int, default=5, help="paired measurements per row")
+    parser.add_argument("--min-run-time", type=float, default=0.05,
+                        help="seconds per measurement (one condition, one round)")
+    parser.add_argument("--rounds", type=int, default=15,
+                        help="interleaved rounds per row: each measures every condition once")
     parser.add_argument("--min-speedup", type=float, default=2.0,
                         help="smallest acceptable one-thread speed-up over torchvision")
     parser.add_argument("--max-thread-cost", type=float, default=1.2,
@@ -215,8 +239,8 @@ def main(argv=None):
               f"threads {','.join(map(str, threads))}"
               f"{f', contended ({len(busy.procs)} busy processes)' if busy.procs else ''}, "
               f"load {load:.2f}", flush=True)
-        columns = "".join(f" {f'ms@{t}':>9} {f'x@{t}':>6}" for t in threads)
-        header = f"{'case':<48}{columns} {'2t/1t':>6} {'vs base':>8}"
+        columns = "".join(f" {f'ms@{t}':>9} {f'x@{t}':>11}" for t in threads)
+        header = (f"{'case':<48}{columns} {'2t/1t':>11} {'tv 2t/1t':>11} {'vs base':>11}")
         print(header)
         print("-" * len(header))
         rows, failures = [], []
@@ -226,34 +250,26 @@ def main(argv=None):
             torch.set_num_threads(threads[-1])
             assert_agree(name, ours_fn(), tv_fn())
             base_fn, floor = baseline if baseline and 1 in threads else (None, None)
-            times, base_s = time_row(ours_fn, tv_fn, threads, args.rounds, args.min_run_time,
-                                     base_fn)
-            row = {"case": name}
-            for t, (ours_s, tv_s) in times.items():
-                row[f"opforge_ms@{t}"] = statistics.median(ours_s) * 1e3
-                row[f"torchvision_ms@{t}"] = statistics.median(tv_s) * 1e3
-                row[f"speedup@{t}"] = statistics.median(b / a for a, b in zip(ours_s, tv_s))
-            if len(threads) > 1:
-                one, most = times[threads[0]][0], times[threads[-1]][0]
-                row["thread_cost"] = statistics.median(b / a for a, b in zip(one, most))
-            if base_s:
-                row["baseline_ms@1"] = statistics.median(base_s) * 1e3
-                # the median of the rounds' ratios (each round's two times are neighbours)
-                row["vs_baseline"] = statistics.median(
-                    a / b for a, b in zip(times[1][0], base_s)) if 1 in times else None
-                row["floor"] = floor
+            times = time_row(ours_fn, tv_fn, threads, args.rounds, args.min_run_time, base_fn)
+            row = summarize(name, times, threads, floor)
             rows.append(row)
-            cells = "".join(f" {row[f'opforge_ms@{t}']:>9.3f} {row[f'speedup@{t}']:>6.2f}"
+            cells = "".join(f" {row[f'opforge_ms@{t}']:>9.3f} "
+                            f"{cell(row[f'speedup@{t}'], row[f'speedup_noise@{t}'], 11)}"
                             for t in threads)
-            cost = f"{row['thread_cost']:>6.2f}" if "thread_cost" in row else f"{'':>6}"
-            base = f"{row['vs_baseline']:>8.2f}" if row.get("vs_baseline") else f"{'':>8}"
-            print(f"{name:<48}{cells} {cost} {base}", flush=True)
-            if 1 in times and row["speedup@1"] < args.min_speedup:
+            blank = f"{'':>11}"
+            cost = cell(row["thread_cost"], row["thread_cost_noise"], 11) \
+                if "thread_cost" in row else blank
+            tv_cost = cell(row["tv_thread_cost"], row["tv_thread_cost_noise"], 11) \
+                if "tv_thread_cost" in row else blank
+            base = cell(row["vs_baseline"], row["vs_baseline_noise"], 11) \
+                if "vs_baseline" in row else blank
+            print(f"{name:<48}{cells} {cost} {tv_cost} {base}", flush=True)
+            if 1 in threads and row["speedup@1"] < args.min_speedup:
                 failures.append(f"{name}: {row['speedup@1']:.2f}x torchvision on one thread")
             if row.get("thread_cost", 0) > cost_limit:
                 failures.append(f"{name}: {threads[-1]} threads take {row['thread_cost']:.2f}x "
                                 f"one thread's time")
-            if row.get("vs_baseline") and row["vs_baseline"] > row["floor"]:
+            if "vs_baseline" in row and row["vs_baseline"] > row["floor"]:
                 failures.append(f"{name}: {row['vs_baseline']:.2f}x its baseline's time "
                                 f"(at most {row['floor']})")
     finally:
