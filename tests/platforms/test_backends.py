@@ -105,6 +105,18 @@ def test_every_backend_opforge_ships_is_a_registered_module():
         platforms.get("npu")
 
 
+def test_a_backend_that_checks_device_code_says_so():
+    # the smoke reads the wheel for missing_device_code only where checks_device_code is set:
+    # a backend that overrides the one without the other would never be asked
+    base = platforms.base.Backend.missing_device_code
+    for name in platforms.names():
+        backend = platforms.get(name)
+        overrides = type(backend).missing_device_code is not base
+        assert overrides == backend.checks_device_code, name
+    assert platforms.get("cuda").checks_device_code
+    assert not platforms.get("cpu").checks_device_code
+
+
 def test_the_repository_variants_get_their_backend_from_cuda_and_mps(tmp_path):
     matrix = load_matrix(Path(__file__).resolve().parents[2] / "matrix.yaml")
     for variant in matrix.variants:

@@ -251,6 +251,10 @@ class Backend:
         return ()
 
     # ------------------------------------------------------------------ wheel check
+    # whether missing_device_code reads anything: False spares the smoke reading the wheel
+    # (a third of a second for a CPU wheel) for a backend that promises no code per target
+    checks_device_code: bool = False
+
     def missing_device_code(self, report: WheelReport, variant: Variant) -> dict | None:
         """What device code the wheel (a read ``WheelReport``) lacks that the variant promises,
         as a smoke cause's fields (``title``, ``evidence``, ``fix``, and data such as

@@ -164,6 +164,8 @@ class CudaBackend(Backend):
             problems.append(f"built with CUDA {info['cuda_version']}, expected {variant.cuda}")
         return problems
 
+    checks_device_code = True
+
     def missing_device_code(self, report, variant) -> dict | None:
         """The archs (cubin or PTX) the variant's arch_list promises that no library embeds:
         on such a GPU the kernels fail with "no kernel image is available"."""

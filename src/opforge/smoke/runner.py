@@ -460,11 +460,14 @@ def device_code_cause(doc: dict, wheel: Path, variant) -> None:
     from opforge.smoke.probe.causes import add_cause
     from opforge.wheels import inspect_wheel
 
+    backend = backend_of(variant)
+    if not backend.checks_device_code:
+        return
     try:
         info = inspect_wheel(wheel)
     except OpforgeError:
         return  # an unreadable wheel could not have been installed: its failure is said there
-    cause = backend_of(variant).missing_device_code(info, variant)
+    cause = backend.missing_device_code(info, variant)
     if not cause:
         return
     add_cause(doc, "device_code", cause.pop("title"), cause.pop("evidence"), cause.pop("fix"),
