@@ -21,6 +21,10 @@ import time
 # One batch of calls lasts about this long: a Linux time slice on a contended core is a few
 # milliseconds, so a batch this short is rarely cut by one.
 BATCH_SECONDS = 200e-6
+# A measurement takes at least this many batches, however long a call: a call of several
+# milliseconds on a contended core is cut by a time slice about as often as not, and the
+# median of a handful of such batches flips between the cut and the clean time.
+MIN_BATCHES = 15
 
 
 def batch_size(fn, clock=time.perf_counter):
@@ -34,10 +38,10 @@ def batch_size(fn, clock=time.perf_counter):
 
 def measure(fn, seconds, per_batch, clock=time.perf_counter):
     """The median time per call of fn over batches of `per_batch` calls run for about
-    `seconds` (three batches at least)."""
+    `seconds` (MIN_BATCHES batches at least)."""
     batches = []
     deadline = clock() + seconds
-    while len(batches) < 3 or clock() < deadline:
+    while len(batches) < MIN_BATCHES or clock() < deadline:
         start = clock()
         for _ in range(per_batch):
             fn()
