@@ -25,6 +25,9 @@ BATCH_SECONDS = 200e-6
 # milliseconds on a contended core is cut by a time slice about as often as not, and the
 # median of a handful of such batches flips between the cut and the clean time.
 MIN_BATCHES = 15
+# ... unless that takes longer than this: a call of tens of milliseconds is cut by a slice or
+# more every time, so its time is not two-valued, and three batches do (three at least).
+MAX_SECONDS = 0.5
 
 
 def batch_size(fn, clock=time.perf_counter):
@@ -38,10 +41,13 @@ def batch_size(fn, clock=time.perf_counter):
 
 def measure(fn, seconds, per_batch, clock=time.perf_counter):
     """The median time per call of fn over batches of `per_batch` calls run for about
-    `seconds` (MIN_BATCHES batches at least)."""
+    `seconds` (MIN_BATCHES batches at least, unless they would take over MAX_SECONDS; three
+    at least)."""
     batches = []
-    deadline = clock() + seconds
-    while len(batches) < MIN_BATCHES or clock() < deadline:
+    start = clock()
+    deadline, cap = start + seconds, start + max(seconds, MAX_SECONDS)
+    while len(batches) < 3 or clock() < deadline or (
+            len(batches) < MIN_BATCHES and clock() < cap):
         start = clock()
         for _ in range(per_batch):
             fn()

@@ -86,3 +86,13 @@ def test_ratio_is_the_median_of_round_ratios_with_half_the_interquartile_range()
     assert timing.ratio([3.0], [2.0]) == (1.5, 0.0)
     with pytest.raises(ValueError):
         timing.ratio([1.0, 2.0], [1.0])
+
+
+def test_a_measurement_takes_enough_batches_but_not_forever():
+    machine = Machine()
+    calls = machine.calls
+    timing.measure(machine.call(2e-3), 0.001, 1, machine.clock)  # a 2 ms call, 1 ms budget
+    assert machine.calls - calls == timing.MIN_BATCHES
+    calls = machine.calls
+    timing.measure(machine.call(1.0), 0.001, 1, machine.clock)  # a 1 s call: three batches
+    assert machine.calls - calls == 3
