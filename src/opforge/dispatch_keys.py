@@ -67,8 +67,21 @@ NO_KERNEL_DEVICES = {d: DEVICE_KEY[d] for d in ("cpu", "cuda", "mps", "xpu")}
 # the keys a census always shows, expected or not (and the order `opforge init` writes keys in)
 OBSERVED_KEYS = ("CPU", "CUDA", "MPS", "Meta", "Autograd", "AutocastCPU", "AutocastCUDA",
                  "AutocastMPS")
-# keys of one device: in a variant that does not build that device, an op cannot have them
-DEVICE_WORDS = {"cuda": "CUDA", "mps": "MPS"}
+
+
+def device_words() -> dict[str, tuple[str, ...]]:
+    """Keys of one device: each platform backend's ``dispatch_words`` by its device (cuda:
+    CUDA, HIP; mps: MPS; xpu: XPU), read from the registry (a backend registered later
+    counts). In a variant that does not build that device, an op cannot have them."""
+    from opforge import platforms
+
+    words: dict[str, tuple[str, ...]] = {}
+    for backend in platforms.backends():
+        if backend.device and backend.dispatch_words:
+            known = words.get(backend.device, ())
+            words[backend.device] = known + tuple(w for w in backend.dispatch_words
+                                                  if w not in known)
+    return words
 
 
 def backward_keys(keys) -> tuple[str, ...]:
@@ -77,9 +90,10 @@ def backward_keys(keys) -> tuple[str, ...]:
 
 
 def device_of(key: str) -> str | None:
-    """'cuda' for CUDA, AutocastCUDA, AutogradCUDA, SparseCUDA...; 'mps' likewise; else None."""
-    for device, word in DEVICE_WORDS.items():
-        if key.endswith(word):
+    """'cuda' for CUDA, AutocastCUDA, AutogradCUDA, SparseCUDA, HIP...; 'mps', 'xpu' likewise
+    (``device_words``); else None."""
+    for device, words in device_words().items():
+        if any(key.endswith(word) for word in words):
             return device
     return None
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import nox
 
-from opforge import __version__
+from opforge import __version__, platforms
 from opforge.errors import OpforgeError
 from opforge.matrix import Matrix, Variant, load_matrix
 from opforge.pipconfig import read_pip_config
@@ -112,8 +112,7 @@ def lint_commands(root: Path) -> list[list[str]]:
 
 
 def build_doc(matrix: Matrix, variant: Variant) -> str:
-    what = (f"CUDA {variant.cuda} ({variant.arch_list})" if variant.cuda
-            else "MPS (Metal)" if variant.mps else "CPU")
+    what = platforms.get(variant.backend).kernels(variant)
     return (f"Build the {variant.name} wheel: {what} kernels, torch "
             f"{variant.torch_version or matrix.torch.version}, for "
             f"{', '.join(variant.platforms)} (-- --dry-run shows the plan).")

@@ -94,8 +94,9 @@ def check_against_variant(report: WheelReport, variant: Variant,
             problems.append(f"built with extra build environment ({given}): not a release build")
     compiled = report.libraries
     problems += [f"{lib.path}: {lib.note}" for lib in compiled if lib.note]
+    cuda_major = backend_of(variant).record_fields(variant)["cuda_major"]
     problems += report.abi_problems(stable=variant.stable, torch_floor=variant.torch_floor,
-                                    cuda_major=variant.cuda_major or "")
+                                    cuda_major=cuda_major or "")
     # the platform backend's rules: device code (from the code itself; a pure-Python wheel
     # of custom_op kernels has none), toolkit and architectures, platform tags
     problems += backend_of(variant).check_wheel(report, variant, info)

@@ -65,7 +65,7 @@ def test_cpu_plan_is_explicit_and_never_forces_accelerators(tmp_path):
 def test_cuda_plan_takes_arch_list_from_the_matrix(tmp_path):
     plan = build.plan_build(MATRIX, "cu130", work_dir=tmp_path, host="linux-x86_64", env={})
     assert plan.build.env["FORCE_CUDA"] == "1"
-    assert plan.build.env["TORCH_CUDA_ARCH_LIST"] == MATRIX.variant("cu130").arch_list
+    assert plan.build.env["TORCH_CUDA_ARCH_LIST"] == MATRIX.variant("cu130").option("arch_list")
     assert "torch==2.14.1" in plan.install
 
 

@@ -101,7 +101,7 @@ def test_cuda_wheel_with_exactly_the_requested_archs(tmp_path):
     blob = fatbin([(2, 75), (2, 80), (2, 86), (2, 90), (2, 100), (2, 120), (1, 120)])
     wheel = make_wheel(tmp_path, local="cu130", pin="torch==2.14.1", library=b"\x7fELF" + blob,
                        info={"torch_version": "2.14.1+cu130", "backends": ["cpu", "cuda"],
-                             "cuda_version": "13.0", "cuda_arch_list": variant.arch_list})
+                             "cuda_version": "13.0", "cuda_arch_list": variant.option("arch_list")})
     report = inspect_wheel(wheel)
     assert report.cuda_archs == ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120",
                                  "compute_120"]

@@ -30,7 +30,7 @@ def variant(backend: str, **fields) -> Variant:
 @pytest.mark.parametrize("torch_cuda, ok", [("13.0", True), ("13.0.2", True), ("12.8", False),
                                             ("13.1", False), (None, False)])
 def test_a_cuda_variant_takes_only_a_torch_of_its_cuda(torch_cuda, ok):
-    cuda = variant("cuda", cuda="13.0", arch_list="9.0")
+    cuda = variant("cuda", toolkit="13.0", options=(("arch_list", "9.0"),))
     facts = {**CPU_TORCH, "torch_version": "2.14.1", "cuda": torch_cuda}
     problem = platforms.get("cuda").check_torch(cuda, facts)
     assert (problem is None) is ok, problem
@@ -43,13 +43,13 @@ def test_a_cuda_variant_takes_only_a_torch_of_its_cuda(torch_cuda, ok):
 @pytest.mark.parametrize("hip, ok", [("6.4.43482-0f2d60242", True), ("6.3.42131-fa1d09cbd", False),
                                      (None, False)])
 def test_a_rocm_variant_takes_only_a_torch_of_its_rocm(hip, ok):
-    rocm = variant("rocm", toolkit="6.4", arch_list="gfx942")
+    rocm = variant("rocm", toolkit="6.4", options=(("arch_list", "gfx942"),))
     problem = platforms.get("rocm").check_torch(rocm, {**CPU_TORCH, "hip": hip})
     assert (problem is None) is ok, problem
 
 
 def test_an_xpu_variant_takes_any_xpu_torch_and_no_cpu_one():
-    xpu = variant("xpu", toolkit="2025.1", arch_list="pvc")
+    xpu = variant("xpu", toolkit="2025.1", options=(("arch_list", "pvc"),))
     backend = platforms.get("xpu")
     assert backend.check_torch(xpu, {**CPU_TORCH, "xpu": "20250100"}) is None
     assert "needs a torch built for XPU 2025.1" in backend.check_torch(xpu, CPU_TORCH)

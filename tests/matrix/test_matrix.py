@@ -30,7 +30,7 @@ def test_default_matrix_has_the_shipped_variants():
     assert cpu.platforms == ("linux-x86_64", "linux-aarch64", "macos-arm64")
     assert cpu.expected_keys == ("CPU", "Meta", "Autograd", "AutocastCPU")
     cu130 = matrix.variant("cu130")
-    assert cu130.cuda == "13.0" and "CUDA" in cu130.expected_keys
+    assert cu130.toolkit == "13.0" and "CUDA" in cu130.expected_keys
     assert cu130.backends == ("cpu", "cuda")
     assert matrix.variant("mps").backends == ("cpu", "mps")
     assert matrix.variant("mps").backend_keys == ("CPU", "MPS", "Meta")
@@ -84,11 +84,11 @@ def test_no_kernel_by_design_drops_that_devices_keys_and_reaches_the_probe(tmp_p
 
 def test_any_torch_dispatch_key_is_accepted_and_nothing_is_forced(tmp_path):
     text = DEFAULT.replace("    expected_keys: [CPU, CUDA, Meta, Autograd, AutocastCPU, AutocastCUDA]",
-                           "    expected_keys: [CUDA, XPU, PrivateUse1, CompositeExplicitAutograd]")
+                           "    expected_keys: [CUDA, HPU, PrivateUse1, CompositeExplicitAutograd]")
     path = tmp_path / "matrix.yaml"
     path.write_text(text)
     assert load_matrix(path).variant("cu126").expected_keys == (
-        "CUDA", "XPU", "PrivateUse1", "CompositeExplicitAutograd")
+        "CUDA", "HPU", "PrivateUse1", "CompositeExplicitAutograd")
 
 
 def test_objects_are_frozen():
@@ -110,9 +110,12 @@ def test_device_types_are_read_as_their_dispatch_keys(tmp_path):
     assert cpu.expected_keys == ("CPU", "Meta", "Autograd", "AutocastCPU")
     nms = next(op for op in matrix.extension.op_specs if op.name == "nms")
     assert (nms.add, nms.remove) == (("HPU", "PrivateUse1"), ("Lazy",))
+    roi_align = next(op for op in matrix.extension.op_specs if op.name == "roi_align")
+    assert roi_align.keys == ("CPU", "XPU", "MTIA")
     ops = matrix.extension.op_keys(cpu)
     assert ops["nms"] == ("CPU", "Meta", "Autograd", "AutocastCPU", "HPU", "PrivateUse1")
-    assert ops["roi_align"] == ("CPU", "XPU", "MTIA")
+    # XPU is the xpu backend's device: a cpu variant's roi_align cannot have it
+    assert ops["roi_align"] == ("CPU", "MTIA")
 
 
 def test_jobs_expand_variant_platform_python():
@@ -220,6 +223,11 @@ MALFORMED = [
     ("duplicate-yaml-key", _with("  package: opforge_ops       # import name\n",
                                  "  package: opforge_ops\n  package: other\n"),
      "extension.package", "duplicate key", "  package: other"),
+    ("xpu-keys-without-xpu",
+     _with("    expected_keys: [CPU, CUDA, Meta, Autograd, AutocastCPU, AutocastCUDA]",
+           "    expected_keys: [CPU, CUDA, Meta, AutocastXPU]"),
+     "variants[1].expected_keys", "variant 'cu126' expects AutocastXPU kernels but its backend "
+     "is cuda, not xpu", "    expected_keys: [CPU, CUDA, Meta, AutocastXPU]"),
     ("cuda-keys-without-cuda", _with("    expected_keys: [CPU, Meta, Autograd, AutocastCPU]",
                                      "    expected_keys: [CPU, Meta, AutogradCUDA]"),
      "variants[0].expected_keys", "expects AutogradCUDA kernels but sets no cuda version",

@@ -14,11 +14,13 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 from opforge import build, platforms
 from opforge.errors import OpforgeError
 from opforge.matrix import MatrixError, load_matrix
 from opforge.platforms import toolchain
+from opforge.platforms.base import Backend
 from opforge.stamp import BuildFacts, stamp_wheel
 
 HEAD = """\
@@ -118,9 +120,13 @@ def test_a_backend_that_checks_device_code_says_so():
 
 
 def test_the_repository_variants_get_their_backend_from_cuda_and_mps(tmp_path):
-    matrix = load_matrix(Path(__file__).resolve().parents[2] / "matrix.yaml")
+    path = Path(__file__).resolve().parents[2] / "matrix.yaml"
+    matrix = load_matrix(path)
+    # what each entry spells in matrix.yaml (the variant keeps only its backend and toolkit)
+    spelled = {v["name"]: v for v in yaml.safe_load(path.read_text())["variants"]}
     for variant in matrix.variants:
-        expected = "cuda" if variant.cuda else "mps" if variant.mps else "cpu"
+        entry = spelled[variant.name]
+        expected = "cuda" if entry.get("cuda") else "mps" if entry.get("mps") else "cpu"
         assert variant.backend == expected
         line = platforms.backend_of(variant).describe(variant)
         assert line.startswith(f"{variant.name}: ")
@@ -130,7 +136,8 @@ def test_the_repository_variants_get_their_backend_from_cuda_and_mps(tmp_path):
 
 def test_rocm_variant_is_validated_by_its_module(tmp_path):
     variant = _matrix(tmp_path, ROCM).variant("rocm64")
-    assert (variant.backend, variant.toolkit, variant.arch_list) == ("rocm", "6.4", "gfx90a;gfx942")
+    assert (variant.backend, variant.toolkit, variant.option("arch_list")) == \
+        ("rocm", "6.4", "gfx90a;gfx942")
     # torch's ROCm build runs HIP kernels as "cuda" devices under the CUDA key
     assert variant.backends == ("cpu", "cuda")
     assert _matrix(tmp_path, ROCM).torch_index(variant).endswith("/whl/rocm6.4")
@@ -147,7 +154,7 @@ def test_rocm_variant_is_validated_by_its_module(tmp_path):
     assert "variants[0].build_env.ROCM_HOME" in message and "opforge sets ROCM_HOME" in message
     # a target with its features is one --offload-arch entry
     featured = _matrix(tmp_path, ROCM.replace("gfx90a;gfx942", "gfx90a:xnack+;gfx942"))
-    assert featured.variant("rocm64").arch_list == "gfx90a:xnack+;gfx942"
+    assert featured.variant("rocm64").option("arch_list") == "gfx90a:xnack+;gfx942"
     # CUDA's arch list is not ROCm's, nor the reverse
     assert "is not an --offload-arch target" in _refused(tmp_path, ROCM.replace("gfx90a;", "8.0;"))
 
@@ -354,6 +361,52 @@ def test_a_new_backend_is_one_module_and_matrix_entries(tmp_path, npu_distributi
     with pytest.raises(Exception, match="--build-env NPU_ARCH: opforge sets NPU_ARCH"):
         build.plan_build(matrix, "npu8", work_dir=tmp_path / "w", host="linux-x86_64",
                          env={}, extra_env={"NPU_ARCH": "x"})
+
+
+class _VpuBackend(Backend):
+    """A backend whose matrix keys, settings and dispatch-key words are its own."""
+
+    name = "vpu"
+    device = "vpu"
+    oses = ("linux",)
+    needs_toolkit = True
+    option_fields = ("vpu_cores",)
+    dispatch_words = ("PrivateUse1",)
+
+    def check_variant(self, fields):
+        cores = fields.options.get("vpu_cores", "1")
+        if not cores.isdigit():
+            return [("vpu_cores", f"{cores!r} is not a number of cores")]
+        return super().check_variant(fields)
+
+
+VPU = """\
+  - name: vpu1
+    backend: vpu
+    toolkit: "1.0"
+    vpu_cores: "8"
+    platforms: [linux-x86_64]
+    expected_keys: [CPU, PrivateUse1, AutogradPrivateUse1]
+"""
+
+
+def test_a_new_backends_keys_settings_and_dispatch_words_live_in_its_module(tmp_path):
+    platforms.register(_VpuBackend())
+    try:
+        variant = _matrix(tmp_path, VPU).variant("vpu1")
+        assert (variant.toolkit, variant.option("vpu_cores")) == ("1.0", "8")
+        assert variant.options == (("vpu_cores", "8"),)
+        assert "variants[0].vpu_cores: 'many' is not a number of cores" in \
+            _refused(tmp_path, VPU.replace('"8"', '"many"'))
+        # its device's keys belong to it: a cpu variant that expects one is refused
+        assert "variant 'cpu' expects AutogradPrivateUse1 kernels but its backend is cpu, " \
+               "not vpu" in _refused(tmp_path, "  - name: cpu\n    platforms: [linux-x86_64]\n"
+                                               "    expected_keys: [CPU, AutogradPrivateUse1]\n")
+    finally:
+        platforms.unregister("vpu")
+    # without it, PrivateUse1 is any variant's to expect again
+    assert _matrix(tmp_path, "  - name: cpu\n    platforms: [linux-x86_64]\n"
+                             "    expected_keys: [CPU, PrivateUse1]\n").variant("cpu")
 
 
 def _raw_wheel(tmp_path: Path, library: bytes) -> Path:

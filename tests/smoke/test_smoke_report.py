@@ -166,14 +166,14 @@ def test_wheel_without_device_code_for_a_promised_arch_is_a_cause(tmp_path):
     cu130 = load_matrix(Path(__file__).parents[1] / "matrix" / "fixtures" / "matrix.yaml") \
         .variant("cu130")
     doc = document(PASS)
-    device_code_cause(doc, wheel, replace(cu130, arch_list="8.0;9.0+PTX"))
+    device_code_cause(doc, wheel, replace(cu130, options=(("arch_list", "8.0;9.0+PTX"),)))
     cause = doc["causes"][0]
     assert cause["class"] == "device_code" and cause["missing"] == ["sm_90", "compute_90"]
     assert "no kernel image is available" in cause["title"]
     assert "gpuops/_C.so: sm_80" in cause["evidence"]
     assert report.exit_code(doc) == 1
     fine = document(PASS)
-    device_code_cause(fine, wheel, replace(cu130, arch_list="8.0"))
+    device_code_cause(fine, wheel, replace(cu130, options=(("arch_list", "8.0"),)))
     assert "causes" not in fine
 
 

@@ -226,17 +226,18 @@ def build_facts(plan: BuildPlan, python: str) -> BuildFacts:
     commit = subprocess.run(["git", "-C", str(plan.extension_dir), "rev-parse", "HEAD"],
                             capture_output=True, text=True)
     variant = plan.variant
+    record = platforms.backend_of(variant).record_fields(variant)
     return BuildFacts(
         variant=variant.name, torch_version=torch["torch_version"],
         torch_git_version=torch["torch_git_version"],
         torch_cuda_version=torch["torch_cuda_version"], python=torch["python"],
-        cuda_version=variant.cuda, cuda_arch_list=variant.arch_list if variant.cuda else None,
-        mps=variant.mps, macos_deployment_target=variant.macos_deployment_target,
+        cuda_version=record["cuda_version"], cuda_arch_list=record["cuda_arch_list"],
+        mps=record["mps"], macos_deployment_target=record["macos_deployment_target"],
         source_commit=commit.stdout.strip() if commit.returncode == 0 else None,
         torch_requirement=variant.torch_requirement_floor,
         local_version=variant.wheel_local_version or "",  # "": the PyPI variant, no label
         extra={"build_env": dict(plan.extra_env), "abi": variant.abi, "torch_floor": variant.torch_floor,
-               "cuda_major": variant.cuda_major})
+               "cuda_major": record["cuda_major"]})
 
 
 def stamp(plan: BuildPlan, python: str, log=print) -> Path:

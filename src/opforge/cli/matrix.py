@@ -119,9 +119,9 @@ def print_table(matrix: Matrix, jobs: list, console: Console | None = None) -> N
     builders = {job.name for job in build_jobs(jobs, matrix.pr_python)}
     for job in jobs:
         v = job.variant
-        toolkit = v.toolkit or v.cuda
+        arch_list = v.option("arch_list")
         archs = ("-" if v.backend == "cpu" else
-                 " ".join(p for p in (v.backend, toolkit, v.arch_list and f"/ {v.arch_list}") if p))
+                 " ".join(p for p in (v.backend, v.toolkit, arch_list and f"/ {arch_list}") if p))
         index = job.torch_index.removeprefix(matrix.torch.index.rstrip("/"))
         abi = "legacy" if not v.stable else \
             f"abi3 torch>={v.torch_floor}" + (" (builds)" if job.name in builders else "")

@@ -218,13 +218,9 @@ class Variant:
     name: str
     platforms: tuple[str, ...]
     expected_keys: tuple[str, ...]
-    cuda: str | None = None
-    arch_list: str | None = None
     container: str | None = None
     torch_version: str | None = None
     index_variant: str | None = None
-    macos_deployment_target: str | None = None
-    mps: bool = False
     device_checks: bool = True
     runner: str | None = None
     abi: str = "legacy"                   # "stable": one abi3 wheel per platform, torch>=floor
@@ -235,17 +231,20 @@ class Variant:
     build_env: tuple[tuple[str, str], ...] = ()
     pypi: bool = False                    # its wheels go to PyPI: no local label (+cpu)
     # its platform backend (opforge.platforms): cpu, cuda, mps, rocm, xpu or one registered;
-    # toolkit: a non-CUDA backend's toolkit version (ROCm 6.4, oneAPI 2025.1)
+    # toolkit: its toolkit version (CUDA 13.0, matrix.yaml's cuda:; ROCm 6.4; oneAPI 2025.1);
+    # options: the settings only its backend reads, (key, value) pairs in the backends'
+    # option_fields order (arch_list, macos_deployment_target)
     backend: str = "cpu"
     toolkit: str | None = None
+    options: tuple[tuple[str, str], ...] = ()
+
+    def option(self, key: str, default: str | None = None) -> str | None:
+        """One of its backend's settings (``arch_list``...), or ``default`` when unset."""
+        return next((value for k, value in self.options if k == key), default)
 
     @property
     def stable(self) -> bool:
         return self.abi == "stable"
-
-    @property
-    def cuda_major(self) -> str | None:
-        return self.cuda.split(".")[0] if self.cuda else None
 
     @property
     def torch_requirement_floor(self) -> str | None:
@@ -322,7 +321,10 @@ class Job:
         return f"pip install {pre}{self.torch_spec} --index-url {self.torch_index}"
 
     def as_dict(self) -> dict[str, Any]:
+        from opforge.platforms import get
+
         v = self.variant
+        record = get(v.backend).record_fields(v)  # the build record's cuda and mps
         return {
             "name": self.name,
             "build_name": f"{self.distribution}-{v.name}-{self.platform.name}-py{self.python}",
@@ -339,11 +341,11 @@ class Job:
                                  if self.container else ""),
             "pypi": v.pypi,
             "backend": v.backend,
-            "toolkit": v.toolkit or v.cuda or "",
-            "cuda": v.cuda or "",
-            "arch_list": v.arch_list or "",
-            "mps": v.mps,
-            "macos_deployment_target": v.macos_deployment_target or "",
+            "toolkit": v.toolkit or "",
+            "cuda": record["cuda_version"] or "",
+            "arch_list": v.option("arch_list") or "",
+            "mps": record["mps"],
+            "macos_deployment_target": record["macos_deployment_target"] or "",
             "torch_spec": self.torch_spec,
             "torch_index": self.torch_index,
             "torch_install": self.torch_install,

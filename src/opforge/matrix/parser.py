@@ -190,12 +190,24 @@ def _platforms(r: Reader, node: yaml.Node) -> dict[str, Platform]:
     return platforms
 
 
-_VARIANT_KEYS = {"name": True, "platforms": True, "expected_keys": True, "cuda": False,
-                 "arch_list": False, "container": False, "torch_version": False,
-                 "index_variant": False, "macos_deployment_target": False, "mps": False,
-                 "device_checks": False, "runner": False, "abi": False, "torch_floor": False,
-                 "compat_torch": False, "pypi": False, "build_env": False,
-                 "backend": False, "toolkit": False}
+_VARIANT_KEYS = {"name": True, "platforms": True, "expected_keys": True, "container": False,
+                 "torch_version": False, "index_variant": False, "device_checks": False,
+                 "runner": False, "abi": False, "torch_floor": False, "compat_torch": False,
+                 "pypi": False, "build_env": False, "backend": False, "toolkit": False}
+
+
+def _backend_keys() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """The variant keys the registered backends own: their toolkit spellings (toolkit, cuda),
+    their settings (arch_list, macos_deployment_target) and their flags (mps: true)."""
+    owned: tuple[list[str], list[str], list[str]] = ([], [], [])
+    for backend in platforms.backends():
+        for names, spelled in zip(owned, ((backend.toolkit_field,), backend.option_fields,
+                                          (backend.flag_field,))):
+            names += [n for n in spelled if n and n not in names]
+    toolkits, options, flags = owned
+    return tuple(toolkits), tuple(options), tuple(flags)
+
+
 # what opforge passes from the variant itself: a variant's build_env cannot name it
 _OPFORGE_BUILD_VARIABLES = ("FORCE_CUDA", "FORCE_MPS", "TORCH_CUDA_ARCH_LIST",
                             "MACOSX_DEPLOYMENT_TARGET", "PYTHONPATH", "PATH",
@@ -225,22 +237,30 @@ def _build_env(r: Reader, node: yaml.Node, key: str, backend: Backend,
     return tuple(out.items())
 
 
-def _backend(r: Reader, m: dict[str, yaml.Node], key: str, name: str, cuda: str | None,
-             mps: bool) -> Backend:
-    """The variant's platform backend: ``backend:``, else cuda: / mps: true, else cpu."""
-    implied = "cuda" if cuda is not None else "mps" if mps else None
-    if cuda is not None and mps:
-        raise r.fail(m["mps"], f"{key}.mps", f"variant {name!r} cannot be both CUDA and MPS")
+def _backend(r: Reader, m: dict[str, yaml.Node], key: str, name: str,
+             values: dict[str, object]) -> Backend:
+    """The variant's platform backend: ``backend:``, else the one its own spelling implies
+    (CUDA's ``cuda: "13.0"``, MPS's ``mps: true``), else cpu. ``values``: the backends'
+    keys the variant sets."""
+    implied = [(b, spelled) for b in platforms.backends()
+               for spelled in (b.toolkit_field, b.flag_field)
+               if spelled and spelled != "toolkit" and values.get(spelled)]
+    if len(implied) > 1:
+        (first, _), (second, spelled) = implied[:2]
+        raise r.fail(m[spelled], f"{key}.{spelled}",
+                     f"variant {name!r} cannot be both {first.title} and {second.title}")
     if "backend" not in m:
-        return platforms.get(implied or "cpu")
+        return implied[0][0] if implied else platforms.get("cpu")
     chosen = r.scalar(m["backend"], f"{key}.backend")
     if chosen not in platforms.names():
         raise r.fail(m["backend"], f"{key}.backend", f"unknown backend {chosen!r} (known: "
                                                      f"{', '.join(platforms.names())})")
-    if implied and chosen != implied:
-        spelled, what = ("cuda", f"cuda: {cuda}") if cuda is not None else ("mps", "mps: true")
+    if implied and chosen != implied[0][0].name:
+        backend, spelled = implied[0]
+        value = values[spelled]
+        what = f"{spelled}: {'true' if value is True else value}"
         raise r.fail(m[spelled], f"{key}.{spelled}",
-                     f"{what} makes variant {name!r} a {platforms.get(implied).title} variant, "
+                     f"{what} makes variant {name!r} a {backend.title} variant, "
                      f"but it says backend: {chosen}")
     return platforms.get(chosen)
 
@@ -264,7 +284,8 @@ def _check_platform_rules(r: Reader, key: str, fields: dict[str, yaml.Node],
         toolkit=r.scalar(toolkit_node, f"{key}.{backend.toolkit_field}")
         if toolkit_node is not None else None,
         arch_list=r.scalar(fields["arch_list"], f"{key}.arch_list")
-        if "arch_list" in fields else None)
+        if "arch_list" in fields else None,
+        options={k: r.scalar(fields[k], f"{key}.{k}") for k in _backend_keys()[1] if k in fields})
     if backend.toolkit_field != "toolkit" and "toolkit" in fields:
         raise r.fail(fields["toolkit"], f"{key}.toolkit", f"a {backend.name} variant names its "
                                                           f"toolkit with {backend.toolkit_field}:")
@@ -283,15 +304,19 @@ def _check_platform_rules(r: Reader, key: str, fields: dict[str, yaml.Node],
         device = device_of(k)
         if device is None or device == backend.device:
             continue
-        if device == "cuda":
-            raise r.fail(fields["expected_keys"], f"{key}.expected_keys",
-                         f"variant {variant!r} expects {k} kernels but sets no cuda version")
+        owner = next(b for b in platforms.backends() if b.device == device
+                     and any(k.endswith(word) for word in b.dispatch_words))
         raise r.fail(fields["expected_keys"], f"{key}.expected_keys",
-                     f"variant {variant!r} expects MPS kernels but does not set mps: true")
+                     owner.foreign_key(variant, k, backend.name))
     if "macos_deployment_target" in fields and \
             not all(p.startswith("macos-") for p, _ in platform_nodes):
         raise r.fail(fields["macos_deployment_target"], f"{key}.macos_deployment_target",
                      "only macOS variants take a deployment target")
+    if "macos_deployment_target" in fields:
+        target = r.scalar(fields["macos_deployment_target"], f"{key}.macos_deployment_target")
+        if not re.match(r"\d+(\.\d+)?\Z", target):
+            raise r.fail(fields["macos_deployment_target"], f"{key}.macos_deployment_target",
+                         f"{target!r} is not a macOS version like 12.3")
 
 
 def _variants(r: Reader, node: yaml.Node, platforms: dict[str, Platform],
@@ -303,7 +328,9 @@ def _variants(r: Reader, node: yaml.Node, platforms: dict[str, Platform],
     pypi_by_platform: dict[str, str] = {}
     for i, vnode in enumerate(node.value):
         key = f"variants[{i}]"
-        m = r.mapping(vnode, key, _VARIANT_KEYS)
+        toolkits, option_keys, flags = _backend_keys()
+        m = r.mapping(vnode, key, {**_VARIANT_KEYS, **dict.fromkeys(
+            (*toolkits, *option_keys, *flags), False)})
         name = r.scalar(m["name"], f"{key}.name")
         if not _NAME.match(name):
             raise r.fail(m["name"], f"{key}.name", f"{name!r}: use lower-case letters, digits "
@@ -320,14 +347,14 @@ def _variants(r: Reader, node: yaml.Node, platforms: dict[str, Platform],
             plats.append((plat, pnode))
         keys = key_list(r, m["expected_keys"], f"{key}.expected_keys")
         opt = {k: r.scalar(m[k], f"{key}.{k}") for k in
-               ("cuda", "arch_list", "container", "torch_version", "index_variant",
-                "macos_deployment_target", "runner", "toolkit") if k in m}
+               ("container", "torch_version", "index_variant", "runner") if k in m}
+        text = {k: r.scalar(m[k], f"{key}.{k}") for k in (*toolkits, *option_keys) if k in m}
+        flag = {k: r.scalar(m[k], f"{key}.{k}", bool) for k in flags if k in m}
         for k, check in (("runner", field_checks.runner_label),
                          ("container", field_checks.image_reference),
                          ("index_variant", field_checks.index_variant)):
             if k in opt:
                 r.check(m[k], f"{key}.{k}", check(opt[k]))
-        mps = r.scalar(m["mps"], f"{key}.mps", bool) if "mps" in m else False
         device_checks = (r.scalar(m["device_checks"], f"{key}.device_checks", bool)
                          if "device_checks" in m else True)
         pypi = r.scalar(m["pypi"], f"{key}.pypi", bool) if "pypi" in m else False
@@ -339,14 +366,11 @@ def _variants(r: Reader, node: yaml.Node, platforms: dict[str, Platform],
                                  f"PyPI for {plat}: PyPI holds one wheel per platform and "
                                  "Python, so at most one variant per platform sets pypi: true")
                 pypi_by_platform[plat] = name
-        cuda = opt.get("cuda")
-        backend = _backend(r, m, key, name, cuda, mps)
+        backend = _backend(r, m, key, name, {**text, **flag})
+        toolkit = text.get(backend.toolkit_field)
+        options = tuple((k, text[k]) for k in option_keys if k in text)
         _check_platform_rules(r, key, m, plats, variant=name, backend=backend, keys=keys,
                               vnode=vnode)
-        if "macos_deployment_target" in opt:
-            if not re.match(r"\d+(\.\d+)?\Z", opt["macos_deployment_target"]):
-                raise r.fail(m["macos_deployment_target"], f"{key}.macos_deployment_target",
-                             f"{opt['macos_deployment_target']!r} is not a macOS version like 12.3")
         if "torch_version" in opt:
             _check_torch_version(r, m["torch_version"], f"{key}.torch_version",
                                  opt["torch_version"], "stable")
@@ -363,9 +387,10 @@ def _variants(r: Reader, node: yaml.Node, platforms: dict[str, Platform],
                          f"builds against torch {opt['torch_version']}, below its torch_floor "
                          f"{floor}")
         build_env = _build_env(r, m["build_env"], f"{key}.build_env", backend,
-                               cuda or opt.get("toolkit")) if "build_env" in m else ()
+                               toolkit) if "build_env" in m else ()
         variants.append(Variant(name=name, platforms=tuple(p for p, _ in plats),
-                                expected_keys=tuple(keys), mps=mps, backend=backend.name,
+                                expected_keys=tuple(keys), backend=backend.name,
+                                toolkit=toolkit, options=options,
                                 device_checks=device_checks, abi=abi, torch_floor=floor,
                                 compat_torch=compat, pypi=pypi, build_env=build_env, **opt))
     return variants

@@ -1,6 +1,6 @@
 """The interface every platform backend implements, and what backends of one OS share.
 
-A backend (cpu, cuda, mps, rocm, xpu, ...) answers six questions about a variant built for it:
+A backend (cpu, cuda, mps, rocm, xpu, ...) answers these questions about a variant built for it:
 
 - ``check_variant``: is the matrix entry valid for it (platforms, toolkit version, arch list)?
   Problems come back as ``(field, message)`` so the parser can name the file:line of the
@@ -13,7 +13,13 @@ A backend (cpu, cuda, mps, rocm, xpu, ...) answers six questions about a variant
 - ``check_wheel``: how a built wheel contradicts the variant (device code, platform tags);
 - ``describe``: one line for a plan or a listing;
 - ``variant_properties`` / ``variant_provider``: what its wheel variant (PEP 825, drafts)
-  declares, and which provider plugin answers for those properties on a user's host.
+  declares, and which provider plugin answers for those properties on a user's host;
+- ``record_fields`` / ``kernels``: its part of the build record and of a GitHub matrix job,
+  its kernels in a nox session's doc.
+
+Its matrix keys are its own too: ``toolkit_field`` (``cuda:`` for CUDA), ``flag_field``
+(``mps: true``), ``option_fields`` (settings a variant keeps in ``Variant.options``:
+``arch_list``, ``macos_deployment_target``), and so are its device's ``dispatch_words``.
 
 A backend is one module that builds one ``Backend`` instance and registers it
 (``opforge.platforms.register``); nothing else in opforge names it.
@@ -69,7 +75,7 @@ class VariantFields:
     expected_keys: tuple[str, ...] = ()
     toolkit: str | None = None           # cuda: "13.0", rocm: "6.4", xpu: "2025.1"
     arch_list: str | None = None
-    options: dict[str, Any] = field(default_factory=dict)  # container, deployment target...
+    options: dict[str, Any] = field(default_factory=dict)  # backends' settings (option_fields)
 
 
 @dataclass(frozen=True)
@@ -107,6 +113,14 @@ class Backend:
     toolkit_field: str = "toolkit"
     needs_toolkit: bool = False
     takes_arch_list: bool = False
+    # the matrix key whose ``true`` makes a variant this backend (MPS's ``mps: true``)
+    flag_field: str | None = None
+    # the matrix keys of settings only it reads (a variant keeps them in ``Variant.options``:
+    # ``variant.option("arch_list")``); the parser reads those of every registered backend
+    option_fields: tuple[str, ...] = ()
+    # the dispatch-key words of its device (CUDA: CUDA, AutocastCUDA, AutogradCUDA, ...):
+    # a variant of another device that expects one of those keys is a matrix error
+    dispatch_words: tuple[str, ...] = ()
 
     # ------------------------------------------------------------------ validation
     def check_variant(self, fields: VariantFields) -> list[tuple[str, str]]:
@@ -146,6 +160,11 @@ class Backend:
     def check_arch_list(self, fields: VariantFields) -> list[str]:
         return []
 
+    def foreign_key(self, variant: str, key: str, backend: str) -> str:
+        """Why ``variant`` (of ``backend``) cannot expect ``key``, a key of this one's device."""
+        return (f"variant {variant!r} expects {key} kernels but its backend is {backend}, "
+                f"not {self.name}")
+
     # ------------------------------------------------------------------ description
     @property
     def title(self) -> str:
@@ -154,6 +173,17 @@ class Backend:
     def describe(self, variant: Variant) -> str:
         """One line: what a wheel of this variant holds and where it builds."""
         return f"{variant.name}: {self.name} ({', '.join(variant.platforms)})"
+
+    def kernels(self, variant: Variant) -> str:
+        """Its wheel's kernels in a few words (a nox build session's doc: "CPU kernels")."""
+        return "CPU"
+
+    def record_fields(self, variant: Variant) -> dict[str, Any]:
+        """Its fields of the build record (opforge-build.json, schema 1) and of a GitHub matrix
+        job: schema 1 names CUDA's toolkit, arch list and major and MPS (null / false unless
+        the backend is theirs) and the macOS deployment target (any macOS variant's)."""
+        return {"cuda_version": None, "cuda_arch_list": None, "cuda_major": None, "mps": False,
+                "macos_deployment_target": variant.option("macos_deployment_target")}
 
     # ------------------------------------------------------------------ wheel variants
     # (namespace, requirements, plugin-api) of the provider plugin that tells a host's
@@ -186,7 +216,7 @@ class Backend:
 
     def toolkit_version(self, variant: Variant) -> str | None:
         """The toolkit version the variant names (its ``cuda:`` or ``toolkit:``)."""
-        return variant.cuda if self.toolkit_field == "cuda" else variant.toolkit
+        return variant.toolkit
 
     def torch_matches(self, variant: Variant, value: str) -> bool:
         """Whether a torch whose ``torch.version.<torch_attribute>`` is ``value`` was built

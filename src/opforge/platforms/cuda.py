@@ -87,6 +87,8 @@ class CudaBackend(Backend):
     toolkit_field = "cuda"
     needs_toolkit = True
     takes_arch_list = True
+    option_fields = ("arch_list",)
+    dispatch_words = ("CUDA",)
     torch_attribute = "cuda"
 
     def wrong_platform(self, variant: str, plat: str) -> str:
@@ -95,6 +97,9 @@ class CudaBackend(Backend):
     def owned_variable(self, name: str, toolkit: str | None) -> str:
         return (f"a CUDA variant builds with the toolkit of its cuda version "
                 f"({toolkit}): opforge sets {name} to it")
+
+    def foreign_key(self, variant: str, key: str, backend: str) -> str:
+        return f"variant {variant!r} expects {key} kernels but sets no cuda version"
 
     def check_variant(self, fields: VariantFields) -> list[tuple[str, str]]:
         if fields.toolkit is not None and fields.toolkit not in NVCC_ARCHS:
@@ -106,11 +111,19 @@ class CudaBackend(Backend):
         return arch_problems(fields.arch_list or "", fields.toolkit or "")
 
     def describe(self, variant) -> str:
-        return (f"{variant.name}: CPU + CUDA {variant.cuda} kernels for sm "
-                f"{variant.arch_list} ({', '.join(variant.platforms)})")
+        return (f"{variant.name}: CPU + CUDA {variant.toolkit} kernels for sm "
+                f"{variant.option('arch_list')} ({', '.join(variant.platforms)})")
+
+    def kernels(self, variant) -> str:
+        return f"CUDA {variant.toolkit} ({variant.option('arch_list')})"
+
+    def record_fields(self, variant) -> dict:
+        return {**super().record_fields(variant), "cuda_version": variant.toolkit,
+                "cuda_arch_list": variant.option("arch_list"),
+                "cuda_major": variant.toolkit.split(".")[0]}
 
     def torch_index(self, variant) -> str:
-        return f"cu{variant.cuda.replace('.', '')}"
+        return f"cu{variant.toolkit.replace('.', '')}"
 
     # the names nvidia-variant-provider answers for (driver's CUDA, compute capabilities)
     variant_provider = ("nvidia", ("nvidia-variant-provider>=0.0.1,<1.0.0",),
@@ -119,8 +132,8 @@ class CudaBackend(Backend):
     def variant_properties(self, variant) -> list[str]:
         """The driver's CUDA floor (the toolkit's version: a driver that runs its kernels)
         and the architectures embedded, as CMake names them (90_real: SASS, 120_virtual: PTX)."""
-        props = [f"nvidia :: cuda_version_lower_bound :: {variant.cuda}"]
-        for entry in split_arch_list(variant.arch_list or ""):
+        props = [f"nvidia :: cuda_version_lower_bound :: {variant.toolkit}"]
+        for entry in split_arch_list(variant.option("arch_list", "")):
             match = _ARCH.match(entry)
             if match is None:
                 continue  # the matrix parser refused it already
@@ -132,22 +145,23 @@ class CudaBackend(Backend):
         return props
 
     def build_env(self, variant, env, site_dir) -> BuildEnv:
-        toolkit = toolchain.variant_toolkit(variant.cuda, env)
+        toolkit = toolchain.variant_toolkit(variant.toolkit, env)
         given, unset = toolchain.environment("cuda", toolkit, site_dir)
         given["FORCE_CUDA"] = "1"  # with no toolkit too: the host check says what is missing
-        if variant.arch_list:
-            given["TORCH_CUDA_ARCH_LIST"] = variant.arch_list
+        if variant.option("arch_list"):
+            given["TORCH_CUDA_ARCH_LIST"] = variant.option("arch_list")
         if toolkit is None:  # a dry run shows the rest of the plan
-            return BuildEnv(given, unset, None, f"no CUDA {variant.cuda} toolkit found on this host")
+            return BuildEnv(given, unset, None,
+                            f"no CUDA {variant.toolkit} toolkit found on this host")
         return BuildEnv(given, unset, toolkit, f"{toolkit.bin} first, no other nvcc")
 
     def check_host(self, variant, host, env, where) -> None:
         super().check_host(variant, host, env, where)
-        toolchain.require_toolkit(variant.cuda, env, variant.build_session, where)
+        toolchain.require_toolkit(variant.toolkit, env, variant.build_session, where)
 
     def check_wheel(self, report, variant, info) -> list[str]:
         problems = super().check_wheel(report, variant, info)
-        sass, ptx = expected_archs(variant.arch_list or "")
+        sass, ptx = expected_archs(variant.option("arch_list", ""))
         found = set(report.cuda_archs)
         if not found:
             problems.append("no CUDA fat binary embedded: the CUDA kernels are missing")
@@ -160,8 +174,8 @@ class CudaBackend(Backend):
                                 f"(embedded: {', '.join(sorted(found, key=arch_sort_key))})")
             if extra:
                 problems.append(f"CUDA architectures not requested: {', '.join(extra)}")
-        if info and info.get("cuda_version") and info["cuda_version"] != variant.cuda:
-            problems.append(f"built with CUDA {info['cuda_version']}, expected {variant.cuda}")
+        if info and info.get("cuda_version") and info["cuda_version"] != variant.toolkit:
+            problems.append(f"built with CUDA {info['cuda_version']}, expected {variant.toolkit}")
         return problems
 
     checks_device_code = True
@@ -169,7 +183,7 @@ class CudaBackend(Backend):
     def missing_device_code(self, report, variant) -> dict | None:
         """The archs (cubin or PTX) the variant's arch_list promises that no library embeds:
         on such a GPU the kernels fail with "no kernel image is available"."""
-        arch_list = variant.arch_list or ""
+        arch_list = variant.option("arch_list", "")
         sass, ptx = expected_archs(arch_list)
         found = set(report.cuda_archs)
         missing = sorted((sass | ptx) - found, key=arch_sort_key)

@@ -25,6 +25,12 @@ class MpsBackend(Backend):
     oses = ("macos",)
     toolchain_mode = "mps"
     variables = ("FORCE_MPS", "MACOSX_DEPLOYMENT_TARGET")
+    flag_field = "mps"
+    option_fields = ("macos_deployment_target",)
+    dispatch_words = ("MPS",)
+
+    def foreign_key(self, variant: str, key: str, backend: str) -> str:
+        return f"variant {variant!r} expects MPS kernels but does not set mps: true"
 
     def wrong_platform(self, variant: str, plat: str) -> str:
         return f"MPS variant {variant!r} cannot target {plat} (MPS needs macOS)"
@@ -33,14 +39,20 @@ class MpsBackend(Backend):
     # deployment target) already selects a Mac whose GPU runs the Metal kernels
 
     def describe(self, variant) -> str:
-        target = variant.macos_deployment_target or "the SDK's default"
+        target = variant.option("macos_deployment_target", "the SDK's default")
         return (f"{variant.name}: CPU + MPS (Metal) kernels, macOS {target} and newer "
                 f"({', '.join(variant.platforms)})")
 
+    def kernels(self, variant) -> str:
+        return "MPS (Metal)"
+
+    def record_fields(self, variant) -> dict:
+        return {**super().record_fields(variant), "mps": True}
+
     def build_env(self, variant, env, site_dir) -> BuildEnv:
         given, unset = toolchain.environment("mps", None, site_dir)
-        if variant.macos_deployment_target:
-            given["MACOSX_DEPLOYMENT_TARGET"] = variant.macos_deployment_target
+        if variant.option("macos_deployment_target"):
+            given["MACOSX_DEPLOYMENT_TARGET"] = variant.option("macos_deployment_target")
         return BuildEnv(given, unset)
 
     def check_host(self, variant, host, env, where) -> None:

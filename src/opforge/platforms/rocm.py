@@ -77,6 +77,9 @@ class RocmBackend(Backend):
     toolkit_variables = ROCM_VARIABLES
     needs_toolkit = True
     takes_arch_list = True
+    option_fields = ("arch_list",)
+    # its kernels register under CUDA (torch's HIP devices are "cuda"); torch's HIP keys too
+    dispatch_words = ("CUDA", "HIP")
     torch_attribute = "hip"  # "6.4.43482-0f2d60242": its ROCm release first
 
     @property
@@ -100,12 +103,16 @@ class RocmBackend(Backend):
 
     def describe(self, variant) -> str:
         return (f"{variant.name}: CPU + ROCm {variant.toolkit} HIP kernels for "
-                f"{variant.arch_list} ({', '.join(variant.platforms)})")
+                f"{variant.option('arch_list')} ({', '.join(variant.platforms)})")
+
+    def kernels(self, variant) -> str:
+        return f"ROCm {variant.toolkit} HIP ({variant.option('arch_list')})"
 
     def variant_properties(self, variant) -> list[str]:
         """ROCm's floor and the gfx targets built; no provider plugin answers for the ``amd``
         namespace yet (variant_provider None), so ``opforge build --variants`` refuses it."""
-        targets = sorted({t.split(":", 1)[0] for t in split_arch_list(variant.arch_list or "")})
+        targets = sorted({t.split(":", 1)[0]
+                          for t in split_arch_list(variant.option("arch_list", ""))})
         return [f"amd :: rocm_version_lower_bound :: {variant.toolkit}",
                 *(f"amd :: gfx_arch :: {t}" for t in targets)]
 
@@ -113,9 +120,9 @@ class RocmBackend(Backend):
         return f"rocm{variant.toolkit}"
 
     def build_env(self, variant, env, site_dir) -> BuildEnv:
+        targets = split_arch_list(variant.option("arch_list", ""))
         given = {toolchain.MODE_VARIABLE: self.toolchain_mode, "PYTHONPATH": str(site_dir),
-                 "FORCE_CUDA": "1",
-                 "PYTORCH_ROCM_ARCH": ";".join(split_arch_list(variant.arch_list or ""))}
+                 "FORCE_CUDA": "1", "PYTORCH_ROCM_ARCH": ";".join(targets)}
         unset = tuple(v for v in toolchain.CUDA_VARIABLES if v != "FORCE_CUDA")
         rocm = next((t for t in find_rocm(env, variant.toolkit)
                      if t.version == variant.toolkit), None)

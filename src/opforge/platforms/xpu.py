@@ -71,6 +71,8 @@ class XpuBackend(Backend):
     toolkit_variables = ("CMPLR_ROOT", "ONEAPI_ROOT")
     needs_toolkit = True
     takes_arch_list = True
+    option_fields = ("arch_list",)
+    dispatch_words = ("XPU",)
     torch_attribute = "xpu"
 
     def torch_matches(self, variant, value: str) -> bool:
@@ -95,22 +97,25 @@ class XpuBackend(Backend):
 
     def describe(self, variant) -> str:
         return (f"{variant.name}: CPU + XPU (SYCL) kernels, oneAPI {variant.toolkit}, for "
-                f"{variant.arch_list} ({', '.join(variant.platforms)})")
+                f"{variant.option('arch_list')} ({', '.join(variant.platforms)})")
+
+    def kernels(self, variant) -> str:
+        return f"XPU (SYCL) oneAPI {variant.toolkit} ({variant.option('arch_list')})"
 
     def variant_properties(self, variant) -> list[str]:
         """oneAPI's floor and the ahead-of-time device targets; no provider plugin answers for
         the ``intel`` namespace yet (variant_provider None): ``build --variants`` refuses it."""
         return [f"intel :: oneapi_version_lower_bound :: {variant.toolkit}",
                 *(f"intel :: device_arch :: {t}" for t in sorted(split_arch_list(
-                    variant.arch_list or "")))]
+                    variant.option("arch_list", ""))))]
 
     def torch_index(self, variant) -> str:
         return "xpu"
 
     def build_env(self, variant, env, site_dir) -> BuildEnv:
+        targets = split_arch_list(variant.option("arch_list", ""))
         given = {toolchain.MODE_VARIABLE: self.toolchain_mode, "PYTHONPATH": str(site_dir),
-                 "CUDA_VISIBLE_DEVICES": "",
-                 "TORCH_XPU_ARCH_LIST": ",".join(split_arch_list(variant.arch_list or ""))}
+                 "CUDA_VISIBLE_DEVICES": "", "TORCH_XPU_ARCH_LIST": ",".join(targets)}
         compiler = next((t for t in find_oneapi(env, variant.toolkit)
                          if t.version == variant.toolkit), None)
         if compiler is None:

@@ -162,7 +162,8 @@ def check_matrix_use(wf: Workflow, project: Project, report: Report) -> None:
     typed = {v.container: "container image" for v in project.matrix.variants if v.container}
     typed.update({p.container: "container image" for p in project.matrix.platforms.values()
                   if p.container})
-    typed.update({v.arch_list: "CUDA arch list" for v in project.matrix.variants if v.arch_list})
+    typed.update({v.option("arch_list"): "CUDA arch list" for v in project.matrix.variants
+                  if v.option("arch_list")})
     typed[project.matrix.torch.index.rstrip("/")] = "torch index"
     for number, text in enumerate(wf.lines, 1):
         for value, what in typed.items():
