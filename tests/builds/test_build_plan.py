@@ -190,7 +190,12 @@ def test_nox_build_mps_fails_clearly_and_dry_run_prints_the_plan(tmp_path):
 
 
 def test_smoke_variant_takes_the_newest_wheel_of_dist_variant(tmp_path, monkeypatch):
-    from opforge.smoke.plan import resolve
+    from opforge.cli.smoke import options_of
+    from opforge.smoke.plan import make_plan
+
+    def resolve(args):
+        plan = make_plan(options_of(args))
+        return plan.target, plan.request, plan.variant
 
     (tmp_path / "matrix.yaml").write_text((ROOT / "matrix.yaml").read_text())
     (tmp_path / "extension").mkdir()

@@ -53,12 +53,13 @@ def test_compat_torch_words_resolve_through_the_variant(given, expected):
     import argparse
 
     from opforge.cli import smoke as smoke_cli
+    from opforge.smoke.app import compat_torches
 
     parser = argparse.ArgumentParser()
     smoke_cli.register(parser.add_subparsers())
     argv = ["smoke", "--compat", "--file", str(ROOT / "matrix.yaml")]
     args = parser.parse_args(argv + (["--compat-torch", given] if given else []))
-    assert smoke_cli.compat_torches(args, "cpu_stable") == expected
+    assert compat_torches(smoke_cli.options_of(args), "cpu_stable") == expected
 
 
 def _doc(error: str | None, torch: str = "2.12.0") -> dict:

@@ -150,11 +150,18 @@ def _fixture_repo(tmp_path, monkeypatch):
     monkeypatch.delenv("OPFORGE_MATRIX", raising=False)
 
 
-def _resolve(*argv):
+def _options(*argv):
     from opforge.cli import build_parser
-    from opforge.smoke.plan import resolve_choice
+    from opforge.cli.smoke import options_of
 
-    return resolve_choice(build_parser().parse_args(["smoke", *argv]))
+    return options_of(build_parser().parse_args(["smoke", *argv]))
+
+
+def _resolve(*argv):
+    from opforge.smoke.plan import make_plan
+
+    plan = make_plan(_options(*argv))
+    return plan.target, plan.request, plan.choice
 
 
 def test_the_probe_is_sent_the_promises_of_the_wheels_variant_only(tmp_path, monkeypatch):
@@ -194,7 +201,6 @@ def test_the_installed_build_record_chooses_before_the_probe_runs(tmp_path, monk
     import sys
     from pathlib import Path
 
-    from opforge.cli import build_parser
     from opforge.smoke.plan import choose_installed
     from opforge.smoke.runner import Environment, installed_build_record
 
@@ -211,7 +217,7 @@ def test_the_installed_build_record_chooses_before_the_probe_runs(tmp_path, monk
     monkeypatch.setenv("PYTHONPATH", str(site))  # an existing interpreter keeps its path
     env = Environment(python=Path(sys.executable), fresh=False)
     assert installed_build_record(env, "opforge_ops") == ({"variant": "cu130"}, "opforge-ops")
-    args = build_parser().parse_args(["smoke", "--python", sys.executable])
+    args = _options("--python", sys.executable)
     _target, request, choice = _resolve("--python", sys.executable)
     request, choice = choose_installed(args, env, request, choice)
     assert (choice.variant, choice.source) == ("cu130", "opforge-ops build record")

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import fields
 from pathlib import Path
 
 from opforge.bench.baselines import NAME
 from opforge.bench.compare import DEFAULT_REGRESSION
+from opforge.bench.run import DEFAULT_BUDGET_S, BenchOptions
 from opforge.cli.args import comma_list
-from opforge.cli.smoke import add_target_arguments
-
-# a row's timing budget: rounds stop once it is spent (at least 5 rounds)
-DEFAULT_BUDGET_S = 0.3
+from opforge.cli.smoke import add_target_arguments, options_of
 
 
 def _positive_seconds(text: str) -> float:
@@ -129,7 +128,16 @@ def register(subparsers) -> None:
     p.set_defaults(func=run, expect_keys=None, internal_ops=None, junit=None, speed_check="skip")
 
 
+def bench_options_of(args: argparse.Namespace) -> BenchOptions:
+    """The parsed arguments as bench's options: the target's (``options_of``, shared with
+    `opforge smoke`) and bench's own (a list becomes a tuple)."""
+    own = {f.name: getattr(args, f.name) for f in fields(BenchOptions) if f.name != "target"}
+    return BenchOptions(target=options_of(args),
+                        **{name: tuple(value) if isinstance(value, list) else value
+                           for name, value in own.items()})
+
+
 def run(args: argparse.Namespace) -> int:
     from opforge.bench.run import run as run_bench
 
-    return run_bench(args)
+    return run_bench(bench_options_of(args))

@@ -3,20 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
+from dataclasses import fields
 from pathlib import Path
 
 from opforge.cli.args import comma_list
-from opforge.errors import UsageError
-from opforge.files import write_atomic
-from opforge.progress import say
-from opforge.smoke.plan import (
-    Choice,
-    choose_installed,
-    load_matrix_of,
-    resolve_choice,
-)
+from opforge.smoke.plan import Options
 
 
 def register(subparsers) -> None:
@@ -78,146 +69,15 @@ def add_target_arguments(p) -> None:
                         "the working directory upwards)")
 
 
+def options_of(args: argparse.Namespace) -> Options:
+    """The parsed arguments of `opforge smoke` or `opforge bench` as the smoke plan's options
+    (an option the command does not take keeps its default; a list becomes a tuple)."""
+    given = {f.name: getattr(args, f.name) for f in fields(Options) if hasattr(args, f.name)}
+    return Options(**{name: tuple(value) if isinstance(value, list) else value
+                      for name, value in given.items()})
+
+
 def run(args: argparse.Namespace) -> int:
-    from opforge.smoke import report
-    from opforge.smoke.runner import (
-        add_check,
-        cleanup,
-        prepare_environment,
-        run_probe,
-        torch_mismatch,
-    )
+    from opforge.smoke.app import run as run_smoke
 
-    if args.compat_torch is not None and not args.compat_torch:
-        raise UsageError("--compat-torch '': name at least one torch (2.13.0, floor, matrix, "
-                         "latest, nightly), or leave the option out")
-    target, request, choice = resolve_choice(args)
-    variant = choice.variant
-    if args.compat or args.compat_torch:
-        return run_compat(args, target, request, variant, choice)
-    if request.default_keys:
-        expecting = f", expecting {','.join(request.default_keys)}"
-        if any(keys != request.default_keys for keys in request.op_keys.values()):
-            expecting += " (some ops their own keys)"
-    elif choice.pending:
-        expecting = ", expected keys from the variant the installed build info names"
-    else:
-        expecting = ", no expected keys (census is informational; pass --variant or --expect-keys)"
-    say(f"opforge smoke: {target.describe()}" + (f", variant {variant}" if variant else "")
-        + expecting)
-    env = prepare_environment(target)
-    try:
-        request, choice = choose_installed(args, env, request, choice)
-        variant = choice.variant
-        doc = run_probe(env, request)
-    finally:
-        cleanup(env, keep=args.keep_env)
-    if variant:
-        doc["variant"] = variant
-        if choice.source:
-            doc["variant_source"] = choice.source
-    mismatch = torch_mismatch(target.variant_torch, env.torch_installed)
-    if mismatch:
-        add_check(doc, "torch-variant", "fail", mismatch, category="environment")
-        if not any(c["class"] == "wrong_torch" for c in doc.get("causes") or []):
-            from opforge.smoke.probe.causes import add_cause
-
-            add_cause(doc, "wrong_torch", "the environment's torch is not the variant's",
-                      [mismatch], f"install {target.variant_torch} (the matrix's torch for "
-                      f"{variant}) before the wheel, or fix the wheel's torch pin",
-                      explains=["torch-variant"])
-    matrix = load_matrix_of(args.file, required=False) if variant and target.wheel else None
-    if matrix is not None:
-        from opforge.smoke.runner import device_code_cause
-
-        device_code_cause(doc, target.wheel, matrix.variant(variant))
-    if choice.pending:
-        # neither the arguments nor the build record named a variant: nothing was promised
-        names = [v.name for v in load_matrix_of(args.file, required=True).variants]
-        add_check(doc, "variant", "warn", f"{request.package} names no variant of "
-                  f"{', '.join(names)} in its build record, so no kernel was "
-                  "required: pass --variant", category="environment")
-    report.render_terminal(doc)
-    if args.keep_env and env.env_dir:
-        print(f"environment kept at {env.env_dir} (python: {env.python})", file=sys.stderr)
-    return emit(args, doc)
-
-
-def emit(args: argparse.Namespace, doc: dict) -> int:
-    """The report's files (--json, --junit) and the GitHub summary; the exit code."""
-    from opforge.smoke import report
-
-    if args.json:
-        write_atomic(args.json, json.dumps(doc, indent=1) + "\n")
-    if args.junit:
-        report.write_junit(doc, args.junit)
-    report.publish_github(doc)
-    return report.exit_code(doc)
-
-
-def compat_torches(args: argparse.Namespace, variant: str | None) -> list[str]:
-    """--compat-torch, else the variant's compat_torch list (its words resolved)."""
-    from packaging.version import InvalidVersion, Version
-
-    from opforge.matrix import COMPAT_WORDS
-
-    if args.compat_torch:
-        for entry in args.compat_torch:
-            if entry in COMPAT_WORDS:
-                continue
-            try:
-                Version(entry)
-            except InvalidVersion:
-                raise UsageError(f"--compat-torch: {entry!r} is not a torch release (2.13.0) "
-                                 f"nor one of {', '.join(COMPAT_WORDS)}") from None
-        words = [e for e in args.compat_torch if e in COMPAT_WORDS[:2]]  # floor, matrix
-        if not words:
-            return list(dict.fromkeys(args.compat_torch))
-        if variant is None:
-            raise UsageError(f"--compat-torch: {words[0]!r} is the floor or build torch of a "
-                             "stable variant: give --variant V")
-    elif variant is None:
-        raise UsageError("--compat needs --variant V (a stable-ABI variant: its compat_torch "
-                         "list) or --compat-torch V1,V2")
-    matrix = load_matrix_of(args.file, required=True)
-    v = matrix.variant(variant)
-    if not v.stable:
-        if args.compat_torch:
-            raise UsageError(f"--compat-torch: floor and matrix name a stable variant's "
-                             f"torches; {variant!r} is abi: {v.abi}")
-        raise UsageError(f"--compat: variant {variant!r} is abi: {v.abi}; its wheel pins one "
-                         "torch. A torch compat matrix needs abi: stable (or --compat-torch)")
-    return matrix.compat_torches(v, args.compat_torch or None)
-
-
-def run_compat(args: argparse.Namespace, target, request, variant: str | None,
-               choice: Choice | None = None) -> int:
-    from opforge.smoke import compat
-
-    if target.python is not None:
-        raise UsageError("--compat installs the wheel beside each torch in fresh environments; "
-                         "give --wheel or --variant, not --python")
-    if args.torch_spec or args.env_dir:
-        raise UsageError("--compat chooses each environment's torch: drop --torch / --env-dir")
-    torches = compat_torches(args, variant)
-    what = target.wheel.name if target.wheel else target.requirement
-    print(f"opforge smoke --compat: {what} beside torch {', '.join(torches)}", file=sys.stderr,
-          flush=True)
-    nightly = None
-    if "nightly" in torches:
-        from opforge.torchsource import resolve_index
-
-        matrix = load_matrix_of(args.file, required=variant is not None)
-        channel = matrix.nightly_index(matrix.variant(variant)) if matrix and variant else None
-        nightly = resolve_index(channel, args.torch_index)
-    # a variant only the installed build record names is chosen in each environment
-    choose = (lambda env, req: choose_installed(args, env, req, choice)[0]) \
-        if choice is not None and choice.pending else None
-    rows = compat.run_compat(target, request, torches, keep_env=args.keep_env, choose=choose,
-                             log=lambda line: print(line, file=sys.stderr, flush=True),
-                             nightly_index=nightly)
-    doc = compat.combined(rows, what)
-    if variant:
-        doc["variant"] = variant
-    compat.render(rows, what)
-    return emit(args, doc)
+    return run_smoke(options_of(args))

@@ -1,20 +1,26 @@
-"""The smoke's plan, from its arguments: the matrix read, the variant under test chosen (from
+"""The smoke's plan, from its options: the matrix read, the variant under test chosen (from
 ``--variant``, the wheel's build record or local version, or the installed record), the target
-and the probe request carrying that variant's promises. ``opforge smoke`` and ``opforge bench``
-both start here; the command modules keep their arguments and the call."""
+and the probe request carrying that variant's promises, in one frozen ``Plan``. ``opforge
+smoke`` and ``opforge bench`` both start here: their command modules turn the parsed arguments
+into ``Options`` (``opforge.cli.smoke.options_of``) and ``make_plan`` does the rest; nothing
+below the command line reads the argparse namespace."""
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import os
 import re
 import stat
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from opforge.errors import UsageError
 from opforge.files import check_writable, lookup, open_problem
+
+if TYPE_CHECKING:
+    from opforge.matrix import Matrix
+    from opforge.smoke.runner import ProbeRequest, Target
 
 _KEY = re.compile(r"[A-Z][A-Za-z]*\Z")
 
@@ -107,78 +113,118 @@ def _empty_or_new_dir(path: Path) -> None:
     check_writable(path, what="--env-dir")
 
 
-def resolve(args: argparse.Namespace):
-    """Arguments + matrix -> (Target, ProbeRequest, variant name or None)."""
-    target, request, choice = resolve_choice(args)
-    return target, request, choice.variant
+@dataclass(frozen=True)
+class Options:
+    """What the command line said about the target, the probe and its report: the options
+    ``opforge smoke`` and ``opforge bench`` share (``add_target_arguments``) and smoke's own
+    (bench leaves those at their defaults)."""
+
+    wheel: Path | None = None
+    requirement: str | None = None
+    python: Path | None = None
+    package: str | None = None
+    namespace: str | None = None
+    variant: str | None = None
+    torch_spec: str | None = None
+    torch_index: str | None = None
+    keep_env: bool = False
+    env_dir: Path | None = None
+    recipes: Path | None = None
+    file: Path | None = None
+    expect_keys: tuple[str, ...] | None = None
+    ops: tuple[str, ...] | None = None
+    internal_ops: tuple[str, ...] | None = None
+    json: Path | None = None
+    junit: Path | None = None
+    device_checks: str = "auto"
+    speed_check: str = "auto"
+    compat: bool = False
+    compat_torch: tuple[str, ...] | None = None
 
 
-def resolve_choice(args: argparse.Namespace):
-    """Arguments + matrix -> (Target, ProbeRequest, Choice): the request carries the promises
-    of the variant under test only (none yet while the choice is pending)."""
+@dataclass(frozen=True)
+class Plan:
+    """One smoke or bench run, planned once: its options, the matrix (None when none was
+    needed and none loads), the target, the probe request and the variant choice."""
+
+    options: Options
+    matrix: Matrix | None
+    target: Target
+    request: ProbeRequest
+    choice: Choice
+
+    @property
+    def variant(self) -> str | None:
+        return self.choice.variant
+
+
+def make_plan(given: Options) -> Plan:
+    """Options + matrix -> the Plan: the request carries the promises of the variant under
+    test only (none yet while the choice is pending)."""
     from opforge.smoke.runner import ProbeRequest, Target
     from opforge.torchsource import resolve_index
 
-    _check_arguments(args)
-    needs_matrix = (args.variant is not None or args.package is None or args.namespace is None
-                    or args.file is not None)
-    matrix = load_matrix_of(args.file, required=needs_matrix)
+    _check_arguments(given)
+    needs_matrix = (given.variant is not None or given.package is None or given.namespace is None
+                    or given.file is not None)
+    matrix = load_matrix_of(given.file, required=needs_matrix)
     ext = matrix.extension if matrix else None
-    package = args.package or ext.package
-    namespace = args.namespace or ext.namespace
+    package = given.package or ext.package
+    namespace = given.namespace or ext.namespace
     for what, value in (("--package", package), ("--namespace", namespace)):
         if not value.replace(".", "_").isidentifier():
             raise UsageError(f"{what} {value!r} is not an identifier")
     own = ext is not None and package == ext.package
 
-    wheel = args.wheel
-    if not (wheel or args.requirement or args.python):
+    wheel = given.wheel
+    if not (wheel or given.requirement or given.python):
         from opforge.matrix.dist import latest_wheel
 
-        wheel = latest_wheel(matrix, matrix.variant(args.variant).name)
-    variant, choice = _choose(args, matrix, own, wheel)
-    for key in args.expect_keys or ():
+        wheel = latest_wheel(matrix, matrix.variant(given.variant).name)
+    variant, choice = _choose(given, matrix, own, wheel)
+    for key in given.expect_keys or ():
         if not _KEY.match(key):
             raise UsageError(f"--expect-keys: {key!r} is not a dispatch key name "
                              "(e.g. CPU, CUDA, MPS, Meta, Autograd, AutocastCPU)")
-    for op in (*(args.ops or ()), *(args.internal_ops or ())):
+    for op in (*(given.ops or ()), *(given.internal_ops or ())):
         if not op.isidentifier():
             raise UsageError(f"{op!r} is not an operator name")
 
-    chosen = _promises(args, ext if own else None, variant)
-    device_checks = args.device_checks
+    chosen = _promises(given, ext if own else None, variant)
+    device_checks = given.device_checks
     if variant is not None and not variant.device_checks and device_checks == "auto":
         device_checks = "skip"
     channel_index = matrix.torch_index(variant) if (matrix and variant) else None
-    index = resolve_index(channel_index, args.torch_index)
+    index = resolve_index(channel_index, given.torch_index)
     if choice.pending:  # nothing is promised until the installed build record names a variant
         from opforge.matrix import Promises
 
         chosen = Promises()
-    recipes = args.recipes
+    recipes = given.recipes
     if recipes is None and own and ext.recipes:
         recipes = matrix.path.parent / ext.recipes
         if not recipes.is_file():
             raise UsageError(f"{matrix.path.name}: extension.recipes {ext.recipes!r}: no such "
                              f"file in {matrix.path.parent}")
     variant_torch = matrix.torch_spec(variant) \
-        if (variant is not None and wheel is not None and not args.torch_spec) else None
-    target = Target(wheel=wheel, requirement=args.requirement, python=args.python,
-                    torch_spec=args.torch_spec, torch_index=index, env_dir=args.env_dir,
+        if (variant is not None and wheel is not None and not given.torch_spec) else None
+    target = Target(wheel=wheel, requirement=given.requirement, python=given.python,
+                    torch_spec=given.torch_spec, torch_index=index, env_dir=given.env_dir,
                     variant_torch=variant_torch)
     request = ProbeRequest(package=package, namespace=namespace, device_checks=device_checks,
                            recipes=recipes,
-                           speed=speed_spec(ext if own else None, args.speed_check))
-    return target, request.promising(chosen), choice
+                           speed=speed_spec(ext if own else None, given.speed_check))
+    return Plan(options=given, matrix=matrix, target=target, request=request.promising(chosen),
+                choice=choice)
 
 
-def _choose(args: argparse.Namespace, matrix, own: bool, wheel):
+def _choose(given: Options, matrix, own: bool, wheel):
     """The variant under test and how it is known: --variant, else the wheel's build record
     or local version, else pending (the installed record decides)."""
     variant = None
     choice = Choice()
-    if args.variant is not None:
-        variant = matrix.variant(args.variant)
+    if given.variant is not None:
+        variant = matrix.variant(given.variant)
         choice = Choice(variant.name)
     elif own:
         from opforge.matrix.dist import identify_wheel
@@ -187,30 +233,30 @@ def _choose(args: argparse.Namespace, matrix, own: bool, wheel):
         if found is not None:
             variant = found[0]
             choice = Choice(variant.name, found[1])
-        elif args.expect_keys is None:
+        elif given.expect_keys is None:
             choice = Choice(pending=True)
     return variant, choice
 
 
-def _check_arguments(args: argparse.Namespace) -> None:
+def _check_arguments(given: Options) -> None:
     """The target's options and every file the run will write, checked first (exit 2)."""
-    if not (args.wheel or args.requirement or args.python or args.variant):
+    if not (given.wheel or given.requirement or given.python or given.variant):
         raise UsageError("give --variant V (its wheel from dist/V), --wheel PATH, "
                          "--requirement REQ or --python PATH")
-    if args.wheel is not None and args.wheel.suffix != ".whl":
-        raise UsageError(f"--wheel {args.wheel}: not a .whl file")
-    if args.wheel is not None:
-        _regular_file(args.wheel, "--wheel")
-    if args.python is not None:
-        _interpreter(args.python)
-    if args.python is not None and (args.torch_spec or args.keep_env or args.env_dir):
+    if given.wheel is not None and given.wheel.suffix != ".whl":
+        raise UsageError(f"--wheel {given.wheel}: not a .whl file")
+    if given.wheel is not None:
+        _regular_file(given.wheel, "--wheel")
+    if given.python is not None:
+        _interpreter(given.python)
+    if given.python is not None and (given.torch_spec or given.keep_env or given.env_dir):
         raise UsageError("--torch, --keep-env and --env-dir apply to a fresh environment, "
                          "not --python")
-    if args.recipes is not None:
-        _regular_file(args.recipes, "--recipes")
-    if args.env_dir is not None:
-        _empty_or_new_dir(args.env_dir)
-    for option, target in (("--json", args.json), ("--junit", args.junit)):
+    if given.recipes is not None:
+        _regular_file(given.recipes, "--recipes")
+    if given.env_dir is not None:
+        _empty_or_new_dir(given.env_dir)
+    for option, target in (("--json", given.json), ("--junit", given.junit)):
         if target is not None:
             check_writable(target, what=option)
     if os.environ.get("GITHUB_STEP_SUMMARY"):
@@ -218,16 +264,16 @@ def _check_arguments(args: argparse.Namespace) -> None:
                        append=True, make_folders=False)
 
 
-def _promises(args: argparse.Namespace, ext, variant):
+def _promises(given: Options, ext, variant):
     """What the probe checks: the variant's promises, or what --expect-keys, --ops and
     --internal-ops say instead (``opforge.matrix.promises`` works out each op's keys)."""
     from opforge.matrix import promises
 
-    return promises(ext, variant, keys=args.expect_keys, ops=args.ops,
-                    backward_ops=args.internal_ops)
+    return promises(ext, variant, keys=given.expect_keys, ops=given.ops,
+                    backward_ops=given.internal_ops)
 
 
-def choose_installed(args: argparse.Namespace, env, request, choice: Choice):
+def choose_installed(given: Options, env, request, choice: Choice):
     """A pending choice made from the build record installed in ``env``: the request with
     that variant's promises, and the choice (still pending when no record names a variant)."""
     from opforge.matrix.dist import identify_record
@@ -235,14 +281,14 @@ def choose_installed(args: argparse.Namespace, env, request, choice: Choice):
 
     if not choice.pending:
         return request, choice
-    matrix = load_matrix_of(args.file, required=True)
+    matrix = load_matrix_of(given.file, required=True)
     record, distribution = installed_build_record(env, request.package)
     found = identify_record(matrix, record, distribution)
     if found is None:
         return request, choice
     variant, source = found
-    request = request.promising(_promises(args, matrix.extension, variant))
-    if not variant.device_checks and args.device_checks == "auto":
+    request = request.promising(_promises(given, matrix.extension, variant))
+    if not variant.device_checks and given.device_checks == "auto":
         request = replace(request, device_checks="skip")
     return request, Choice(variant.name, source)
 
