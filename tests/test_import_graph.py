@@ -5,6 +5,7 @@ that would close a circle fails here even when no code path runs it."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -117,3 +118,58 @@ def test_the_check_sees_lazy_and_type_checking_imports(tmp_path, files, expected
     for name, text in files.items():
         (tmp_path / "opforge" / name).write_text(text)
     assert circles(import_graph(tmp_path)) == expected
+
+
+# a trailing pragma is not a reason
+_PRAGMA = re.compile(r"#\s*(noqa\b|type:\s*ignore\b)[^#]*")
+
+
+def _says_why(line: str) -> bool:
+    comment = line.partition("#")[2] if "#" in line else ""
+    return bool(comment) and bool(_PRAGMA.sub("", "#" + comment).strip(" #"))
+
+
+def unexplained_lazy_imports(src: Path = SRC) -> list[str]:
+    """Function-level imports with no comment saying why they are there: a comment on the
+    import's own lines, or directly above it or above the run of imports (and ``try:`` /
+    ``except ...:`` lines) it belongs to (issue 39: a function-level import only where it buys
+    startup time, with a comment saying so)."""
+    found = []
+    for path in sorted((src / "opforge").rglob("*.py")):
+        lines = path.read_text(encoding="utf-8").splitlines()
+        lazy = []
+        for fn in ast.walk(ast.parse("\n".join(lines))):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lazy += [n for n in ast.walk(fn) if isinstance(n, (ast.Import, ast.ImportFrom))]
+        import_lines = {i for n in lazy for i in range(n.lineno - 1, n.end_lineno)}
+        for node in lazy:
+            if any(_says_why(lines[i]) for i in range(node.lineno - 1, node.end_lineno)):
+                continue
+            i = node.lineno - 2
+            while i >= 0 and (i in import_lines or lines[i].strip() == "try:"
+                              or lines[i].strip().startswith("except")):
+                i -= 1
+            if i < 0 or not lines[i].strip().startswith("#"):
+                found.append(f"{path.relative_to(src)}:{node.lineno}")
+    return sorted(set(found))
+
+
+def test_every_function_level_import_says_why():
+    found = unexplained_lazy_imports()
+    assert found == [], ("function-level imports without a comment saying why (startup "
+                         "time, an optional package...; else import at module level): "
+                         + ", ".join(found))
+
+
+def test_the_lazy_import_check_wants_a_comment(tmp_path):
+    (tmp_path / "opforge").mkdir()
+    (tmp_path / "opforge" / "a.py").write_text(
+        "def f():\n    import json  # noqa: F401\n\n\n"
+        "def g():\n    # rich (~40 ms): only for a table\n    from rich import box\n"
+        "    from rich.table import Table\n\n\n"
+        "def h():\n    try:\n        import tomllib\n    except ImportError:  # Python 3.10\n"
+        "        import tomli as tomllib\n\n\n"
+        "def k():\n    # optional: absent below 3.11\n    try:\n        import x\n"
+        "    except ImportError:\n        import y\n")
+    assert unexplained_lazy_imports(tmp_path) == ["opforge/a.py:13", "opforge/a.py:15",
+                                                  "opforge/a.py:2"]

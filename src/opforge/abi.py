@@ -68,6 +68,7 @@ class Audit:
 
 def _tools():
     """torch-abi-audit's modules, or None where it cannot run (Python 3.10, no nm)."""
+    # torch-abi-audit: absent below Python 3.11, and ~7 ms; abi is on the CLI's startup path
     try:
         from torch_abi_audit import cpython_abi, symbols, torch_abi, torch_versions
     except ImportError:

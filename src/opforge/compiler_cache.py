@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from opforge.errors import UsageError
+from opforge.files import write_file
+from opforge.locks import FileLock
 from opforge.paths import user_cache_dir
 
 SWITCH_ENV = "OPFORGE_COMPILER_CACHE"  # "off" (or 0/false/no) compiles without a cache
@@ -147,7 +149,6 @@ class CompilerCache:
         env_in = dict(os.environ if env is None else env)
         tools_dir = work_dir / "compiler-cache"
         # two builds of one work dir at once take turns writing the scripts
-        from opforge.locks import FileLock
 
         with FileLock(tools_dir / ".lock", what="compiler cache").acquire(
                 wait=300):
@@ -257,8 +258,6 @@ def _compiler_names(python: str, env: dict[str, str]) -> set[str]:
 def _script(path: Path, text: str) -> None:
     """Write a compiler script whole (a random scratch name, then a rename): two builds
     writing the same scripts at once never run, or leave, a half-written one."""
-    from opforge.files import write_file
-
     path.parent.mkdir(parents=True, exist_ok=True)
     write_file(path, text, mode=0o755)
 

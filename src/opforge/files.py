@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from opforge.errors import UsageError
+from opforge.yamlsafe import compose
 
 MAX_TEXT_BYTES = 16 << 20   # a matrix, a state file or an index page is far smaller
 
@@ -420,6 +421,4 @@ def lookup(path: str | os.PathLike, *, what: str) -> os.stat_result | None:
 
 def compose_yaml(text: str, label: str, **limits: int):
     """``opforge.yamlsafe.compose`` (kept here for its older callers)."""
-    from opforge.yamlsafe import compose
-
     return compose(text, label, **limits)

@@ -27,11 +27,13 @@ import json
 import re
 import struct
 from dataclasses import dataclass, field
+from importlib.resources import files
 from pathlib import Path
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
+from opforge.errors import UsageError
 from opforge.pins import exact_pin, floor_of
 
 # torch's Linux wheels, by the first release on each floor (see the module docstring)
@@ -75,6 +77,7 @@ def read_floor(path: Path) -> LibraryFloor:
 
 
 def _elf_floor(path: Path) -> LibraryFloor:
+    # pyelftools (~60 ms) when a library's floor is read: floor is on the CLI's startup path
     try:
         from elftools.common.exceptions import ELFError
         from elftools.elf.elffile import ELFFile
@@ -121,8 +124,6 @@ def _elf_floor(path: Path) -> LibraryFloor:
 def _policies() -> list[dict] | None:
     """auditwheel's manylinux policies, oldest first (None: auditwheel is not installed)."""
     try:
-        from importlib.resources import files
-
         text = (files("auditwheel") / "policy" / "manylinux-policy.json").read_text()
     except (ImportError, FileNotFoundError, OSError, TypeError):
         return None
@@ -245,8 +246,6 @@ def torch_floor(requirement_version: Version | None, torch_wheel: str | None = N
         try:
             _, version, _, tags = parse_wheel_filename(Path(torch_wheel).name)
         except InvalidWheelFilename as exc:
-            from opforge.errors import UsageError
-
             raise UsageError(f"--torch-wheel {torch_wheel}: not a wheel file name ({exc})") from None
         linux, mac = _tag_floors([str(t) for t in tags])
         return linux, mac, f"torch {version}'s wheel {Path(torch_wheel).name}"

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import html
+import json
 import os
 import re
 import stat
@@ -121,8 +122,6 @@ def _read_wheel(path: Path) -> tuple[bytes, dict | None]:
             records = [n for n in names
                        if re.fullmatch(r"[^/]+\.dist-info/" + re.escape(RECORD_NAME), n)]
             if records and archive.getinfo(records[0]).file_size <= MAX_METADATA:
-                import json
-
                 try:
                     record = json.loads(archive.read(records[0]))
                 except ValueError:
@@ -331,8 +330,6 @@ def _write(site: Path, relative: str, data: bytes | None = None, source: Path | 
 def copy_pypi_clean(entries: list[Entry], out: Path) -> list[Path]:
     """Copy the wheels PyPI accepts (no local version label: the ``pypi: true`` variant's)
     into ``out``, for the trusted-publishing upload; the rest stay on the index only."""
-    from packaging.utils import parse_wheel_filename
-
     chosen = [e for e in entries if parse_wheel_filename(e.filename)[1].local is None]
     written = []
     for e in chosen:

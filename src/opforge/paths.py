@@ -18,6 +18,8 @@ CACHE_DIR_ENV = "OPFORGE_CACHE_DIR"
 
 def user_cache_dir() -> Path:
     """The platform's user cache directory for opforge (``~/.cache/opforge`` on Linux)."""
+    # platformdirs (~3 ms) only without $OPFORGE_CACHE_DIR / $XDG_CACHE_HOME: paths is on the
+    # CLI's startup path
     import platformdirs
 
     return Path(platformdirs.user_cache_dir("opforge", appauthor=False))

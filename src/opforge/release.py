@@ -18,14 +18,18 @@ match; a release is a tag, and between tags the tree keeps the last release's ve
 
 from __future__ import annotations
 
+import argparse
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import yaml
 from packaging.version import InvalidVersion, Version
 
 from opforge.errors import OpforgeError, UsageError
+from opforge.files import write_atomic
+from opforge.venv import create_venv, install
 
 RELEASE_FILE = Path("src") / "opforge" / "_release.py"
 REUSABLE = (".github/workflows/reusable-build-smoke.yml", ".github/workflows/reusable-nightly.yml",
@@ -49,8 +53,6 @@ def version_from_tag(tag: str) -> str:
 
 def _default_opforge(text: str) -> str | None:
     """The ``opforge`` input's default in a reusable workflow's text (None: no such input)."""
-    import yaml
-
     data = yaml.safe_load(text) or {}
     on = data.get("on", data.get(True)) or {}
     inputs = ((on.get("workflow_call") or {}) if isinstance(on, dict) else {}).get("inputs") or {}
@@ -81,7 +83,6 @@ def stamp(root: Path, tag: str, commit: str) -> str:
                           new, flags=re.M)
     if (count, count2) != (1, 1):
         raise OpforgeError(f"{path}: expected one VERSION and one WORKFLOWS_COMMIT line")
-    from opforge.files import write_atomic
 
     write_atomic(path, new)
     return version
@@ -117,8 +118,6 @@ def check(paths: list[Path], python: str = sys.executable) -> None:
 
 def try_installed(wheel: Path, env_dir: Path, version: str, commit: str) -> str:
     """Install ``wheel`` in a fresh environment and run the CLI there; its output."""
-    from opforge.venv import create_venv, install
-
     python = create_venv(env_dir)
     install(python, str(wheel))
     binary = Path(python).parent / ("opforge.exe" if sys.platform == "win32" else "opforge")
@@ -153,8 +152,6 @@ def release(root: Path, tag: str, commit: str, out: Path, *, isolated: bool = Tr
 
 def main(argv: list[str] | None = None) -> int:
     """``nox -s release -- --tag vX.Y.Z --commit SHA [--out DIR]`` (run in the checkout)."""
-    import argparse
-
     parser = argparse.ArgumentParser(prog="opforge release")
     parser.add_argument("--tag", required=True)
     parser.add_argument("--commit", required=True)

@@ -36,7 +36,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import Version
 
-from opforge import platforms
+from opforge import __version__, platforms
 from opforge.errors import OpforgeError
 
 RECORD_NAME = "opforge-build.json"
@@ -268,8 +268,6 @@ def _refuse_missing_device_code(wheel: Path, libraries: list[dict], backends: li
 
 
 def _stamped_by() -> str:
-    from opforge import __version__
-
     return f"opforge {__version__}"
 
 

@@ -33,7 +33,10 @@ from dataclasses import dataclass
 from email.parser import Parser
 from pathlib import Path
 
+from packaging.tags import sys_tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.utils import parse_wheel_filename as parse
+from packaging.version import InvalidVersion, Version
 
 from opforge import index, variants
 from opforge.errors import OpforgeError, UsageError
@@ -127,6 +130,8 @@ class VariantPlan:
 
 
 def _variants_json(group: list[VariantFile]) -> bytes:
+    # variantlib (~20 ms, and require_variantlib's message where it is missing): wheel
+    # variants only
     from variantlib.errors import ValidationError
     from variantlib.variant_dist_info import VariantDistInfo
     from variantlib.variants_json import VariantsJson
@@ -257,8 +262,7 @@ def resolve(index_url: str, project: str, version: str, *, python: str | None = 
     (default: this interpreter's). An OpforgeError when no wheel fits, naming what the
     variants need."""
     variants.require_variantlib("resolving wheel variants")
-    from packaging.tags import sys_tags
-    from packaging.utils import parse_wheel_filename as parse
+    # variantlib: wheel variants only, after require_variantlib
     from variantlib.api import get_variants_by_priority
     from variantlib.errors import PluginError
     from variantlib.plugins import loader
@@ -311,8 +315,6 @@ def resolve(index_url: str, project: str, version: str, *, python: str | None = 
 
 
 def _same_version(a: str, b: str) -> bool:
-    from packaging.version import InvalidVersion, Version
-
     try:
         return Version(a) == Version(b)
     except InvalidVersion:
@@ -320,6 +322,7 @@ def _same_version(a: str, b: str) -> bool:
 
 
 def _described(data: dict):
+    # variantlib: wheel variants only
     from variantlib.variants_json import VariantsJson
 
     return VariantsJson(data).variants

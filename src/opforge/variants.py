@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from opforge.errors import OpforgeError, UsageError
+from opforge.platforms import get
 from opforge.stamp import RECORD_NAME, _write_wheel
 
 if TYPE_CHECKING:
@@ -64,6 +65,8 @@ def split_label(filename: str) -> tuple[str, str | None]:
 
 def require_variantlib(what: str = "--variants") -> str:
     """variantlib's version; a UsageError (exit 2, one line) when it is not installed."""
+    # variantlib (~20 ms, or missing: this says so in one line): wheel variants only, and
+    # variants is on the CLI's startup path
     try:
         import variantlib  # noqa: F401
     except ImportError:
@@ -99,8 +102,6 @@ class VariantSpec:
 
 def spec_of(variant: Variant) -> VariantSpec:
     """The variant's label and properties, from its platform backend."""
-    from opforge.platforms import get
-
     backend = get(variant.backend)
     properties = tuple(sorted(backend.variant_properties(variant)))
     label = variant.name.lower() if properties else NULL_LABEL
@@ -127,6 +128,7 @@ def _variantlib_description(spec: VariantSpec, variants: tuple[Variant, ...]):
     """variantlib's VariantDescription of ``spec`` and the VariantInfo every wheel variant of
     the matrix (``variants``) shares: one provider per namespace, in the matrix's order (the
     format asks each variant.json for the package's providers, the null variant's too)."""
+    # variantlib: wheel variants only (variants is on the startup path)
     from variantlib.api import VariantDescription, VariantProperty
     from variantlib.errors import ValidationError
     from variantlib.models.variant_info import ProviderInfo, VariantInfo
@@ -168,6 +170,7 @@ def make_variant_wheels(wheel: Path, variant: Variant, out_dir: Path,
     copy) into ``out_dir``; return their paths. ``variants``: the matrix's, whose providers
     every variant.json lists."""
     require_variantlib()
+    # variantlib: wheel variants only, after require_variantlib
     from variantlib.api import make_variant_dist_info
 
     spec = spec_of(variant)
@@ -309,6 +312,7 @@ def read_variant(path: Path) -> WheelVariant | None:
                       f"{DIST_INFO_FILE}")
     elif text is not None:
         require_variantlib("reading a variant wheel")
+        # variantlib: wheel variants only, after require_variantlib
         from variantlib.errors import ValidationError
         from variantlib.variant_dist_info import VariantDistInfo
 

@@ -37,6 +37,7 @@ def venv_python(env_dir: Path) -> Path:
 
 def find_uv() -> str | None:
     """The uv binary: the ``uv`` package's (opforge depends on it), else the one on PATH."""
+    # the uv package may be missing (then uv on PATH); venv is on the CLI's startup path
     try:
         from uv import find_uv_bin
 
@@ -137,6 +138,7 @@ def torch_index_hint(pip_args, errors: str) -> str:
 
 
 def _legacy_create_command(base: str, env_dir: Path) -> list[str]:
+    # virtualenv (~30 ms) only for the fallback without uv, and it may be missing
     try:
         import virtualenv  # noqa: F401
     except ImportError:

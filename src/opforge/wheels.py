@@ -6,6 +6,10 @@
 
 from __future__ import annotations
 
+import base64
+import csv
+import hashlib
+import io
 import json
 import lzma
 import mmap
@@ -220,11 +224,6 @@ def _audit_libraries(members: _Members, infos: list[zipfile.ZipInfo], tmp: Path,
 def record_problems(archive: zipfile.ZipFile, members: _Members) -> list[str]:
     """Where the wheel's RECORD and its members disagree: a member it does not list, a listed
     file that is missing, a hash or a size that does not match (each member hashed, streamed)."""
-    import base64
-    import csv
-    import hashlib
-    import io
-
     names = [n for n in archive.namelist() if re.fullmatch(r"[^/]+\.dist-info/RECORD", n)]
     if not names:
         return ["no .dist-info/RECORD: pip cannot verify or uninstall the wheel"]

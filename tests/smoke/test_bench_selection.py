@@ -69,7 +69,7 @@ def project(tmp_path, monkeypatch):
     def no_environment(*_args, **_kwargs):
         raise Reached("an environment was about to be made")
 
-    monkeypatch.setattr("opforge.smoke.runner.prepare_environment", no_environment)
+    monkeypatch.setattr("opforge.bench.run.prepare_environment", no_environment)
     return tmp_path
 
 

@@ -18,7 +18,7 @@ def test_the_same_file_is_parsed_once_and_a_changed_one_again(tmp_path, monkeypa
     path.write_text(matrix_yaml("ops_a", ["scale"]))
     parsed = []
     real = opforge.matrix.load_matrix
-    monkeypatch.setattr(opforge.matrix, "load_matrix", lambda p=None: parsed.append(p) or real(p))
+    monkeypatch.setattr(plan, "load_matrix", lambda p=None: parsed.append(p) or real(p))
     first = plan.load_matrix_of(path, required=True)
     assert plan.load_matrix_of(path, required=True) is first
     assert len(parsed) == 1

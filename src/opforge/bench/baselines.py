@@ -14,8 +14,9 @@ import os
 import re
 from pathlib import Path
 
+from opforge.bench.compare import baseline_rows, machine
 from opforge.errors import UsageError
-from opforge.files import write_file
+from opforge.files import read_json, write_file
 from opforge.locks import FileLock
 from opforge.paths import cache_dir
 
@@ -74,9 +75,6 @@ def baseline_dir() -> Path:
 
 def read_baseline(path: Path, label: str) -> tuple[dict, str | None]:
     """(the saved run's rows by key, the machine it ran on) of the baseline at ``path``."""
-    from opforge.bench.compare import baseline_rows, machine
-    from opforge.files import read_json
-
     doc = read_json(path, what=label)
     if isinstance(doc, dict) and isinstance(doc.get("rows"), list):
         # 1e999, a string, a list as a key: one line, before any row is used

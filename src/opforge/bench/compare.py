@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 
+from opforge.errors import UsageError
 from opforge.smoke.probe.speed import seconds
 
 # --regression: the slowdown of our own time a row may show against its baseline
@@ -41,8 +42,6 @@ def _positive(value: object) -> bool:
 def baseline_rows(doc: object, label: str) -> dict[tuple, dict]:
     """A saved run's timed rows by key (raises UsageError naming ``label`` when it is not one):
     rows with a speed-up, and rows timed alone (their pace)."""
-    from opforge.errors import UsageError
-
     if not isinstance(doc, dict) or doc.get("kind") != "bench":
         raise UsageError(f"{label}: not an `opforge bench` JSON document")
     rows = doc.get("rows")

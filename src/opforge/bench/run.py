@@ -11,10 +11,13 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from packaging.requirements import InvalidRequirement, Requirement
+
+from opforge.bench import report as benchreport
 from opforge.bench import selection
 from opforge.bench.baselines import (
     baseline_dir,
@@ -23,16 +26,17 @@ from opforge.bench.baselines import (
     read_baseline,
     save,
 )
-from opforge.bench.compare import DEFAULT_REGRESSION
+from opforge.bench.compare import DEFAULT_REGRESSION, compare_to_baseline
 from opforge.errors import UsageError
 from opforge.files import check_writable, write_atomic
 from opforge.smoke.plan import Options, make_plan
+from opforge.smoke.runner import cleanup, prepare_environment, run_probe
+from opforge.torchsource import pip_index_args
+from opforge.venv import install
 
 # every workload of every op on every device, large ones included, on a slow machine: the
 # smoke probe's 900 s is too short (measured: six ops with large workloads on a loaded 2-core CPU took longer)
 BENCH_TIMEOUT_S = 3 * 3600
-# a row's timing budget: rounds stop once it is spent (at least 5 rounds)
-DEFAULT_BUDGET_S = 0.3
 
 
 @dataclass(frozen=True)
@@ -40,11 +44,11 @@ class BenchOptions:
     """What the command line said: the target's options (shared with ``opforge smoke``; its
     ``ops`` are also bench's selection, its ``json`` bench's document) and bench's own."""
 
-    target: Options = field(default_factory=Options)
+    target: Options
+    budget: float  # a row's timing budget, seconds (opforge.cli.bench.DEFAULT_BUDGET_S)
     extras: tuple[str, ...] = ()
     workloads: tuple[str, ...] | None = None
     reference: str = "recipe"
-    budget: float = DEFAULT_BUDGET_S
     min_speedup: float | None = None
     forward_only: bool = False
     threads: tuple[int, ...] | None = None
@@ -157,10 +161,6 @@ def _options(given: BenchOptions, request, threads: list, max_thread_cost) -> di
 def _measure(given: BenchOptions, target, request, options: dict) -> dict:
     """The environment made (with --with's packages) and the workloads timed in it: the
     bench document; an interrupted run writes the rows finished so far to --json."""
-    from opforge.smoke.runner import cleanup, prepare_environment, run_probe
-    from opforge.torchsource import pip_index_args
-    from opforge.venv import install
-
     env = prepare_environment(target)
     try:
         if given.extras:
@@ -192,9 +192,6 @@ def _measure(given: BenchOptions, target, request, options: dict) -> dict:
 def _finish(given: BenchOptions, doc: dict, baseline, record, kept, threshold) -> int:
     """Compared with the baseline, stored, reported (terminal, --json, --summary, the job
     summary): the exit code."""
-    from opforge.bench import report as benchreport
-    from opforge.bench.compare import compare_to_baseline
-
     if baseline:
         compare_to_baseline(doc, baseline[1], baseline[0], threshold, base_machine=baseline[2])
     elif record is not None:
@@ -230,8 +227,6 @@ def _finish(given: BenchOptions, doc: dict, baseline, record, kept, threshold) -
 
 def store(doc: dict, what: str, path: Path) -> str:
     """Save a passing run at ``path``; one line either way: saved or not, where, and why."""
-    from opforge.bench import report as benchreport
-
     if benchreport.exit_code(doc) == 0:
         save(path, doc)
         timed = sum(1 for r in doc.get("rows", []) if "ours_s" in r)
@@ -242,8 +237,6 @@ def store(doc: dict, what: str, path: Path) -> str:
 
 
 def _requirement(text: str) -> None:
-    from packaging.requirements import InvalidRequirement, Requirement
-
     try:
         Requirement(text)
     except InvalidRequirement as exc:

@@ -9,6 +9,7 @@ fanned-out one (``--plan`` / ``--probe``), writing the report.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import shutil
@@ -18,8 +19,17 @@ import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+from opforge.bisect import state as state_mod
+from opforge.bisect.commits import commit_range
+from opforge.bisect.envs import EnvCache
+from opforge.bisect.index import DEFAULT_INDEX, is_local, load_index, variant_index
+from opforge.bisect.params import MAX_RETRIES, Params, check_endpoints, endpoint, release_version
+from opforge.bisect.releases import PYPI, load_releases, release_index
+from opforge.bisect.report import Display, emit, emit_error, result_json, write_output
+from opforge.bisect.session import Session
 from opforge.errors import Interrupted, OpforgeError, UsageError
 from opforge.files import lookup
+from opforge.matrix import MatrixError, find_matrix, load_matrix
 
 from .request import BisectRequest
 
@@ -53,10 +63,6 @@ def python_for(spec: str | None) -> tuple[str, str]:
 
 
 def _params(request: BisectRequest):
-    from opforge.bisect.index import DEFAULT_INDEX, variant_index
-    from opforge.bisect.params import Params, check_endpoints, endpoint, release_version
-    from opforge.bisect.releases import PYPI, release_index
-
     command = list(request.command)
     if command:
         if command[0] != "--":
@@ -74,7 +80,6 @@ def _params(request: BisectRequest):
     for option, day in (("--good", good), ("--bad", bad)):
         if day is not None and "-" in day and day > tomorrow:
             raise UsageError(f"{option} {day}: that date is in the future; no nightly exists yet")
-    from opforge.bisect.params import MAX_RETRIES
 
     if request.retries is not None and not 0 <= request.retries <= MAX_RETRIES:
         raise UsageError(f"--retries {request.retries}: expected 0 to {MAX_RETRIES}")
@@ -127,8 +132,6 @@ def _companions(names: tuple[str, ...] | list[str] | None) -> list[str]:
 
 def _local_index(index: str, option: str) -> str:
     """A local index as an absolute path (a URL unchanged); a missing directory is bad input."""
-    from opforge.bisect.index import is_local
-
     if is_local(index) and not index.startswith("file://"):
         local = Path(index).expanduser()
         info = lookup(local, what=option)
@@ -140,6 +143,7 @@ def _local_index(index: str, option: str) -> str:
 
 def _check_speed(request: BisectRequest, command: list[str], good: str | None) -> None:
     """--slower-than times the extension's workloads: no test command, a known good end."""
+    # bisect by speed only (--slower-than): its module is not needed otherwise
     from opforge.bisect.speed import workloads_of
 
     if command:
@@ -157,7 +161,6 @@ def _check_speed(request: BisectRequest, command: list[str], good: str | None) -
 
 def _check_variant(variant: str, matrix: str | None) -> None:
     # the default and --wheel modes build / smoke-test with the variant of this checkout's matrix
-    from opforge.matrix import MatrixError, find_matrix, load_matrix
 
     try:
         path = Path(matrix) if matrix else find_matrix()
@@ -170,8 +173,6 @@ def _check_variant(variant: str, matrix: str | None) -> None:
 
 
 def _resumed_params(request: BisectRequest, stored: dict):
-    from opforge.bisect.params import Params, endpoint
-
     params = Params.from_json(stored)
     for name in _DEFINING:
         given = getattr(request, name)
@@ -199,8 +200,6 @@ def _resumed_params(request: BisectRequest, stored: dict):
 
 def _replaceable(state_path: Path, restart: bool) -> None:
     """Refuse to start over on an interrupted bisect's state unless --restart says so."""
-    from opforge.bisect import state as state_mod
-
     if restart or not (state_path.exists() or state_path.is_symlink()):
         return
     try:
@@ -218,8 +217,6 @@ def _replaceable(state_path: Path, restart: bool) -> None:
 
 def _verdict_file(path: Path):
     """A state file of this bisect's probes (from --probe, or any run): read, or bad input."""
-    from opforge.bisect import state as state_mod
-
     if lookup(path, what="--verdicts") is None:
         raise UsageError(f"--verdicts {path}: no such file or directory (give the state files "
                          "of the --probe runs, or a directory of them)")
@@ -235,10 +232,6 @@ _SAME_BISECT = ("good", "bad", "variant", "python", "index", "release_index", "c
 
 def _round(request: BisectRequest, session, verdicts) -> int:
     """--plan (merge the verdicts, print the next round) and --probe (test one candidate)."""
-    import json
-
-    from opforge.bisect.report import write_output
-
     state, display = session.state, session.display
     for path, other in verdicts:
         for name in _SAME_BISECT:
@@ -288,12 +281,6 @@ def run(request: BisectRequest) -> int:
 def _set_up(request: BisectRequest):
     """The session of this run (its params, state, log, environments), and the verdicts
     of --verdicts, read; still nothing written."""
-    from opforge.bisect import state as state_mod
-    from opforge.bisect.envs import EnvCache
-    from opforge.bisect.index import is_local
-    from opforge.bisect.report import Display
-    from opforge.bisect.session import Session
-
     display = Display()
     log = state_mod.StepLog(request.log_path)
     verdicts = [_verdict_file(f) for f in request.verdicts]
@@ -314,6 +301,7 @@ def _set_up(request: BisectRequest):
                       matrix=request.matrix)
     session.shared_state = bool(request.probe)
     if params.slower_than:
+        # bisect by speed only: its module is not needed otherwise
         from opforge.bisect.speed import SpeedJudge, workloads_of
 
         session.speed = SpeedJudge(params.slower_than,
@@ -325,10 +313,6 @@ def _set_up(request: BisectRequest):
 def _begin(request: BisectRequest, log, display):
     """(params, state, on_start): the saved bisect continued, or a new one with its
     candidates listed; ``on_start`` logs it once its first step is done."""
-    from opforge.bisect import state as state_mod
-    from opforge.bisect.index import load_index
-    from opforge.bisect.releases import load_releases
-
     state_path = request.state_path
     if request.resume:
         saved = state_mod.load(state_path)
@@ -364,9 +348,6 @@ def _begin(request: BisectRequest, log, display):
 
 def _linear(request: BisectRequest, session) -> int:
     """A whole bisect (or the rest of one): the search, the commits, the report."""
-    from opforge.bisect.commits import commit_range
-    from opforge.bisect.report import emit_error
-
     state, display = session.state, session.display
     try:
         with display:
@@ -406,9 +387,6 @@ def _linear(request: BisectRequest, session) -> int:
 
 def _finish(request: BisectRequest, session, outcome, commits) -> int:
     """The result: saved in the state, logged, and written as the report."""
-    from opforge.bisect import state as state_mod
-    from opforge.bisect.report import emit, result_json
-
     params, state = session.params, session.state
     exe = session.envs.base_python  # the interpreter the environments were made with
     data = result_json(outcome, commits, f"python{params.python}"

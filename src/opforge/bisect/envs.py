@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 
 from opforge.errors import OpforgeError
@@ -32,8 +33,9 @@ from opforge.files import write_file
 from opforge.locks import FileLock
 from opforge.venv import installer
 
-from .cache import build_lock, use_lock
-from .index import download, sha256_of
+from .cache import build_lock, choose_evictions, list_envs, max_size_from_env, remove, use_lock
+from .index import download, local_path, sha256_of
+from .overlay import Commit, changed_python, make_overlay, overlay_ready
 from .releases import Candidate, Release
 
 MARKER = "opforge-env.json"
@@ -83,7 +85,6 @@ def _host_pip_works() -> bool:
     # Read the version from metadata: importing pip in-process (Python < 3.12) makes
     # setuptools' distutils shim stand down for the rest of the process, which breaks any
     # later torch.utils.cpp_extension / inductor build in it.
-    from importlib import metadata
 
     try:
         version = metadata.version("pip")
@@ -103,7 +104,6 @@ class EnvCache:
         self.companions = list(companions or [])  # --with: installed beside torch
         self._host_pip = _host_pip_works()
         self.installer = installer()
-        from .cache import max_size_from_env
 
         self.max_size = max_size_from_env()  # OPFORGE_CACHE_MAX_SIZE: evict LRU beyond it
         self.in_use: set[Path] = set()
@@ -166,8 +166,6 @@ class EnvCache:
 
     def ensure(self, nightly: Candidate) -> NightlyEnv:
         """The candidate's environment, made (download, venv, pip install) only if missing."""
-        from .overlay import Commit
-
         if isinstance(nightly, Commit):
             return self._overlay(nightly)
         path = self.env_dir(nightly)
@@ -260,15 +258,12 @@ class EnvCache:
         """Remove the least recently used environments beyond ``max_size`` (never one in use)."""
         if self.max_size is None:
             return []
-        from .cache import choose_evictions, list_envs, remove
 
         gone = choose_evictions(list_envs(self.root), self.max_size, keep=self.in_use)
         return [env.path.name for env in gone if remove(env)]  # one in use elsewhere stays
 
     def _overlay(self, commit) -> NightlyEnv:
         """A commit's Python over its base nightly's environment (overlay.py)."""
-        from .overlay import changed_python, make_overlay, overlay_ready
-
         base = self.ensure(commit.base)
         path = base.path.parent / f"{base.path.name}+{commit.key}"
         actions = []
@@ -287,8 +282,6 @@ class EnvCache:
                           packages=base.packages)
 
     def cached(self, nightly: Candidate) -> NightlyEnv | None:
-        from .overlay import Commit, overlay_ready
-
         if isinstance(nightly, Commit):
             base = self._cached(nightly.base)
             path = self.env_dir(nightly.base).parent / f"{self.env_dir(nightly.base).name}+{nightly.key}"
@@ -341,8 +334,6 @@ class EnvCache:
 
 
 def _local_dir(url: str) -> Path:
-    from .index import local_path
-
     return local_path(url).parent
 
 

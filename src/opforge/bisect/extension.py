@@ -11,14 +11,17 @@ import os
 import re
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
+
+from opforge.build import build_wheel  # lazily: needs matrix.yaml and a compiler
+from opforge.errors import OpforgeError
+from opforge.matrix import find_matrix, load_matrix
 
 
 def checkout_root(matrix: str | None = None) -> Path:
     """The checkout whose extension is built: where its matrix.yaml is (as `opforge build`):
     ``matrix`` (--file's), else the one ``find_matrix`` finds."""
-    from opforge.matrix import find_matrix
-
     return (Path(matrix) if matrix else find_matrix()).parent
 
 
@@ -41,10 +44,6 @@ def build_against(variant: str, env_python: Path, torch_version: str,
     Everything the build prints (pip, the compiler) goes to ``work_dir/build-output.log``,
     not over the progress display; a failure's message names that log.
     """
-    from opforge.build import build_wheel  # lazily: needs matrix.yaml and a compiler
-    from opforge.errors import OpforgeError
-    from opforge.matrix import load_matrix
-
     work_dir.mkdir(parents=True, exist_ok=True)
     logfile = work_dir / "build-output.log"
     try:
@@ -105,8 +104,6 @@ def smoke_command(env_python: Path, variant: str, package: str | None = None,
     cmd = [sys.executable, "-m", "opforge", "smoke", "--python", str(env_python),
            "--variant", variant]
     if package:
-        from opforge.matrix import load_matrix
-
         cmd += ["--package", package]
         if package != load_matrix(matrix).extension.package:
             cmd += ["--namespace", package]  # another project's wheel: torchvision -> torchvision
@@ -125,8 +122,6 @@ def smoke_env(matrix: str | None = None) -> dict[str, str]:
 
 def wheel_package(wheel: Path) -> str | None:
     """The import name a wheel provides (its top-level package), for ``opforge smoke``."""
-    import zipfile
-
     try:
         with zipfile.ZipFile(wheel) as archive:
             names = archive.namelist()

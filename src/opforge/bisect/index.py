@@ -30,6 +30,7 @@ from packaging.version import Version
 
 from opforge.errors import OpforgeError, UsageError
 from opforge.files import MAX_TEXT_BYTES, decode_utf8, lookup, parse_json, read_text
+from opforge.progress import transfer
 
 DEFAULT_INDEX = "https://download.pytorch.org/whl/nightly"
 PROJECT = "torch"
@@ -344,8 +345,6 @@ def with_unlisted(listed: NightlyIndex, extra: Iterable[Nightly]) -> NightlyInde
 # -- downloading -------------------------------------------------------------------------------
 
 def _copy_with_progress(response, out, name: str) -> None:
-    from opforge.progress import transfer
-
     length = response.headers.get("Content-Length")
     total = int(length) if length and length.isdigit() else None
     with transfer(f"downloaded {name}", total) as advance:

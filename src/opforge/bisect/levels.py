@@ -13,6 +13,7 @@ from pathlib import Path
 from opforge.errors import OpforgeError, UsageError
 
 from .index import NightlyIndex, load_index
+from .overlay import suspects
 from .params import Params, release_version
 from .releases import Candidate, Release, nightlies_between
 from .search import EndpointError, Found, Outcome, plan
@@ -178,8 +179,6 @@ class Levels:
 
     def bisect_commits(self, outcome: Outcomes, commits) -> Outcomes:
         """The commit level under the nightly boundary (--by-commit, overlay.py)."""
-        from .overlay import suspects
-
         nightly = outcome.levels[-1] if outcome.levels else None
         if nightly is None or nightly.name != "nightly" or not commits.commits:
             self._level_note("--by-commit: no main-branch commits to bisect "

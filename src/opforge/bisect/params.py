@@ -5,6 +5,7 @@ Stored in the state file and compared on ``--resume``.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shlex
@@ -84,8 +85,6 @@ class Params:
     def check_ranges(self) -> None:
         """What the command line would have refused, refused in a saved state too (a state is
         a file anyone can edit): a ValueError naming the field."""
-        import math
-
         def bad(name: str, value, want: str) -> ValueError:
             return ValueError(f"params.{name} {value!r}: {want}")
 

@@ -20,8 +20,10 @@ from packaging import tags
 from packaging.version import Version
 
 from opforge.errors import OpforgeError, UsageError
+from opforge.pipconfig import read_pip_config
 
 from .index import PROJECT, Nightly, installable_wheels, is_local, read_links, target_tags
+from .overlay import Commit
 
 DEFAULT_RELEASE_INDEX = "https://download.pytorch.org/whl"
 PYPI = "pypi"
@@ -86,8 +88,6 @@ def candidate_from_json(data: dict) -> Candidate:
     if data.get("kind") == "release":
         return Release.from_json(data)
     if data.get("kind") == "commit":
-        from .overlay import Commit
-
         return Commit.from_json(data)
     return Nightly.from_json(data)
 
@@ -102,7 +102,6 @@ def release_index(given: str | None, variant: str) -> str:
 def _listing_url(index: str) -> str:
     if index != PYPI:
         return index
-    from opforge.pipconfig import read_pip_config
 
     return read_pip_config().index_url or PYPI_SIMPLE
 

@@ -16,7 +16,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from opforge.bisect import state as state_mod
+from opforge.bisect.commits import check_repo
 from opforge.errors import UsageError
+from opforge.files import check_writable
+from opforge.matrix import load_matrix
+from opforge.paths import cache_dir
 
 
 @dataclass(frozen=True)
@@ -66,14 +71,8 @@ class BisectRequest:
 
 def request_from(args: argparse.Namespace) -> BisectRequest:
     """The request of a parsed ``opforge bisect`` command line, every check done."""
-    from opforge.bisect import state as state_mod
-    from opforge.bisect.commits import check_repo
-    from opforge.paths import cache_dir
-
     matrix = None
     if args.file:
-        from opforge.matrix import load_matrix
-
         load_matrix(args.file)  # one line, exit 2, when it is missing or malformed
         # the build, the smoke run and their subprocesses all find the configuration here
         matrix = str(Path(args.file).expanduser().resolve())
@@ -100,8 +99,6 @@ def request_from(args: argparse.Namespace) -> BisectRequest:
     _destinations(args, state_path, log_path)
     github_output = os.environ.get("GITHUB_OUTPUT") or None
     if args.plan is not None and github_output:
-        from opforge.files import check_writable
-
         # checked before the state is written: a round that cannot be handed on is not taken
         check_writable(github_output, what="$GITHUB_OUTPUT", append=True, make_folders=False)
     state_mod.check_free(state_path, shared=bool(args.probe))  # another run holds it: exit 2
@@ -125,8 +122,6 @@ def request_from(args: argparse.Namespace) -> BisectRequest:
 
 def _destinations(args: argparse.Namespace, state_path: Path, log_path: Path) -> None:
     """Every file the bisect will write, checked before anything runs."""
-    from opforge.files import check_writable
-
     check_writable(state_path, what="--state")
     check_writable(log_path, what="--log", append=True)
     for option, target in (("--json", args.json), ("--markdown", args.markdown)):

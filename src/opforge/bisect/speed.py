@@ -14,7 +14,6 @@ are timed against each other for the report.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -28,9 +27,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from opforge.errors import OpforgeError, UsageError
+from opforge.matrix import find_matrix, load_matrix
 from opforge.processes import stop_child
+from opforge.smoke.archive import probe_archive
 from opforge.smoke.probe.speed import paired, seconds
 
+from .extension import wheel_package
 from .index import Nightly
 from .search import Found, Outcome
 from .state import StepRecord
@@ -39,19 +41,6 @@ START_TIMEOUT_S = 900.0   # importing torch and building the workloads
 BLOCK_TIMEOUT_S = 300.0   # one block of calls
 BUDGET_S = 0.3            # timing per row and measurement (at least 5 rounds)
 REMEASURES = 2            # more measurements of a row within noise of the threshold
-
-
-def slower_than(text: str) -> float:
-    """``--slower-than``'s argument: a finite factor greater than 1."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number (a slowdown factor such "
-                                         "as 1.5)") from None
-    if not 1 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r}: a slowdown factor greater than 1 (2 = "
-                                         "twice as slow as on the good nightly)")
-    return value
 
 
 @dataclass(frozen=True)
@@ -66,10 +55,6 @@ class Workloads:
 def workloads_of(wheel: str | None, matrix_path: str | None = None) -> Workloads:
     """The workloads of the checkout's extension (its matrix: ``matrix_path``, --file's, else
     the one ``find_matrix`` finds), or of ``--wheel``'s package."""
-    from opforge.matrix import find_matrix, load_matrix
-
-    from .extension import wheel_package
-
     matrix = load_matrix(matrix_path or find_matrix())
     ext = matrix.extension
     package = (wheel_package(Path(wheel)) if wheel else None) or ext.package
@@ -99,8 +84,6 @@ class WorkloadServer:
 
     def __init__(self, python: Path, env: dict[str, str], workloads: Workloads,
                  timeout: float | None):
-        from opforge.smoke.archive import probe_archive
-
         self.scratch = Path(tempfile.mkdtemp(prefix="opforge-speed-"))
         self.block_timeout = timeout or BLOCK_TIMEOUT_S
         archive = probe_archive(self.scratch / "probe.pyz")
@@ -435,5 +418,5 @@ def describe_boundary(speed: dict) -> list[str]:
     return lines
 
 
-__all__ = ["RowTiming", "SpeedJudge", "Workloads", "describe_boundary", "slower_than",
+__all__ = ["RowTiming", "SpeedJudge", "Workloads", "describe_boundary",
            "verdict", "workloads_of"]

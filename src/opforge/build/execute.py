@@ -24,6 +24,9 @@ from opforge.matrix import Matrix, Variant, load_matrix
 from opforge.platforms import toolchain
 from opforge.progress import plain, quiet, show_tail
 from opforge.stamp import BuildFacts, stamp_wheel
+from opforge.venv import create_venv, installer, torch_index_hint, venv_python
+from opforge.wheel_checks import check_against_variant
+from opforge.wheels import inspect_wheel
 
 
 def prepare(plan: BuildPlan) -> None:
@@ -77,9 +80,6 @@ def verify(wheel: Path, variant: Variant, pythons: tuple[str, ...] = (), *,
            extra_env_ok: bool = False) -> list[str]:
     """The ways a freshly built wheel contradicts its matrix entry (see ``opforge inspect``);
     extra_env_ok: a build environment given with --build-env is not one of them."""
-    from opforge.wheel_checks import check_against_variant
-    from opforge.wheels import inspect_wheel
-
     return check_against_variant(inspect_wheel(wheel), variant, pythons, extra_env_ok=extra_env_ok)
 
 
@@ -89,8 +89,6 @@ def execute(plan: BuildPlan, python: str, *, install: bool = True, log=print,
     ``verbose``: the repair tool's INFO lines too."""
     prepare(plan)
     if install:
-        from opforge.venv import installer
-
         tool = installer()
         # the build step is `pip wheel`: an environment uv made has no pip of its own
         tools = (*plan.tools, "pip") if tool.uv else plan.tools
@@ -146,8 +144,6 @@ def _not_info(line: str) -> bool:
 
 def torch_install_hint(plan: BuildPlan, errors: str) -> str:
     """What a failed torch install most likely means, and the two ways to choose the index."""
-    from opforge.venv import torch_index_hint
-
     return torch_index_hint(plan.install, errors)
 
 
@@ -346,8 +342,6 @@ def build_wheel(variant: str, *, matrix: Matrix | None = None, python: str | Non
                           torch_spec=torch_spec, torch_index=torch_index, extra_env=extra_env)
     check_host(matrix, plan.variant)
     if python is None:
-        from opforge.venv import create_venv, venv_python
-
         env_dir = plan.work_dir / "env"
         python = str(venv_python(env_dir) if venv_python(env_dir).exists()
                      else create_venv(env_dir, with_pip=True))

@@ -192,6 +192,7 @@ def read_pyproject(extension_dir: Path) -> tuple[tuple[str, ...], str]:
     requires: list[str] = list(BUILD_TOOLS)
     backend = LEGACY_BUILD_BACKEND
     if pyproject.is_file():
+        # tomllib (~2 ms) when a pyproject.toml is read: build/plan is on the CLI's startup path
         try:
             import tomllib
         except ModuleNotFoundError:  # Python 3.10

@@ -163,6 +163,7 @@ def _short(text: str) -> str:
 
 def project_name(extension_dir: Path) -> str:
     """pyproject.toml's [project] name, else the folder's name: what records are kept by."""
+    # tomllib (~2 ms) when a pyproject.toml is read: build/progress is on the CLI's startup path
     try:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10

@@ -39,6 +39,7 @@ from opforge.cli import (
 )
 from opforge.cli.environment import check_environment
 from opforge.errors import EXIT_BUG, EXIT_SIGNAL, Interrupted, OpforgeError, UsageError
+from opforge.paths import cache_dir
 
 # in `opforge --help` order; each registers one subcommand of the same name
 COMMANDS = {"init": init, "matrix": matrix, "build": build, "inspect": inspect,
@@ -192,8 +193,6 @@ def _silence_stdout() -> None:
 
 
 def crash_log_dir() -> Path:
-    from opforge.paths import cache_dir
-
     return cache_dir() / "logs"
 
 

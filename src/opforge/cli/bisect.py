@@ -28,6 +28,19 @@ environment activated (PATH, VIRTUAL_ENV; PYTHONPATH removed) in the current dir
 """
 
 
+def slower_than(text: str) -> float:
+    """``--slower-than``'s argument: a finite factor greater than 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number (a slowdown factor such "
+                                         "as 1.5)") from None
+    if not 1 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: a slowdown factor greater than 1 (2 = "
+                                         "twice as slow as on the good nightly)")
+    return value
+
+
 def register(subparsers) -> argparse.ArgumentParser:
     # Long by design: one add_argument per option with its help, read top to bottom as the
     # command's reference; split, one command's options would be scattered.
@@ -93,8 +106,6 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--verdicts", nargs="+", metavar="STATE|DIR",
                    help="with --plan: state files written by --probe runs (or by any run of "
                         "this bisect), or directories of them, whose steps are merged in first")
-    from opforge.bisect.speed import slower_than
-
     p.add_argument("--slower-than", type=slower_than, metavar="RATIO",
                    help="bisect by speed: a candidate is bad when a workload of the recipes "
                         "runs RATIO times slower than on --good (timed in the same run, paired "
@@ -128,6 +139,7 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    # the application, imported when the command runs: not at startup (~15 ms)
     from opforge.bisect.app import run as run_bisect
     from opforge.bisect.request import request_from
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from opforge import build, compiler_cache, variants
 from opforge.errors import UsageError
@@ -112,8 +113,7 @@ def write_summary(variant: str, stats: compiler_cache.CacheStats | None) -> None
 
 def variants_of_built(args: argparse.Namespace, matrix) -> int:
     """``--variants-only``: the wheel variants of the wheel a build left in ``--out``."""
-    from pathlib import Path
-
+    # --variants-only only: not at startup
     from opforge.matrix.dist import wheel_record
 
     variant = matrix.variant(args.variant)

@@ -6,7 +6,9 @@ import argparse
 import json
 import time
 
+from opforge.bisect.cache import choose_evictions, human, list_envs, parse_size, remove
 from opforge.errors import UsageError
+from opforge.paths import cache_dir
 
 DESCRIPTION = """\
 The bisect cache holds one environment per torch build it tested (nightlies and releases),
@@ -38,9 +40,6 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from opforge.bisect.cache import choose_evictions, human, list_envs, parse_size, remove
-    from opforge.paths import cache_dir
-
     root = cache_dir()
     if args.action == "list":
         envs = list_envs(root)

@@ -34,6 +34,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # the application, imported when the command runs: not at startup (~35 ms)
     from opforge import init
 
     scan, files = init.plan_files(args.path, torch_version=args.torch or init.DEFAULT_TORCH,

@@ -36,6 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_check(args: argparse.Namespace) -> int:
+    # the workflow checks (~35 ms), imported when the command runs: not at startup
     from opforge.workflows import WORKFLOW_DIR
 
     root = args.root
@@ -49,6 +50,7 @@ def run_check(args: argparse.Namespace) -> int:
     matrix = args.file
     if matrix is not None and not matrix.is_absolute() and not matrix.exists():
         matrix = root / matrix
+    # the workflow checks, imported when the command runs: not at startup
     from opforge.workflows import check_repository
     from opforge.workflows.project import subcommand_parsers
 

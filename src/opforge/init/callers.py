@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+import yaml
+
 from opforge import __version__, _release
 from opforge.errors import UsageError
 
@@ -101,8 +103,6 @@ def _file_url_path(url: object) -> Path | None:
 
 def render_workflows(matrix_text: str, matrix_file: str, pin: WorkflowsPin) -> dict[str, str]:
     """The three caller workflows, by file name under .github/workflows/."""
-    import yaml
-
     matrix = yaml.safe_load(matrix_text)
     uses = f"{_release.WORKFLOWS_REPOSITORY}/.github/workflows/{{}}@{pin.commit} # v{__version__}"
     given = f"      opforge: {_quoted(pin.opforge)}\n      matrix-file: {_quoted(matrix_file)}\n"

@@ -17,6 +17,7 @@ from packaging.version import Version
 
 from opforge.dispatch_keys import NO_KERNEL_DEVICES, backward_keys, device_of
 from opforge.errors import UsageError
+from opforge.platforms import get
 
 CHANNELS = ("stable", "test", "nightly")
 
@@ -253,8 +254,6 @@ class Variant:
 
     @property
     def backends(self) -> tuple[str, ...]:
-        from opforge.platforms import get
-
         device = get(self.backend).device
         return ("cpu", device) if device else ("cpu",)
 
@@ -471,8 +470,6 @@ class Matrix:
 def _default_index_variant(variant: Variant) -> str:
     """A variant's PyTorch index, its backend's (opforge.platforms): cpu, cu<major><minor>,
     rocm<version>, xpu (matrix.yaml's index_variant says otherwise)."""
-    from opforge.platforms import get
-
     return get(variant.backend).torch_index(variant)
 
 

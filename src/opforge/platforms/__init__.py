@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import platform as _platform
 import sys
+from importlib import import_module
+from importlib.metadata import entry_points
 
 from opforge.platforms import cpu, cuda, mps, rocm, xpu
 from opforge.platforms.base import Backend, Variant
@@ -49,8 +51,6 @@ def load_plugins() -> None:
     if _plugins_loaded:
         return
     _plugins_loaded = True
-    from importlib import import_module
-    from importlib.metadata import entry_points
 
     for entry in entry_points(group=ENTRY_POINT_GROUP):
         import_module(entry.value.partition(":")[0])

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from opforge.errors import OpforgeError
 from opforge.platforms import toolchain
 
 # A matrix variant (opforge.matrix.Variant) and a wheel's report (opforge.wheels.WheelReport):
@@ -248,8 +249,6 @@ class Backend:
     def check_host(self, variant: Variant, host: str, env, where: str) -> None:
         """Raise OpforgeError when ``host`` cannot build the variant (``where``: where it runs
         instead). Default: the host must be one of the variant's platforms."""
-        from opforge.errors import OpforgeError
-
         if host not in variant.platforms:
             raise OpforgeError(f"{variant.build_session} builds for "
                                f"{', '.join(variant.platforms)}; this host is {host}; {where}")

@@ -18,10 +18,17 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from opforge.errors import UsageError
+from opforge.errors import OpforgeError, UsageError
+from opforge.files import check_target, read_text, write_file
+from opforge.matrix import load_matrix
+from opforge.matrix.dist import identify_wheel, latest_wheel
 from opforge.recipes import calls as calls_mod
 from opforge.recipes.derive import MAX_TRIES, Search
 from opforge.recipes.recipes_file import Entry, derived_lines, note_line, rewrite, stub_entries
+from opforge.recipes.worker import TrialWorker
+from opforge.scan import scan_extension
+from opforge.smoke.runner import Target, cleanup, prepare_environment
+from opforge.torchsource import resolve_index
 
 OP_WALL_S = 180.0   # one op's search stops after this long, tries left or not
 
@@ -166,9 +173,6 @@ def select(entries: list[Entry], ops: tuple[str, ...] | None, label: str) -> lis
 def scan_hints(root: Path):
     """entry -> the scan's hints for its arguments (``x.dim() == 2``); empty when the
     sources are not there or cannot be read."""
-    from opforge.errors import OpforgeError
-    from opforge.scan import scan_extension
-
     try:
         scan = scan_extension(root) if root.is_dir() else None
     except (OpforgeError, OSError, ValueError, RecursionError):
@@ -235,10 +239,6 @@ class Request:
 
 
 def _target(request: Request, matrix):
-    from opforge.matrix.dist import identify_wheel, latest_wheel
-    from opforge.smoke.runner import Target
-    from opforge.torchsource import resolve_index
-
     if request.python is not None:
         return Target(python=request.python)
     variant = matrix.variant(request.variant) if request.variant else None
@@ -252,11 +252,6 @@ def _target(request: Request, matrix):
 
 
 def run(request: Request) -> int:
-    from opforge.files import check_target, read_text, write_file
-    from opforge.matrix import load_matrix
-    from opforge.recipes.worker import TrialWorker
-    from opforge.smoke.runner import cleanup, prepare_environment
-
     matrix = load_matrix(request.matrix)
     ext = matrix.extension
     path = request.recipes or (matrix.path.parent / ext.recipes if ext.recipes else None)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from opforge.errors import OpforgeError
 from opforge.processes import stop_child
+from opforge.smoke.archive import probe_archive
 
 START_TIMEOUT_S = 600   # importing torch and the package
 CALL_TIMEOUT_S = 30     # one trial call (twice, with its inputs)
@@ -32,8 +33,6 @@ class WorkerError(OpforgeError):
 class TrialWorker:
     def __init__(self, python: Path, package: str | None, namespace: str, *, fresh: bool,
                  call_timeout: float = CALL_TIMEOUT_S):
-        from opforge.smoke.archive import probe_archive
-
         self.python, self.package, self.namespace = python, package, namespace
         self.fresh, self.call_timeout = fresh, call_timeout
         self.scratch = Path(tempfile.mkdtemp(prefix="opforge-derive-"))

@@ -9,8 +9,10 @@ import re
 import string
 from pathlib import Path
 
+from opforge import platforms
 from opforge.errors import UsageError
 from opforge.files import read_head
+from opforge.platforms import toolchain
 from opforge.scan.model import (
     BACKEND_SUFFIXES,
     CXX_SUFFIXES,
@@ -22,6 +24,11 @@ from opforge.scan.model import (
 )
 from opforge.scan.python import call_name
 from opforge.scan.text import MAX_SOURCE_BYTES, line_of, read_source
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
 
 _EXTENSION_CALLS = {"CppExtension", "CUDAExtension", "Extension", "Pybind11Extension",
                     "SyclExtension"}
@@ -187,13 +194,10 @@ def _unset_value(node: ast.AST, names: set[str]):
 def _managed_variables() -> frozenset[str]:
     """The variables opforge itself sets or takes away in a build (a gate on them is the
     variant's business: FORCE_CUDA decides a CUDA module, not an opt-in)."""
-    from opforge import platforms
-
     names = {"MAX_JOBS", "DIST_EXTRA_CONFIG", "SKBUILD_BUILD_DIR"}
     for backend in platforms.names():
         b = platforms.get(backend)
         names.update(b.variables, b.toolkit_variables)
-    from opforge.platforms import toolchain
 
     names.update(toolchain.CUDA_VARIABLES)
     return frozenset(n for n in names) | {n for n in names if n.startswith("OPFORGE_")}
@@ -379,10 +383,6 @@ def scan_build_config(scan: Scan) -> None:
     pyproject = root / "pyproject.toml"
     data: dict = {}
     if pyproject.is_file():
-        try:
-            import tomllib
-        except ModuleNotFoundError:  # Python 3.10
-            import tomli as tomllib  # type: ignore[no-redef]
         try:
             data = tomllib.loads(read_head(pyproject, MAX_SOURCE_BYTES).decode("utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError, UsageError) as exc:

@@ -10,9 +10,13 @@ from __future__ import annotations
 import json
 import sys
 
+from packaging.version import InvalidVersion, Version
+
 from opforge.errors import UsageError
 from opforge.files import write_atomic
+from opforge.matrix import COMPAT_WORDS
 from opforge.progress import say
+from opforge.smoke import compat, report
 from opforge.smoke.plan import (
     Options,
     Plan,
@@ -20,19 +24,20 @@ from opforge.smoke.plan import (
     load_matrix_of,
     make_plan,
 )
+from opforge.smoke.probe.causes import add_cause
+from opforge.smoke.runner import (
+    add_check,
+    cleanup,
+    device_code_cause,
+    prepare_environment,
+    run_probe,
+    torch_mismatch,
+)
+from opforge.torchsource import resolve_index
 
 
 def run(options: Options) -> int:
     """``opforge smoke`` with its options: the exit code (0 pass, 1 fail)."""
-    from opforge.smoke import report
-    from opforge.smoke.runner import (
-        add_check,
-        cleanup,
-        prepare_environment,
-        run_probe,
-        torch_mismatch,
-    )
-
     if options.compat_torch is not None and not options.compat_torch:
         raise UsageError("--compat-torch '': name at least one torch (2.13.0, floor, matrix, "
                          "latest, nightly), or leave the option out")
@@ -66,16 +71,12 @@ def run(options: Options) -> int:
     if mismatch:
         add_check(doc, "torch-variant", "fail", mismatch, category="environment")
         if not any(c["class"] == "wrong_torch" for c in doc.get("causes") or []):
-            from opforge.smoke.probe.causes import add_cause
-
             add_cause(doc, "wrong_torch", "the environment's torch is not the variant's",
                       [mismatch], f"install {target.variant_torch} (the matrix's torch for "
                       f"{variant}) before the wheel, or fix the wheel's torch pin",
                       explains=["torch-variant"])
     matrix = load_matrix_of(options.file, required=False) if variant and target.wheel else None
     if matrix is not None:
-        from opforge.smoke.runner import device_code_cause
-
         device_code_cause(doc, target.wheel, matrix.variant(variant))
     if choice.pending:
         # neither the arguments nor the build record named a variant: nothing was promised
@@ -91,8 +92,6 @@ def run(options: Options) -> int:
 
 def emit(options: Options, doc: dict) -> int:
     """The report's files (--json, --junit) and the GitHub summary; the exit code."""
-    from opforge.smoke import report
-
     if options.json:
         write_atomic(options.json, json.dumps(doc, indent=1) + "\n")
     if options.junit:
@@ -103,10 +102,6 @@ def emit(options: Options, doc: dict) -> int:
 
 def compat_torches(options: Options, variant: str | None) -> list[str]:
     """--compat-torch, else the variant's compat_torch list (its words resolved)."""
-    from packaging.version import InvalidVersion, Version
-
-    from opforge.matrix import COMPAT_WORDS
-
     if options.compat_torch:
         for entry in options.compat_torch:
             if entry in COMPAT_WORDS:
@@ -138,8 +133,6 @@ def compat_torches(options: Options, variant: str | None) -> list[str]:
 
 def run_compat(plan: Plan) -> int:
     """``--compat``: the plan's wheel beside each torch, each in a fresh environment."""
-    from opforge.smoke import compat
-
     options, target, request = plan.options, plan.target, plan.request
     variant, choice = plan.variant, plan.choice
     if target.python is not None:
@@ -153,8 +146,6 @@ def run_compat(plan: Plan) -> int:
           flush=True)
     nightly = None
     if "nightly" in torches:
-        from opforge.torchsource import resolve_index
-
         matrix = load_matrix_of(options.file, required=variant is not None)
         channel = matrix.nightly_index(matrix.variant(variant)) if matrix and variant else None
         nightly = resolve_index(channel, options.torch_index)

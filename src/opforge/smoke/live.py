@@ -8,15 +8,15 @@ import subprocess
 import threading
 from pathlib import Path
 
+from opforge.bench.target.bench import PROGRESS_PREFIX
+from opforge.progress import tally
+
 
 def run_with_progress(cmd: list[str], cwd: Path, env: dict[str, str], timeout_s: float,
                       what: str) -> tuple[int | None, str]:
     """Run the target, showing the progress lines it writes on stderr (a bench's rows, see
     ``opforge.bench.target.bench.announce``); its exit status (None: past ``timeout_s``)
     and the rest of its stderr."""
-    from opforge.bench.target.bench import PROGRESS_PREFIX
-    from opforge.progress import tally
-
     kept: list[str] = []
     with tally(what, unit="rows") as shown, subprocess.Popen(
             cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,

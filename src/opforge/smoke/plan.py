@@ -15,8 +15,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from opforge.errors import UsageError
+from opforge.errors import OpforgeError, UsageError
 from opforge.files import check_writable, lookup, open_problem
+from opforge.matrix import Promises, find_matrix, load_matrix, promises
+from opforge.torchsource import resolve_index
 
 if TYPE_CHECKING:
     from opforge.matrix import Matrix
@@ -33,9 +35,6 @@ _PARSED: dict[tuple, object] = {}
 def load_matrix_of(path: Path | None, required: bool):
     """The matrix ``--file`` names (else the one found from here), parsed once per process
     while its bytes are unchanged; None when none loads and ``required`` is false."""
-    from opforge.errors import OpforgeError
-    from opforge.matrix import find_matrix, load_matrix
-
     try:
         found = Path(path) if path is not None else find_matrix()
         if not stat.S_ISREG(os.stat(found).st_mode):
@@ -58,9 +57,6 @@ def load_matrix_of(path: Path | None, required: bool):
 def _fallback(path: Path | None, required: bool):
     """A file that cannot be opened (missing, a directory, a FIFO...): the parser says why,
     in its words."""
-    from opforge.errors import OpforgeError
-    from opforge.matrix import load_matrix
-
     try:
         return load_matrix(path)
     except OpforgeError:
@@ -161,8 +157,9 @@ class Plan:
 def make_plan(given: Options) -> Plan:
     """Options + matrix -> the Plan: the request carries the promises of the variant under
     test only (none yet while the choice is pending)."""
+    # smoke/plan is on the CLI's startup path (cli/smoke's Options): the runner (~13 ms) and
+    # matrix.dist (~1 ms) are imported when a plan is made
     from opforge.smoke.runner import ProbeRequest, Target
-    from opforge.torchsource import resolve_index
 
     _check_arguments(given)
     needs_matrix = (given.variant is not None or given.package is None or given.namespace is None
@@ -178,6 +175,7 @@ def make_plan(given: Options) -> Plan:
 
     wheel = given.wheel
     if not (wheel or given.requirement or given.python):
+        # on the startup path: matrix.dist when a plan is made
         from opforge.matrix.dist import latest_wheel
 
         wheel = latest_wheel(matrix, matrix.variant(given.variant).name)
@@ -197,7 +195,6 @@ def make_plan(given: Options) -> Plan:
     channel_index = matrix.torch_index(variant) if (matrix and variant) else None
     index = resolve_index(channel_index, given.torch_index)
     if choice.pending:  # nothing is promised until the installed build record names a variant
-        from opforge.matrix import Promises
 
         chosen = Promises()
     recipes = given.recipes
@@ -227,6 +224,7 @@ def _choose(given: Options, matrix, own: bool, wheel):
         variant = matrix.variant(given.variant)
         choice = Choice(variant.name)
     elif own:
+        # on the startup path: matrix.dist when a plan is made
         from opforge.matrix.dist import identify_wheel
 
         found = identify_wheel(matrix, wheel) if wheel is not None else None
@@ -267,8 +265,6 @@ def _check_arguments(given: Options) -> None:
 def _promises(given: Options, ext, variant):
     """What the probe checks: the variant's promises, or what --expect-keys, --ops and
     --internal-ops say instead (``opforge.matrix.promises`` works out each op's keys)."""
-    from opforge.matrix import promises
-
     return promises(ext, variant, keys=given.expect_keys, ops=given.ops,
                     backward_ops=given.internal_ops)
 
@@ -276,6 +272,7 @@ def _promises(given: Options, ext, variant):
 def choose_installed(given: Options, env, request, choice: Choice):
     """A pending choice made from the build record installed in ``env``: the request with
     that variant's promises, and the choice (still pending when no record names a variant)."""
+    # on the startup path: matrix.dist and the runner when a plan is made
     from opforge.matrix.dist import identify_record
     from opforge.smoke.runner import installed_build_record
 

@@ -9,6 +9,7 @@ exit code.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import shutil
@@ -25,9 +26,14 @@ from packaging.version import Version
 
 from opforge import bytecode
 from opforge.errors import OpforgeError, UsageError
+from opforge.platforms import backend_of
 from opforge.smoke.archive import probe_archive
 from opforge.smoke.live import run_with_progress
 from opforge.smoke.probe import crashes
+from opforge.smoke.probe.causes import add_cause, crash_cause
+from opforge.torchsource import pip_index_args
+from opforge.venv import installer
+from opforge.wheels import inspect_wheel
 
 # what the build record of an installed package says, read by the probe's own reader
 FACTS_SOURCE = Path(__file__).with_name("probe") / "facts.py"
@@ -127,8 +133,6 @@ class Environment:
 
 
 def _pip_args(index: str | None) -> list[str]:
-    from opforge.torchsource import pip_index_args
-
     return pip_index_args(index)
 
 
@@ -165,8 +169,6 @@ def prepare_environment(target: Target) -> Environment:
 
 
 def _install(target: Target, env_dir: Path) -> Environment:
-    from opforge.venv import installer
-
     tool = installer()
     env = Environment(python=Path(), fresh=True, env_dir=env_dir, installer=tool.name)
     t0 = time.monotonic()
@@ -205,8 +207,6 @@ def installed_version(python: Path, distribution: str,
     ``python``."""
     site = bytecode.site_packages(env_dir) if env_dir is not None else None
     if site is not None:
-        import importlib.metadata
-
         found = next(iter(importlib.metadata.distributions(name=distribution,
                                                            path=[str(site)])), None)
         return found.version if found is not None else None
@@ -370,8 +370,6 @@ def _read_document(out: Path, rc: int | None, stderr: str, request: ProbeRequest
 
 def _cause_of_crash(doc: dict, stderr: str) -> None:
     """What a dying probe printed can name the cause (a C++ exception while loading)."""
-    from opforge.smoke.probe.causes import add_cause, crash_cause
-
     found = crash_cause(stderr)
     if found:
         cls = found.pop("cls")
@@ -456,10 +454,6 @@ def device_code_cause(doc: dict, wheel: Path, variant) -> None:
     Read from the wheel file (opforge.wheels), not in the probe: the GPU that would fail with
     "no kernel image is available" need not be on this machine.
     """
-    from opforge.platforms import backend_of
-    from opforge.smoke.probe.causes import add_cause
-    from opforge.wheels import inspect_wheel
-
     backend = backend_of(variant)
     if not backend.checks_device_code:
         return

@@ -20,6 +20,11 @@ from packaging.utils import canonicalize_name
 
 from opforge.matrix import Matrix, load_matrix
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
 _LISTED = re.compile(r"^[*-] (\S+)(?: -> .*)?$")
 
 
@@ -111,10 +116,6 @@ def subcommand_parsers(parser: argparse.ArgumentParser) -> dict[str, argparse.Ar
 
 def distribution_name(root: Path) -> str | None:
     """The normalized ``[project] name`` of ``root/pyproject.toml`` (None: none readable)."""
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib  # type: ignore[no-redef]
     try:
         data = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):

@@ -20,8 +20,12 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+from opforge import __version__, _release
+from opforge.workflows.calls import called_file, calls_opforge
+from opforge.workflows.commands import ScriptError, classify, commands
 from opforge.workflows.workflow import (
     Report,
     Workflow,
@@ -44,8 +48,6 @@ def _actions(job: Any) -> set[str]:
 
 
 def _calls_release(job: Any) -> bool:
-    from opforge.workflows.calls import called_file
-
     return isinstance(job, dict) and called_file(job.get("uses")) == RELEASE_WORKFLOW
 
 
@@ -120,11 +122,6 @@ def _pypi_job(wf: Workflow, job: dict, where: str, writes: set[str], report: Rep
 
 def check_release_pins(wf: Workflow, report: Report) -> None:
     """Calls of opforge's reusable workflows pinned to a commit no release of this version has."""
-    import re
-
-    from opforge import __version__, _release
-    from opforge.workflows.calls import calls_opforge
-
     released = _release.WORKFLOWS_COMMIT
     if not re.fullmatch(r"[0-9a-f]{40}", released or ""):
         return  # a development opforge cannot tell which commits were released
@@ -147,8 +144,6 @@ VARIANT_DIR = "wheel-variants"  # where an index job puts them: DIST/wheel-varia
 
 
 def _opforge_commands(step: dict) -> list:
-    from opforge.workflows.commands import ScriptError, classify, commands
-
     try:
         return [c for c in (classify(argv) for argv in commands(str(step.get("run", ""))))
                 if c.tool == "opforge"]

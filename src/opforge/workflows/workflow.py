@@ -10,6 +10,8 @@ from typing import Any
 
 import yaml
 
+from opforge import yamlsafe
+
 
 class YamlMap(dict):
     """A mapping that remembers where it and each of its keys start (1-based lines)."""
@@ -48,8 +50,6 @@ _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _constru
 def load_yaml(text: str, label: str = "<workflow>") -> Any:
     """The workflow as data, through opforge's guarded loader (size, depth, alias expansion):
     a bad file is one UsageError line ``label:line: (yaml): problem``."""
-    from opforge import yamlsafe
-
     return yamlsafe.load(text, label, loader=_Loader)
 
 

@@ -395,6 +395,7 @@ def row_id(op, workload, direction, device, threads=None) -> str:
 def _block(t, call, target_s: float = 0.02):
     """Seconds per call of one block, timed by torch.utils.benchmark (calls per block fixed
     once, so every round of a row does the same work)."""
+    # torch (~1 s): in the target only; the host imports this module (PROGRESS_PREFIX) without it
     from torch.utils.benchmark import Timer
 
     # at the thread count the process is set to (Timer's own default is one thread, which
@@ -415,6 +416,7 @@ def bench(args, doc: dict, save) -> None:
     """Fill ``doc``; ``save()`` writes it whole after every row (an interrupted or crashed run
     leaves a valid report of the rows it finished and the ones it did not)."""
     started = time.monotonic()
+    # torch (~1 s): in the target only; the host imports this module (PROGRESS_PREFIX) without it
     try:
         import torch
     except BaseException as exc:  # noqa: BLE001

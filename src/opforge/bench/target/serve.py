@@ -44,6 +44,7 @@ def parse_args(argv):
 
 def prepare(args) -> tuple[dict, dict]:
     """(the ready message, key -> (call, calls per block)); raises SystemExit via ``fail``."""
+    # torch (~1 s): imported by the server once it starts, not with the archive's modules
     import torch
 
     importlib.import_module(args.package)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import json
 import sys
 import warnings
@@ -93,8 +94,6 @@ def signature_of(fn) -> str | None:
     """A module function's parameters as a schema: a pybind11 function's docstring, else the
     Python signature (annotations read; an unannotated parameter without a default is a
     tensor, one with a default has its default's type)."""
-    import inspect
-
     found = _pybind_signature(fn)
     if found:
         return found
@@ -190,6 +189,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     say = own_stdout()  # the protocol owns the real stdout; the extension's prints go to stderr
 
+    # torch (~1 s): imported once the trial process starts, in the target
     try:
         import torch
 

@@ -14,8 +14,10 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import sys
 
 from .checks import explained_by
+from .load import classify_load_error, other_python
 from .registrations import namespaces, op_names, orphan_kernels
 
 # causes after which every other failure is a consequence: nothing of the namespace works
@@ -175,7 +177,6 @@ class Diagnosis:
                 cls = dup.pop("cls")
                 add_cause(self.doc, cls, explains=_problems(self.doc), **dup)
                 return
-        from .load import classify_load_error
 
         build = self.doc.get("build") or {}
         running = (self.doc.get("environment") or {}).get("torch_version")
@@ -193,14 +194,11 @@ class Diagnosis:
                       explains=["import", *_problems(self.doc)])
 
     def other_pythons(self) -> None:
-        from .load import other_python
-
         if any(c["class"] == "load_error" for c in self.doc.get("causes", [])):
             return
         for lib in self.info.get("libraries") or []:
             other = other_python(lib["path"])
             if other and not lib.get("loaded_by_import"):
-                import sys
                 add_cause(self.doc, "load_error",
                           f"{os.path.basename(lib['path'])} is an extension module for {other}, "
                           f"and this is Python {sys.version_info.major}.{sys.version_info.minor}: "
@@ -398,6 +396,7 @@ class Diagnosis:
                             if i.endswith(":Meta") or not i.startswith("census:")])
 
     def _python_fake(self, qualname: str) -> bool:
+        # torch's private registry: only where torch is imported (the probe in the target)
         try:
             from torch._library import simple_registry
             entry = simple_registry.singleton.find(qualname)

@@ -230,6 +230,7 @@ def fake_run(runner, call: Call):
     if not meta and runner.by_design(op, "cpu", f"fake:{op}", "fake"):
         return  # fake tensors of CPU tensors reach its CPU kernel unless it has a Meta one
     cpu_args = runner.inputs(op, recipe, dtype)
+    # FakeTensorMode and ShapeEnv (~0.2 s past torch): only for this check
     try:
         from torch._subclasses.fake_tensor import FakeTensorMode
         from torch.fx.experimental.symbolic_shapes import ShapeEnv

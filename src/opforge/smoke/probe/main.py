@@ -77,6 +77,7 @@ def probe(args) -> dict:
     report = Report(args)
     try:
         t0 = time.monotonic()
+        # torch (~1 s) is imported, and timed, here: the probe's first seam
         import torch
         report.doc["environment"] = environment(torch)
         report.doc["environment"]["torch_import_seconds"] = round(time.monotonic() - t0, 3)

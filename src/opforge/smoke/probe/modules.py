@@ -23,6 +23,7 @@ from .common import Report, err_text, first_line
 from .crashes import Breadcrumb, recipe_kind, report_crash
 from .recipes import RecipeError, check_fields, where
 from .rejections import REJECTED, classify, op_message
+from .values import compare, outputs_of, to_device
 
 FUNCTION_FIELDS = {"inputs", "dtypes", "devices", "expected", "atol", "rtol", "stub", "skip",
                    "derived"}
@@ -243,8 +244,6 @@ def run_functions(report: Report, t, devices: list[str], path: str | None,
 def _call_on_devices(report: Report, t, key: str, recipe: dict, fn, wanted: list[str],
                      devices: list[str], path: str | None, crumb: Breadcrumb) -> None:
     """One module function called on each device its recipe names, compared with the CPU."""
-    from .values import compare, outputs_of, to_device
-
     cpu_out = refused = None
     for device in wanted:
         check_id = f"call:{key}:{device}"
