@@ -149,7 +149,6 @@ class CompilerCache:
         env_in = dict(os.environ if env is None else env)
         tools_dir = work_dir / "compiler-cache"
         # two builds of one work dir at once take turns writing the scripts
-
         with FileLock(tools_dir / ".lock", what="compiler cache").acquire(
                 wait=300):
             return cls._start(python=python, work_dir=work_dir, base_dirs=base_dirs, path=path,

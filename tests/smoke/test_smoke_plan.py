@@ -33,3 +33,23 @@ def test_a_fifo_is_refused_by_the_parser_without_blocking(tmp_path):
     with pytest.raises(UsageError, match="FIFO"):
         plan.load_matrix_of(fifo, required=True)
     assert plan.load_matrix_of(fifo, required=False) is None
+
+
+def test_the_smoke_and_bench_applications_never_see_the_command_line():
+    """cli/smoke.py and cli/bench.py turn the parsed arguments into frozen options; the modules
+    of smoke/ and bench/ outside the target (where the probe parses its own argv) import no
+    argparse."""
+    import ast
+    from pathlib import Path
+
+    import opforge
+
+    root = Path(opforge.__file__).parent
+    seen = []
+    for path in [*(root / "smoke").glob("*.py"), *(root / "bench").glob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) else []
+            if "argparse" in names:
+                seen.append(path.relative_to(root).as_posix())
+    assert seen == []

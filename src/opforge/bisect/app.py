@@ -161,7 +161,6 @@ def _check_speed(request: BisectRequest, command: list[str], good: str | None) -
 
 def _check_variant(variant: str, matrix: str | None) -> None:
     # the default and --wheel modes build / smoke-test with the variant of this checkout's matrix
-
     try:
         path = Path(matrix) if matrix else find_matrix()
     except MatrixError:

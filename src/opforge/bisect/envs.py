@@ -85,7 +85,6 @@ def _host_pip_works() -> bool:
     # Read the version from metadata: importing pip in-process (Python < 3.12) makes
     # setuptools' distutils shim stand down for the rest of the process, which breaks any
     # later torch.utils.cpp_extension / inductor build in it.
-
     try:
         version = metadata.version("pip")
         major, minor = (int(x) for x in version.split(".")[:2])

@@ -75,12 +75,12 @@ def run(options: Options) -> int:
                       [mismatch], f"install {target.variant_torch} (the matrix's torch for "
                       f"{variant}) before the wheel, or fix the wheel's torch pin",
                       explains=["torch-variant"])
-    matrix = load_matrix_of(options.file, required=False) if variant and target.wheel else None
+    matrix = plan.matrix if variant and target.wheel else None  # a variant comes from it
     if matrix is not None:
         device_code_cause(doc, target.wheel, matrix.variant(variant))
     if choice.pending:
         # neither the arguments nor the build record named a variant: nothing was promised
-        names = [v.name for v in load_matrix_of(options.file, required=True).variants]
+        names = [v.name for v in plan.matrix.variants]  # pending: the matrix's own package
         add_check(doc, "variant", "warn", f"{request.package} names no variant of "
                   f"{', '.join(names)} in its build record, so no kernel was "
                   "required: pass --variant", category="environment")
@@ -146,7 +146,7 @@ def run_compat(plan: Plan) -> int:
           flush=True)
     nightly = None
     if "nightly" in torches:
-        matrix = load_matrix_of(options.file, required=variant is not None)
+        matrix = plan.matrix
         channel = matrix.nightly_index(matrix.variant(variant)) if matrix and variant else None
         nightly = resolve_index(channel, options.torch_index)
     # a variant only the installed build record names is chosen in each environment
