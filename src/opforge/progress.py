@@ -21,10 +21,6 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from rich.console import Console
-from rich.markup import escape
-from rich.text import Text
-
 _QUIET = False
 # a log hears from a step that runs longer than this, so a slow step is not taken for a hung one
 HEARTBEAT_S = 30.0
@@ -95,6 +91,11 @@ def step(what: str, *, stream=None) -> Iterator[None]:
     if _QUIET:
         yield
     elif interactive(stream):
+        # rich only for a terminal: opforge.nox imports this module (through venv) in nox's own
+        # interpreter, which may have no rich
+        from rich.console import Console
+        from rich.markup import escape
+
         console = Console(file=stream)
         with console.status(escape(what) + " ..."):
             yield
@@ -113,7 +114,9 @@ def transfer(what: str, total: int | None, *, stream=None) -> Iterator[Callable[
     t0 = time.monotonic()
     done = 0
     if interactive(stream) and not _QUIET:
-        # rich.progress (~4 ms) only for a live bar in a terminal: progress is on the startup path
+        # rich only for a terminal: opforge.nox imports this module (through venv) in nox's own
+        # interpreter, which may have no rich
+        from rich.console import Console
         from rich.progress import (
             BarColumn,
             DownloadColumn,
@@ -208,12 +211,19 @@ class Tally:
             counted = f"{self.count()}, " if self.done else ""
             text = f"{self.what} ({counted}{duration(self.elapsed())})"
             if interactive(self.stream):
+                # rich only for a terminal: opforge.nox imports this module (through venv) in nox's own
+                # interpreter, which may have no rich
+                from rich.console import Console
+                from rich.markup import escape
+
                 Console(file=self.stream).print(f"[green]✓[/] {escape(text)}")
             else:
                 print(f"opforge: {plain(text)}", file=self.stream, flush=True)
 
     def _start_live(self) -> None:
-        # rich.progress (~4 ms) only for a live bar in a terminal: progress is on the startup path
+        # rich only for a terminal: opforge.nox imports this module (through venv) in nox's own
+        # interpreter, which may have no rich
+        from rich.console import Console
         from rich.progress import (
             BarColumn,
             Progress,
@@ -222,6 +232,7 @@ class Tally:
             TextColumn,
             TimeElapsedColumn,
         )
+        from rich.text import Text
 
         tally = self
 
