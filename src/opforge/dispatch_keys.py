@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import re
 
+from opforge import platforms
+
 DISPATCH_KEYS = frozenset((
     'CompositeExplicitAutogradNonFunctional', 'CompositeExplicitAutograd',
     'CompositeImplicitAutogradNestedTensor', 'CompositeImplicitAutograd',
@@ -73,8 +75,6 @@ def device_words() -> dict[str, tuple[str, ...]]:
     """Keys of one device: each platform backend's ``dispatch_words`` by its device (cuda:
     CUDA, HIP; mps: MPS; xpu: XPU), read from the registry (a backend registered later
     counts). In a variant that does not build that device, an op cannot have them."""
-    from opforge import platforms
-
     words: dict[str, tuple[str, ...]] = {}
     for backend in platforms.backends():
         if backend.device and backend.dispatch_words:

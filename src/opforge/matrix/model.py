@@ -320,8 +320,6 @@ class Job:
         return f"pip install {pre}{self.torch_spec} --index-url {self.torch_index}"
 
     def as_dict(self) -> dict[str, Any]:
-        from opforge.platforms import get
-
         v = self.variant
         record = get(v.backend).record_fields(v)  # the build record's cuda and mps
         return {
