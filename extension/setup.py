@@ -14,7 +14,7 @@ What is built is chosen explicitly, never guessed from the build host:
                         2.14 with FORCE_MPS=1: torch_mps_set_arg_bytes);
                         compiled in as TORCH_TARGET_VERSION, so a shim function newer than the
                         floor does not compile
-  FORCE_CUDA=1          compile csrc/cuda/*.cu (fails if CUDA cannot be compiled)
+  FORCE_CUDA=1          compile csrc/cuda (fails if CUDA cannot be compiled)
   FORCE_MPS=1           compile csrc/mps/*_kernel.cpp + csrc/metal/*.metal (macOS only): as
                         Objective-C++ on Metal (legacy), or plain C++ on torch's MPS C shim
                         (stable)
@@ -60,7 +60,7 @@ KERNEL_FILES = {
     "quantized": "quantized/cpu/{op}_kernel.cpp",
     "autocast": "autocast/{op}_kernel.cpp",
     "autograd": "autograd/{op}_kernel.cpp",
-    "cuda": "cuda/{op}_kernel.cu",
+    "cuda": "cuda/{op}_kernel.cpp",  # with its device code, cuda/{op}_device.cu
     "mps": "mps/{op}_kernel.cpp",
 }
 
@@ -119,6 +119,7 @@ def parse_torch_floor(text):
 
 def kernel_sources(folder, pattern, omitted):
     skip = {CSRC / KERNEL_FILES[b].format(op=op) for op, b in omitted}
+    skip |= {CSRC / "cuda" / f"{op}_device.cu" for op, b in omitted if b == "cuda"}
     return [p for p in sorted((CSRC / folder).glob(pattern)) if p not in skip]
 
 
@@ -214,10 +215,13 @@ class BuildConfig:
             sources += kernel_sources("quantized/cpu", "*_kernel.cpp", omitted)
             sources += kernel_sources("autograd", "*_kernel.cpp", omitted)
             sources += kernel_sources("autocast", "*_kernel.cpp", omitted)
-        self.cuda_sources = kernel_sources("cuda", "*.cu", omitted) if self.cuda else []
+        # an op's CUDA host code (<op>_kernel.cpp) and its device code (<op>_device.cu, which
+        # nvcc parses once per arch and so includes no ATen: csrc/cuda/launch.h)
+        self.cuda_sources = (kernel_sources("cuda", "*_kernel.cpp", omitted)
+                             + kernel_sources("cuda", "*_device.cu", omitted)) if self.cuda else []
         self.mps_sources = kernel_sources("mps", "*_kernel.cpp", omitted) if self.mps else []
         if self.cuda and not self.cuda_sources:
-            raise BuildConfigError("FORCE_CUDA=1 but csrc/cuda holds no .cu kernels to compile")
+            raise BuildConfigError("FORCE_CUDA=1 but csrc/cuda holds no kernels to compile")
         if self.mps and not self.mps_sources:
             raise BuildConfigError("FORCE_MPS=1 but csrc/mps holds no *_kernel.cpp to compile")
         return [str(p.relative_to(ROOT)) for p in sources + self.cuda_sources + self.mps_sources]

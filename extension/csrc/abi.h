@@ -6,7 +6,7 @@
 //
 // This is the core, all a CPU kernel or an op's schema file needs. A device backend's host code
 // adds its own header beside it: abi_device.h (what every device backend shares),
-// abi_cuda.h (csrc/cuda, through cuda/cuda_utils.cuh), abi_mps.h (csrc/mps/metal_host.h).
+// abi_cuda.h (csrc/cuda's host code, through cuda/cuda_utils.h), abi_mps.h (csrc/mps/metal_host.h).
 #pragma once
 
 #include <algorithm>
@@ -40,6 +40,8 @@
 #include <torch/library.h>
 #endif
 
+#include "scalar_types.h"
+
 namespace opforge {
 
 #ifdef OPFORGE_STABLE_ABI
@@ -51,8 +53,6 @@ using Tensor = at::Tensor;
 using ScalarType = at::ScalarType;
 using DeviceType = c10::DeviceType;
 #endif
-using Half = c10::Half;
-using BFloat16 = c10::BFloat16;
 
 #ifdef OPFORGE_STABLE_ABI
 namespace detail {
@@ -176,22 +176,6 @@ inline int64_t storage_nbytes(const Tensor& t) {
   return static_cast<int64_t>(t.storage().nbytes());
 #endif
 }
-
-// Half and bfloat16 compute in float, as at::opmath_type.
-template <typename T>
-struct OpMath {
-  using type = T;
-};
-template <>
-struct OpMath<Half> {
-  using type = float;
-};
-template <>
-struct OpMath<BFloat16> {
-  using type = float;
-};
-template <typename T>
-using opmath_t = typename OpMath<T>::type;
 
 inline ScalarType opmath_dtype(ScalarType type) {
   return type == ScalarType::Half || type == ScalarType::BFloat16 ? ScalarType::Float : type;

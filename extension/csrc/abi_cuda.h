@@ -1,5 +1,6 @@
-// What the csrc/cuda files need besides abi.h and abi_device.h, in both ABIs. Included by
-// cuda/cuda_utils.cuh, which every <op>_kernel.cu includes first; no other file sees it.
+// What the CUDA host code (csrc/cuda/<op>_kernel.cpp) needs besides abi.h and abi_device.h, in
+// both ABIs. Included by cuda/cuda_utils.h, which every <op>_kernel.cpp includes first; no other
+// file sees it, and no device file (cuda/<op>_device.cu, see cuda/launch.h) includes it.
 // One block per ABI: the stable one on the CUDA runtime and the C shim, the legacy one on
 // ATen's CUDA context.
 //
@@ -7,8 +8,6 @@
 //   current_cuda_stream(t)            torch's current stream on t's device
 //   cuda_sm_count(), cuda_shared_memory_optin()   of the current device
 //   OPFORGE_CUDA_CHECK(call)          a failed CUDA runtime call throws "CUDA error: <why>"
-//   OPFORGE_CUDA_LAUNCH_CHECK()       after a <<<...>>> launch
-//   OPFORGE_ATOMIC_ADD(ptr, value)    in device code (float and double)
 //   alert_not_deterministic(caller)   torch.use_deterministic_algorithms for atomic kernels
 #pragma once
 
@@ -26,8 +25,6 @@
     OPFORGE_CHECK(opforge_cuda_error_ == cudaSuccess,                       \
                   "CUDA error: ", cudaGetErrorString(opforge_cuda_error_)); \
   } while (0)
-#define OPFORGE_CUDA_LAUNCH_CHECK() OPFORGE_CUDA_CHECK(cudaGetLastError())
-#define OPFORGE_ATOMIC_ADD(ptr, value) atomicAdd((ptr), (value))
 
 namespace opforge {
 
@@ -80,13 +77,10 @@ inline void alert_not_deterministic(const char* caller) {
 #else  // the legacy ABI: ATen's CUDA context
 
 #include <ATen/Context.h>
-#include <ATen/cuda/Atomic.cuh>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #define OPFORGE_CUDA_CHECK(call) C10_CUDA_CHECK(call)
-#define OPFORGE_CUDA_LAUNCH_CHECK() C10_CUDA_KERNEL_LAUNCH_CHECK()
-#define OPFORGE_ATOMIC_ADD(ptr, value) gpuAtomicAdd((ptr), (value))
 
 namespace opforge {
 

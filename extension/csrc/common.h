@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "abi.h"
+#include "kernel_limits.h"
 
 namespace opforge {
 
@@ -97,9 +98,6 @@ inline void check_plane_fits_int32(const char* op, int64_t height, int64_t width
                 op, ": an input plane of height x width = ", height, " x ", width,
                 " has 2^31 or more elements, more than the kernels' int32 offsets address");
 }
-
-// A fixed sampling_ratio bounds every roi's bilinear samples without reading the rois.
-inline constexpr int64_t kMaxSamplesPerRoi = int64_t(1) << 24;
 
 inline void check_sampling_ratio(const char* op, int64_t sampling_ratio, int64_t pooled_height,
                                  int64_t pooled_width) {

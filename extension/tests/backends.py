@@ -8,7 +8,7 @@
 cpu        the built extension's CPU kernels
 cuda       the CUDA kernels on a CUDA device (skipped without one or without a CUDA build)
 mps        the MPS kernels on an Apple GPU (skipped elsewhere)
-cuda_emu   csrc/cuda/*.cu compiled as host C++ and run on the CPU (tests/cuda_emu)
+cuda_emu   csrc/cuda compiled as host C++ and run on the CPU (tests/cuda_emu)
 cuda_stable_emu  the same files as the stable-ABI CUDA wheel builds them (abi.h's stable names:
            torch's C shim for allocation, device guard, stream and ATen calls), emulated alike
 metal_emu  csrc/mps/*_kernel.cpp (legacy ABI) + csrc/metal/*.metal run on the CPU (tests/metal_emu)
@@ -107,9 +107,9 @@ class Backend:
         if op is not None and self.name in CUDA_EMULATIONS:
             import cuda_emu
 
-            why = cuda_emu.NOT_EMULATED.get(f"{op.lstrip('_')}_kernel.cu")
+            why = cuda_emu.NOT_EMULATED.get(f"{op.lstrip('_')}_device.cu")
             if why:
-                pytest.skip(f"csrc/cuda/{op.lstrip('_')}_kernel.cu is not emulated: {why}")
+                pytest.skip(f"csrc/cuda/{op.lstrip('_')}_device.cu is not emulated: {why}")
         if dtype is not None and dtype not in self.dtypes:
             pytest.skip(f"{self.name} kernels take {', '.join(map(str, self.dtypes))}, not {dtype}")
 

@@ -3,7 +3,7 @@
 // (forward and backward).
 #pragma once
 
-#include "cuda_utils.cuh"
+#include "device.cuh"
 
 #include <cstdint>
 

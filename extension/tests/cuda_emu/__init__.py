@@ -4,8 +4,9 @@
     stable = cuda_emu.load("stable")   # torch.ops.opforge_cuda_emu_stable: the stable-ABI build
     ops.roi_align(x, rois, 1.0, 7, 7, 2, True)   # the real kernels and host wrappers
 
-Every csrc/cuda/<op>_kernel.cu (kernels and host wrappers, unchanged) is one translation
-unit: prelude.h and the stub headers here stand in for the CUDA runtime, each
+Every op's csrc/cuda/<op>_device.cu (its kernels and launch functions) and <op>_kernel.cpp
+(its host wrappers) are compiled unchanged but for the launches: prelude.h and the stub
+headers here stand in for the CUDA runtime, each
 `kernel<<<grid, block>>>(args)` launch runs every (block, thread) of its grid in turn on an
 emulated device with one SM (so the capped grids are far smaller than the work and every
 grid-stride loop takes several steps), and TORCH_LIBRARY_IMPL(opforge, CUDA) registers
@@ -40,7 +41,7 @@ from build_lock import build_lock
 HERE = Path(__file__).resolve().parent
 CSRC = HERE.parents[1] / "csrc"
 NAMESPACES = {"legacy": "opforge_cuda_emu", "stable": "opforge_cuda_emu_stable"}
-NOT_EMULATED: dict[str, str] = {}  # file name -> why it cannot be emulated
+NOT_EMULATED: dict[str, str] = {}  # device file name (<op>_device.cu) -> why it cannot be emulated
 ABIS = ("legacy", "stable")
 CACHE = Path(
     os.environ.get("OPFORGE_CUDA_EMU_CACHE", Path(tempfile.gettempdir()) / "opforge-cuda-emu")
@@ -48,7 +49,13 @@ CACHE = Path(
 
 
 def emulated_sources() -> list[Path]:
-    return [p for p in sorted((CSRC / "cuda").glob("*_kernel.cu")) if p.name not in NOT_EMULATED]
+    """The device files emulated (their launches rewritten)."""
+    return [p for p in sorted((CSRC / "cuda").glob("*_device.cu")) if p.name not in NOT_EMULATED]
+
+
+def host_sources() -> list[Path]:
+    """The host files of the emulated ops, compiled as they are."""
+    return [CSRC / "cuda" / p.name.replace("_device.cu", "_kernel.cpp") for p in emulated_sources()]
 
 
 def _calls_syncthreads(source: str, kernel: str) -> bool:
@@ -201,7 +208,8 @@ def load(abi: str | None = None):
         with hook:
             cpp_extension.load(
                 name="opforge_cuda_emulation" + ("" if abi == "legacy" else f"_{abi}"),
-                sources=[str(src / "emu_main.cpp"), *(str(src / f"{p.stem}.emu.cpp") for p in sources)],
+                sources=[str(src / "emu_main.cpp"), *(str(src / f"{p.stem}.emu.cpp") for p in sources),
+                         *(str(src / p.name) for p in host_sources())],
                 extra_include_paths=[str(HERE / "stub"), str(HERE), str(src)],
                 extra_cflags=["-O1", "-g0", "-w", f"-DOPFORGE_CUDA_EMU_NS={namespace}",
                               "-include", str(prelude), *(stable if abi == "stable" else [])],

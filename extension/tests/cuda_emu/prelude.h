@@ -1,4 +1,4 @@
-// Force-included before every csrc/cuda/<op>_kernel.cu compiled as host C++ for
+// Force-included before every csrc/cuda/<op>_device.cu and <op>_kernel.cpp compiled as host C++ for
 // the emulation: every header the kernel files include first, then the CUDA
 // keywords as no-ops, a launcher that runs each (block, thread) of a grid in
 // turn (blocks of real threads for kernels that __syncthreads), and registration under

@@ -8,7 +8,7 @@
 // torch.use_deterministic_algorithms(True) it goes through alertNotDeterministic).
 // Rois are not validated on the host (a device->host sync per call): an invalid roi
 // reads nothing and yields 0; a channel_mapping entry outside [0, channels) writes nothing.
-#include "cuda_utils.cuh"
+#include "device.cuh"
 
 namespace opforge::cuda {
 namespace {
@@ -121,74 +121,31 @@ __global__ void ps_roi_pool_backward_kernel(
   }
 }
 
-std::tuple<Tensor, Tensor> ps_roi_pool_forward_cuda(const Tensor& input, const Tensor& rois,
-                                                    double spatial_scale, int64_t pooled_height,
-                                                    int64_t pooled_width) {
-  constexpr const char* op = "ps_roi_pool";
-  check_cuda(op, "input", input);
-  check_ps_roi_inputs(op, input, rois, pooled_height, pooled_width);
-  const CudaDeviceGuard device_guard(input);
-  const int64_t channels_out = input.size(1) / (pooled_height * pooled_width);
-  auto output = alloc_empty(input, {rois.size(0), channels_out, pooled_height, pooled_width});
-  auto channel_mapping = alloc_empty(input, sizes_of(output), ScalarType::Int);
-  const int64_t total = output.numel();
-  if (total == 0) {
-    return {output, channel_mapping};
-  }
-  const Tensor input_c = as_contiguous(input);
-  const Tensor rois_c = as_contiguous(rois);
-  const cudaStream_t stream = current_cuda_stream(input);
-  OPFORGE_DISPATCH_FLOATING_TYPES(input.scalar_type(), "opforge_ps_roi_pool_forward_cuda", [&] {
-    using acc_t = opmath_t<scalar_t>;
-    ps_roi_pool_forward_kernel<scalar_t, acc_t>
-        <<<capped_blocks(total), kThreadsPerBlock, 0, stream>>>(
-            total, input_c.const_data_ptr<scalar_t>(), rois_c.const_data_ptr<scalar_t>(),
-            input.size(0), static_cast<acc_t>(spatial_scale), input.size(1), input.size(2),
-            input.size(3), pooled_height, pooled_width, channels_out,
-            output.mutable_data_ptr<scalar_t>(), channel_mapping.mutable_data_ptr<int32_t>());
-  });
-  OPFORGE_CUDA_LAUNCH_CHECK();
-  return {output, channel_mapping};
-}
-
-Tensor ps_roi_pool_backward_cuda(const Tensor& grad, const Tensor& rois,
-                                 const Tensor& channel_mapping, double spatial_scale,
-                                 int64_t pooled_height, int64_t pooled_width, int64_t batch_size,
-                                 int64_t channels, int64_t height, int64_t width) {
-  constexpr const char* op = "_ps_roi_pool_backward";
-  check_cuda(op, "grad", grad);
-  check_ps_roi_backward_inputs(op, grad, rois, channel_mapping, pooled_height, pooled_width,
-                               batch_size, channels, height, width);
-  const CudaDeviceGuard device_guard(grad);
-  const int64_t total = grad.numel();
-  if (total == 0 || batch_size * channels * height * width == 0) {
-    return alloc_zeros(grad, {batch_size, channels, height, width});
-  }
-  alert_not_deterministic("opforge::ps_roi_pool_backward_cuda");
-  const Tensor grad_c = as_contiguous(grad);
-  const Tensor rois_c = as_contiguous(rois);
-  const Tensor mapping_c = as_contiguous(channel_mapping);
-  const ScalarType acc_dtype = opmath_dtype(grad.scalar_type());
-  auto grad_input = alloc_zeros(grad, {batch_size, channels, height, width}, acc_dtype);
-  const cudaStream_t stream = current_cuda_stream(grad);
-  OPFORGE_DISPATCH_FLOATING_TYPES(grad.scalar_type(), "opforge_ps_roi_pool_backward_cuda", [&] {
-    using acc_t = opmath_t<scalar_t>;
-    ps_roi_pool_backward_kernel<scalar_t, acc_t>
-        <<<capped_blocks(total), kThreadsPerBlock, 0, stream>>>(
-            total, grad_c.const_data_ptr<scalar_t>(), mapping_c.const_data_ptr<int32_t>(),
-            rois_c.const_data_ptr<scalar_t>(), batch_size, static_cast<acc_t>(spatial_scale),
-            channels, height, width, pooled_height, pooled_width, grad.size(1),
-            grad_input.mutable_data_ptr<acc_t>());
-  });
-  OPFORGE_CUDA_LAUNCH_CHECK();
-  return to_dtype(grad_input, grad.scalar_type());
-}
-
 }  // namespace
 
-OPFORGE_LIBRARY_IMPL(CUDA, m) {
-  m.impl("ps_roi_pool", OPFORGE_KERNEL(ps_roi_pool_forward_cuda));
-  m.impl("_ps_roi_pool_backward", OPFORGE_KERNEL(ps_roi_pool_backward_cuda));
+template <typename scalar_t>
+cudaError_t launch(const Grid& grid, const PsRoiPoolForward<scalar_t>& a) {
+  using acc_t = opmath_t<scalar_t>;
+  ps_roi_pool_forward_kernel<scalar_t, acc_t>
+      <<<grid.blocks, grid.threads, grid.shared_bytes, grid.stream>>>(
+          a.total, a.input, a.rois, a.batch_size, static_cast<acc_t>(a.spatial_scale), a.channels,
+          a.height, a.width, a.pooled_height, a.pooled_width, a.channels_out, a.output,
+          a.channel_mapping);
+  return cudaGetLastError();
 }
+
+template <typename scalar_t>
+cudaError_t launch(const Grid& grid, const PsRoiPoolBackward<scalar_t>& a) {
+  using acc_t = opmath_t<scalar_t>;
+  ps_roi_pool_backward_kernel<scalar_t, acc_t>
+      <<<grid.blocks, grid.threads, grid.shared_bytes, grid.stream>>>(
+          a.total, a.grad_output, a.channel_mapping, a.rois, a.batch_size,
+          static_cast<acc_t>(a.spatial_scale), a.channels, a.height, a.width, a.pooled_height,
+          a.pooled_width, a.channels_out, a.grad_input);
+  return cudaGetLastError();
+}
+
+OPFORGE_INSTANTIATE_LAUNCH(PsRoiPoolForward);
+OPFORGE_INSTANTIATE_LAUNCH(PsRoiPoolBackward);
 
 }  // namespace opforge::cuda

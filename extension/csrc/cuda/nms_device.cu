@@ -9,17 +9,12 @@
 //    the device. The N x N/64 mask never leaves the device.
 // 4. The host reads the 8-byte count (the one device->host sync of this op, needed to
 //    size the result tensor) and returns a view of the first `count` indices.
-#include "cuda_utils.cuh"
+#include "device.cuh"
 
 namespace opforge::cuda {
 namespace {
 
-constexpr int kBoxesPerBlock = 64;  // one bit per box in a 64-bit word
-constexpr int kReduceThreads = 512;
-
-inline int64_t ceil_div(int64_t a, int64_t b) {
-  return (a + b - 1) / b;
-}
+constexpr int kBoxesPerBlock = kNmsBoxesPerBlock;  // one bit per box in a 64-bit word
 
 // Products that nvcc must not fuse into an FMA, so that IoU rounds like the CPU kernel's.
 __device__ __forceinline__ float mul_rn(float a, float b) {
@@ -155,62 +150,29 @@ __global__ void nms_reduce_kernel(
   }
 }
 
-Tensor nms_cuda(const Tensor& dets, const Tensor& scores, double iou_threshold) {
-  check_cuda("nms", "boxes (dets)", dets);
-  check_nms_inputs(dets, scores);
-
-  const CudaDeviceGuard device_guard(dets);
-  const int64_t n_boxes = dets.size(0);
-  if (n_boxes == 0) {
-    return alloc_empty(dets, {0}, ScalarType::Long);
-  }
-  const int64_t col_blocks = ceil_div(n_boxes, kBoxesPerBlock);
-  OPFORGE_CHECK(col_blocks <= 65535, "nms: at most ", 65535 * int64_t(kBoxesPerBlock),
-                " boxes are supported on CUDA, got ", n_boxes);
-
-  const int64_t shared_bytes = col_blocks * int64_t(sizeof(unsigned long long));
-  const int64_t shared_optin = cuda_shared_memory_optin();
-  OPFORGE_CHECK(
-      shared_bytes <= shared_optin - 1024, "nms: ", n_boxes, " boxes need ", shared_bytes,
-      " bytes of shared memory for the suppression bitmask, more than this device allows (",
-      shared_optin, ")");
-
-  const Tensor order = argsort_descending_stable(scores);
-  const Tensor sorted_boxes = as_contiguous(index_selected(dets, 0, order));
-  const Tensor mask = alloc_empty(dets, {n_boxes * col_blocks}, ScalarType::Long);
-  const Tensor keep = alloc_empty(dets, {n_boxes}, ScalarType::Long);
-  const Tensor num_kept = alloc_empty(dets, {1}, ScalarType::Long);
-
-  const cudaStream_t stream = current_cuda_stream(dets);
-  const dim3 mask_grid(col_blocks, col_blocks);
-  OPFORGE_DISPATCH_FLOATING_TYPES(dets.scalar_type(), "opforge_nms_cuda", [&] {
-    nms_mask_kernel<scalar_t><<<mask_grid, kBoxesPerBlock, 0, stream>>>(
-        n_boxes, iou_threshold, sorted_boxes.const_data_ptr<scalar_t>(),
-        reinterpret_cast<unsigned long long*>(mask.mutable_data_ptr<int64_t>()), col_blocks);
-  });
-  OPFORGE_CUDA_LAUNCH_CHECK();
-
-  if (shared_bytes > 48 * 1024) {
-    OPFORGE_CUDA_CHECK(cudaFuncSetAttribute(nms_reduce_kernel,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(shared_bytes)));
-  }
-  nms_reduce_kernel<<<1, kReduceThreads, shared_bytes, stream>>>(
-      n_boxes, col_blocks,
-      reinterpret_cast<const unsigned long long*>(mask.const_data_ptr<int64_t>()),
-      order.const_data_ptr<int64_t>(), keep.mutable_data_ptr<int64_t>(),
-      num_kept.mutable_data_ptr<int64_t>());
-  OPFORGE_CUDA_LAUNCH_CHECK();
-
-  // The single host sync: the result's length is data-dependent.
-  const int64_t count = item_int64(num_kept);
-  return narrowed(keep, 0, 0, count);
-}
-
 }  // namespace
 
-OPFORGE_LIBRARY_IMPL(CUDA, m) {
-  m.impl("nms", OPFORGE_KERNEL(nms_cuda));
+template <typename scalar_t>
+cudaError_t launch(const Grid& grid, const NmsMask<scalar_t>& a) {
+  nms_mask_kernel<scalar_t><<<grid.blocks, grid.threads, grid.shared_bytes, grid.stream>>>(
+      a.n_boxes, a.iou_threshold, a.boxes, a.mask, a.col_blocks);
+  return cudaGetLastError();
 }
+
+cudaError_t launch(const Grid& grid, const NmsReduce& a) {
+  if (grid.shared_bytes > 48 * 1024) {
+    const cudaError_t raised =
+        cudaFuncSetAttribute(nms_reduce_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(grid.shared_bytes));
+    if (raised != cudaSuccess) {
+      return raised;
+    }
+  }
+  nms_reduce_kernel<<<grid.blocks, grid.threads, grid.shared_bytes, grid.stream>>>(
+      a.n_boxes, a.col_blocks, a.mask, a.order, a.keep, a.num_kept);
+  return cudaGetLastError();
+}
+
+OPFORGE_INSTANTIATE_LAUNCH(NmsMask);
 
 }  // namespace opforge::cuda
