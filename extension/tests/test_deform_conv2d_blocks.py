@@ -43,6 +43,20 @@ def test_blocks_across_images_match_reference(groups, offset_groups, use_mask, d
     assert_matches(got, want, dtype, f"groups {groups}, offset groups {offset_groups}")
 
 
+@pytest.mark.parametrize("groups, out_c", [(1, 16), (1, 96), (2, 96), (4, 256)])
+def test_whole_vectors_of_output_channels_match_reference(groups, out_c):
+    # A multiple of 16 output channels per group: float32 goes through cpu/small_gemm.h on an
+    # AVX-512 machine (tiles of 6 positions, strips of 64 channels, then a narrower one: 96 is
+    # 64 + 32, 48 per group is 3 vectors). The blocks of 128 positions end inside the second
+    # image, and 128 leaves a tile of 2.
+    case = make_case(batch=2, in_c=256, out_c=out_c, size=(10, 10), padding=(1, 1),
+                     groups=groups, offset_groups=2, offset_scale=2.0, dtype=torch.float32)
+    want = _call(reference, {k: v.double() if isinstance(v, torch.Tensor) else v
+                             for k, v in case.items()})
+    got = _call(deform_conv2d, case)
+    assert_matches(got, want, torch.float32, f"groups {groups}, out_c {out_c}")
+
+
 def test_channels_last_input_gives_the_same_bits():
     case = _wide_case(2, 4, torch.float32)
     want = _call(deform_conv2d, case)

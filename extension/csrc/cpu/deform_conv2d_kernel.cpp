@@ -20,12 +20,14 @@
 #include <cstdint>
 #include <limits>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "../common.h"
 #include "channels_last.h"
 #include "deform_im2col.h"
 #include "parallel_policy.h"
+#include "small_gemm.h"
 
 namespace opforge::ops {
 namespace {
@@ -406,12 +408,28 @@ OPFORGE_VECTOR_CLONES void write_output(const double* src, int64_t src_ld, doubl
   cpu::transpose_block<false>(src, src_ld, dst, dst_ld, rows, cols, bias);
 }
 
+// A block's product with cpu/small_gemm.h, group by group: columns (groups, block, kk * cg)
+// read in place (n positions of each group's slab), weight (groups, kk * cg, out_c / groups)
+// dense, out (groups, n, out_c / groups) as bmm would return it. float32 only: never reached
+// for double.
+void multiply_block(const float* columns, const float* weight, const Geometry& g, int64_t block,
+                    int64_t n, float* out) {
+  const int64_t depth = g.kernel_size() * (g.channels / g.groups);
+  const int64_t cols = g.out_channels / g.groups;
+  for (int64_t grp = 0; grp < g.groups; ++grp) {
+    cpu::small_gemm(columns + grp * block * depth, depth, weight + grp * depth * cols, n, depth,
+                    cols, out + grp * n * cols);
+  }
+}
+void multiply_block(const double*, const double*, const Geometry&, int64_t, int64_t, double*) {}
+
 // Positions sampled and multiplied together: one block's columns (positions x kk * channels)
 // stay in a core's L2 between the sampling that writes them and the GEMM that reads them,
-// beside the padded copy of the image being sampled. At least 128 positions: each GEMM packs
+// beside the padded copy of the image being sampled. At least 128 positions: each bmm packs
 // the whole weight again (kk * channels x out_channels, 2.4 MB at 256 -> 256 channels), and
 // with fewer rows that packing was a sixth of the forward (b1 c256 28x28: 48-row blocks
-// 8% slower than 128-row ones).
+// 8% slower than 128-row ones). small_gemm.h packs nothing, but was no faster with smaller
+// blocks either (b8 c64 56x56: the same at 96 positions as at 224, 3% slower at 48).
 constexpr int64_t kForwardColumnBytes = int64_t(1) << 19;
 
 int64_t forward_block(const Geometry& g, int64_t element_size) {
@@ -469,6 +487,11 @@ Tensor forward_impl(const Tensor& input_, const Tensor& weight_, const Tensor& o
     const int64_t image_elems = g.channels * g.height * g.width;
     const Tensor w = permuted_weight<scalar_t>(weight, g);
     const Tensor w_t = transposed(w, 1, 2);
+    // float32 with whole vectors of output channels: cpu/small_gemm.h's product, which reads
+    // the columns in place, on (groups, kk * cg, out_c / groups) dense.
+    const bool own_gemm =
+        std::is_same_v<scalar_t, float> && cpu::small_gemm_available(g.out_channels / g.groups);
+    const Tensor w_kn = own_gemm ? as_contiguous(w_t) : w_t;
     const scalar_t* bias_ptr = bias.const_data_ptr<scalar_t>();
     scalar_t* out_ptr = output.mutable_data_ptr<scalar_t>();
 
@@ -480,6 +503,7 @@ Tensor forward_impl(const Tensor& input_, const Tensor& weight_, const Tensor& o
         cpu::total_work(block, kk * g.channels * 4 + 2 * g.out_channels * kk * cg);
     cpu::parallel_for_work(blocks, block_work, [&](int64_t begin, int64_t end) {
       Tensor columns = alloc_empty(w, {g.groups, block, kk * cg});
+      Tensor product = alloc_empty(w, {own_gemm ? g.groups : 0, block, ocg});
       // The padded image, then the sampling tables.
       const int64_t table_elems = (2 + 4 * kk) * cpu::kDeformRun;
       Tensor scratch = alloc_empty(w, {pad.elements() + table_elems});
@@ -525,7 +549,11 @@ Tensor forward_impl(const Tensor& input_, const Tensor& weight_, const Tensor& o
         }
         // (groups, n, kk * cg) @ (groups, kk * cg, out_c / groups): positions x out_c, the
         // orientation in which the columns need no transposing inside the GEMM.
-        const Tensor part = batched_matmul(narrowed(columns, 1, 0, n), w_t);
+        if (own_gemm) {
+          multiply_block(cols, w_kn.const_data_ptr<scalar_t>(), g, block, n,
+                         product.mutable_data_ptr<scalar_t>());
+        }
+        const Tensor part = own_gemm ? product : batched_matmul(narrowed(columns, 1, 0, n), w_t);
         const scalar_t* src = part.const_data_ptr<scalar_t>();
         // The block's positions, split where they cross into the next image: (positions, out_c
         // of the group) -> (out_c of the group, positions) in the output, plus the bias.
