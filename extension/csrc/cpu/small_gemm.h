@@ -99,7 +99,10 @@ void strip(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t row
 // vectors of columns.
 inline bool small_gemm_available(int64_t cols) {
 #ifdef OPFORGE_SMALL_GEMM
-  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  static const bool avx512 = [] {
+    __builtin_cpu_init();  // idempotent; needed if this runs before libgcc's own constructor
+    return __builtin_cpu_supports("avx512f") != 0;
+  }();
   return avx512 && cols > 0 && cols % 16 == 0;
 #else
   (void)cols;
