@@ -32,7 +32,7 @@ XPU = variant_entry("xpu", ("CPU", "XPU", "Meta"), platforms=("linux-x86_64", "w
 
 
 def _matrix(tmp_path: Path, *variants: dict):
-    """``demo`` on three platforms with these ``variants`` (projectkit.variant entries)."""
+    """``demo`` on three platforms with these ``variants`` (projectkit.variant_entry dicts)."""
     (tmp_path / "setup.py").write_text("from setuptools import setup\nsetup()\n")
     path = tmp_path / "matrix.yaml"
     path.write_text(matrix_yaml("demo", ["scale"], distribution="demo", recipes=None,

@@ -24,8 +24,8 @@ ROCM = variant_entry("rocm64", ("CPU", "CUDA", "Meta"), backend="rocm", toolkit=
 
 
 def write_matrix(folder: Path, *entries: dict) -> Path:
-    """``folder/matrix.yaml``: boxops with these variants (projectkit.variant entries; CPU and
-    CU130 when none are given)."""
+    """``folder/matrix.yaml``: boxops with these variants (projectkit.variant_entry dicts;
+    CPU and CU130 when none are given)."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "matrix.yaml"
     path.write_text(matrix_yaml(NAME, ["nms"], distribution=NAME, recipes=None, index=None,
