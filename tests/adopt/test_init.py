@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import re
-import textwrap
 from pathlib import Path
 
 import pytest
 import yaml
+from projectkit import write_tree
 
 from opforge.cli import main
 from opforge.matrix import load_matrix
@@ -21,14 +21,6 @@ def released_opforge(monkeypatch):
     from opforge import _release
 
     monkeypatch.setattr(_release, "WORKFLOWS_COMMIT", "f" * 40)
-
-
-def _project(root: Path, files: dict[str, str]) -> Path:
-    for name, text in files.items():
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text).lstrip("\n"))
-    return root
 
 
 CXX = {
@@ -83,7 +75,7 @@ CXX = {
 
 
 def test_scan_reads_cxx_schemas_impl_blocks_and_python_registrations(tmp_path):
-    scan = scan_extension(_project(tmp_path, CXX))
+    scan = scan_extension(write_tree(tmp_path, CXX))
     assert (scan.distribution, scan.package) == ("My-Ops", "my_ops")
     ops = scan.namespaces["myops"]
     assert set(ops) == {"gather_rows", "fill_", "gather_rows_backward", "stable_op"}
@@ -97,7 +89,7 @@ def test_scan_reads_cxx_schemas_impl_blocks_and_python_registrations(tmp_path):
 
 
 def test_init_writes_a_matrix_that_loads_and_describes_each_op(tmp_path, capsys):
-    root = _project(tmp_path / "ext", CXX)
+    root = write_tree(tmp_path / "ext", CXX)
     assert main(["init", str(root), "--torch", "2.13.0"]) == 0
     matrix = load_matrix(root / "matrix.yaml")
     assert matrix.extension.namespace == "myops" and matrix.extension.package == "my_ops"
@@ -133,7 +125,7 @@ def test_init_writes_a_matrix_that_loads_and_describes_each_op(tmp_path, capsys)
 
 
 def test_init_writes_all_files_or_none_and_never_overwrites(tmp_path, capsys):
-    root = _project(tmp_path / "ext", CXX)
+    root = write_tree(tmp_path / "ext", CXX)
     (root / "noxfile.py").write_text("# the user's own\n")
     assert main(["init", str(root)]) == 2
     err = capsys.readouterr().err
@@ -143,7 +135,7 @@ def test_init_writes_all_files_or_none_and_never_overwrites(tmp_path, capsys):
     assert main(["init", str(root), "--force"]) == 0
     assert "opforge.nox" in (root / "noxfile.py").read_text()
     # a workflow of the same name is the user's too: refused, nothing else written
-    other = _project(tmp_path / "other", CXX)
+    other = write_tree(tmp_path / "other", CXX)
     mine = other / ".github" / "workflows" / "opforge-ci.yml"
     mine.parent.mkdir(parents=True)
     mine.write_text("# mine\n")
@@ -155,7 +147,7 @@ def test_init_writes_all_files_or_none_and_never_overwrites(tmp_path, capsys):
 
 @pytest.mark.parametrize("ref", ["v0.1.0", "main", "d2d79df", "D" * 40, "g" * 40])
 def test_workflows_ref_must_be_a_full_commit(tmp_path, capsys, ref):
-    root = _project(tmp_path / "ext", CXX)
+    root = write_tree(tmp_path / "ext", CXX)
     assert main(["init", str(root), "--workflows-ref", ref]) == 2
     err = capsys.readouterr().err
     assert "full 40-hex commit" in err and err.count("\n") == 1
@@ -167,7 +159,7 @@ def test_workflows_ref_pins_the_callers_and_the_release(tmp_path, capsys):
 
     repo = tmp_path / "repo"
     (repo / ".git").mkdir(parents=True)
-    root = _project(repo / "python" / "ext", CXX)   # the extension in a subdirectory
+    root = write_tree(repo / "python" / "ext", CXX)   # the extension in a subdirectory
     assert main(["init", str(root), "--workflows-ref", "c" * 40]) == 0
     assert not (root / ".github").exists()          # workflows live at the repository's top
     ci = (repo / ".github" / "workflows" / "opforge-ci.yml").read_text()
@@ -178,7 +170,7 @@ def test_workflows_ref_pins_the_callers_and_the_release(tmp_path, capsys):
 
 
 def test_dry_run_prints_and_writes_nothing(tmp_path, capsys):
-    root = _project(tmp_path / "ext", CXX)
+    root = write_tree(tmp_path / "ext", CXX)
     before = sorted(p.name for p in root.iterdir())
     assert main(["init", str(root), "--dry-run"]) == 0
     out = capsys.readouterr().out
@@ -188,7 +180,7 @@ def test_dry_run_prints_and_writes_nothing(tmp_path, capsys):
 
 
 def test_a_directory_without_an_extension_is_one_line_exit_2(tmp_path, capsys):
-    _project(tmp_path / "plain", {"pyproject.toml": "[project]\nname = 'plain'\n",
+    write_tree(tmp_path / "plain", {"pyproject.toml": "[project]\nname = 'plain'\n",
                                   "plain/__init__.py": "x = 1\n"})
     assert main(["init", str(tmp_path / "plain")]) == 2
     err = capsys.readouterr().err
@@ -199,7 +191,7 @@ def test_a_directory_without_an_extension_is_one_line_exit_2(tmp_path, capsys):
 
 
 def test_python_library_objects_and_custom_ops(tmp_path):
-    scan = scan_extension(_project(tmp_path, {
+    scan = scan_extension(write_tree(tmp_path, {
         "setup.py": "from setuptools import setup\nsetup(name='lib-ops')\n",
         "lib_ops/__init__.py": """
             import torch
@@ -232,7 +224,7 @@ def test_the_written_noxfile_registers_the_matrix_sessions(tmp_path):
 
     import opforge
 
-    root = _project(tmp_path / "ext", CXX)
+    root = write_tree(tmp_path / "ext", CXX)
     assert main(["init", str(root)]) == 0
     src = str(Path(opforge.__file__).resolve().parent.parent)
     listed = subprocess.run([sys.executable, "-m", "nox", "-l", "--script-mode", "none"],

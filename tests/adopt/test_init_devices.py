@@ -8,10 +8,9 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
-from pathlib import Path
 
 import pytest
+from projectkit import write_tree
 
 from opforge.cli import main
 from opforge.dispatch_keys import device_type_of
@@ -24,14 +23,6 @@ def released_opforge(monkeypatch):
     from opforge import _release
 
     monkeypatch.setattr(_release, "WORKFLOWS_COMMIT", "f" * 40)
-
-
-def _project(root: Path, files: dict[str, str]) -> Path:
-    for name, text in files.items():
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text).lstrip("\n"))
-    return root
 
 
 PYPROJECT = """
@@ -91,7 +82,7 @@ DEVOPS = {
 
 
 def test_init_accepts_every_device_type_and_records_the_unbuilt_ones(tmp_path, capsys):
-    root = _project(tmp_path / "devops", DEVOPS)
+    root = write_tree(tmp_path / "devops", DEVOPS)
     assert main(["init", str(root)]) == 0
     err = capsys.readouterr().err
     assert "error" not in err
@@ -135,7 +126,7 @@ def test_the_scan_reads_the_keys_torch_registers(tmp_path):
     """The package really imports and registers on this torch: the dispatcher's kernels of
     each op, per device, are exactly the keys the scan read from its source."""
     pytest.importorskip("torch")
-    root = _project(tmp_path / "devops", DEVOPS)
+    root = write_tree(tmp_path / "devops", DEVOPS)
     ops = scan_extension(root).namespaces["devops"]
     ran = subprocess.run([sys.executable, "-c", _REGISTERED, *ops], capture_output=True,
                          text=True, timeout=300, cwd=tmp_path,
@@ -152,7 +143,7 @@ def test_the_scan_reads_the_keys_torch_registers(tmp_path):
 
 
 def test_cxx_kernels_for_a_device_no_variant_builds_are_reported_not_expected(tmp_path, capsys):
-    root = _project(tmp_path / "cxxdev", {
+    root = write_tree(tmp_path / "cxxdev", {
         "pyproject.toml": PYPROJECT.replace('"devops"', '"cxxdev"'),
         "cxxdev/__init__.py": "import torch\n",
         "csrc/ops.cpp": """
@@ -174,7 +165,7 @@ def test_cxx_kernels_for_a_device_no_variant_builds_are_reported_not_expected(tm
 
 
 def test_a_name_torch_library_refuses_is_a_note_not_an_error(tmp_path, capsys):
-    root = _project(tmp_path / "refused", {
+    root = write_tree(tmp_path / "refused", {
         "pyproject.toml": PYPROJECT.replace('"devops"', '"refused"'),
         "refused/__init__.py": """
             import torch
@@ -206,7 +197,7 @@ def test_the_package_is_green_on_its_first_run(tmp_path):
     no red (the package is healthy), the census checks what the cpu wheel must hold."""
     from adopt_cli import ok, opforge_cli
 
-    root = _project(tmp_path / "devops", DEVOPS)
+    root = write_tree(tmp_path / "devops", DEVOPS)
     (root / ".git").mkdir()
     ok(opforge_cli("init", ".", "--workflows-ref", "c" * 40, cwd=root), "init")
     ok(opforge_cli("build", "--variant", "cpu", cwd=root), "build")

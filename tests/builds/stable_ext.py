@@ -12,8 +12,9 @@ and only fails at load on a torch that lacks it).
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
+
+from projectkit import matrix_yaml, variant_entry, write_tree
 
 # shim functions to plant, with the C declaration that lets the source call one
 PLANTS = {
@@ -106,30 +107,6 @@ RECIPES = '''
     RECIPES = {"twice": {"inputs": twice_inputs, "check": doubles}}
 '''
 
-MATRIX = '''
-    extension:
-      path: tiny
-      package: tinystable
-      namespace: tinystable
-      recipes: tiny/recipes.py
-      ops: [twice]
-    torch:
-      channel: stable
-      version: "{torch}"
-    pythons: ["3.11"]
-    platforms:
-      linux-x86_64:
-        runner: ubuntu-24.04
-    variants:
-      - name: cpu_stable
-        platforms: [linux-x86_64]
-        index_variant: cpu
-        abi: stable
-        torch_floor: "{floor}"
-        compat_torch: ["floor", "matrix"]
-        expected_keys: [CPU, Meta]
-'''
-
 
 def write_project(root: Path, *, floor: str, torch: str = "2.13.0",
                   plant: str | None = None) -> Path:
@@ -138,15 +115,15 @@ def write_project(root: Path, *, floor: str, torch: str = "2.13.0",
     if plant:
         decl, call = PLANTS[plant]
         declaration = f'extern "C" {decl}'
-    files = {
-        "matrix.yaml": MATRIX.format(torch=torch, floor=floor),
+    write_tree(root, {
         "tiny/setup.py": SETUP,
         "tiny/csrc/tiny.cpp": SOURCE.format(declaration=declaration, call=call),
         "tiny/tinystable/__init__.py": INIT,
         "tiny/recipes.py": RECIPES,
-    }
-    for name, text in files.items():
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text).lstrip("\n"), encoding="utf-8")
+    })
+    stable = variant_entry("cpu_stable", ("CPU", "Meta"), index_variant="cpu", abi="stable",
+                           torch_floor=floor, compat_torch=["floor", "matrix"])
+    (root / "matrix.yaml").write_text(matrix_yaml(
+        "tinystable", ["twice"], path="tiny", recipes="tiny/recipes.py", version=torch,
+        index=None, variants=[stable]), encoding="utf-8")
     return root / "matrix.yaml"

@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from projectkit import matrix_yaml
 
 from opforge import build, progress
 from opforge.build.progress import CompileOutput, compile_progress, last_build, record_path
@@ -167,26 +168,6 @@ def test_a_failed_compile_shows_its_last_lines_not_only_the_log(tmp_path, capsys
 
 # --- the command line: a build that fails at once (a setup.py that raises) ------------------
 
-MATRIX = """\
-extension:
-  path: .
-  package: failing
-  distribution: failing
-  namespace: failing
-  ops: [f]
-torch:
-  channel: stable
-  version: "{torch}"
-pythons: ["{python}"]
-platforms:
-  linux-x86_64:
-    runner: ubuntu-24.04
-variants:
-  - name: cpu
-    platforms: [linux-x86_64]
-    expected_keys: [CPU]
-"""
-
 
 @pytest.fixture
 def failing_project(tmp_path):
@@ -200,7 +181,9 @@ def failing_project(tmp_path):
     """))
     version = torch.__version__.split("+")[0]
     matrix = tmp_path / "matrix.yaml"
-    matrix.write_text(MATRIX.format(torch=version, python="{}.{}".format(*sys.version_info)))
+    matrix.write_text(matrix_yaml("failing", ["f"], distribution="failing", recipes=None,
+                                  version=version, index=None,
+                                  python="{}.{}".format(*sys.version_info)))
     return matrix
 
 

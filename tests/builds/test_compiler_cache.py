@@ -14,10 +14,10 @@ import re
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+from projectkit import write_tree
 
 from opforge import compiler_cache
 from opforge.compiler_cache import CacheStats, CompilerCache
@@ -47,14 +47,6 @@ TINY = {
         }
     """,
 }
-
-
-def write(root: Path, files: dict[str, str]) -> Path:
-    for name, text in files.items():
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text).lstrip("\n"), encoding="utf-8")
-    return root
 
 
 def base_env(cache_dir: Path, **extra: str) -> dict[str, str]:
@@ -102,12 +94,12 @@ def plain_python(tmp_path_factory) -> str:
 def test_a_second_checkout_hits_and_a_changed_header_or_flag_misses(tmp_path, plain_python):
     cache_dir = tmp_path / "cache"
     env = base_env(cache_dir)
-    first = write(tmp_path / "checkout-a", TINY)
+    first = write_tree(tmp_path / "checkout-a", TINY)
     stats, value = build_tiny(first, plain_python, tmp_path / "build-a", env)
     assert (stats.hits, value) == (0, 1) and stats.misses >= 1, stats
 
     # a fresh clone elsewhere, a fresh build directory: nothing is compiled again
-    second = write(tmp_path / "clone-b", TINY)
+    second = write_tree(tmp_path / "clone-b", TINY)
     stats, value = build_tiny(second, plain_python, tmp_path / "build-b", env)
     assert (stats.misses, value) == (0, 1) and stats.hits >= 1, stats
 
@@ -137,7 +129,7 @@ def test_another_torch_version_misses_with_the_same_sources_and_flags(tmp_path, 
     torch: the object is compiled again (the torch version is in every key)."""
     torch_python = torch_env()
     env = base_env(tmp_path / "cache")
-    project = write(tmp_path / "checkout", TINY)
+    project = write_tree(tmp_path / "checkout", TINY)
     stats, _ = build_tiny(project, plain_python, tmp_path / "build-a", env)
     assert stats.misses >= 1, stats
     stats, _ = build_tiny(project, plain_python, tmp_path / "build-b", env)
@@ -176,12 +168,12 @@ def test_a_torch_cpp_extension_compiles_through_the_cache_and_passes_torchs_comp
     # ninja where the test environment has it (torch falls back to distutils without it)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
     argv = [python, "setup.py", "build_ext", "-b", "lib", "-t", "tmp"]
-    first = write(tmp_path / "checkout-a", TORCH_EXT)
+    first = write_tree(tmp_path / "checkout-a", TORCH_EXT)
     stats, output = cached_run(argv, python=python, cwd=first, work=tmp_path / "w-a", env=env)
     assert stats.misses >= 1 and stats.hits == 0, stats
     assert "is not compatible with the compiler" not in output, output[-3000:]
     assert "Your compiler" not in output, output[-3000:]
-    second = write(tmp_path / "checkout-b", TORCH_EXT)
+    second = write_tree(tmp_path / "checkout-b", TORCH_EXT)
     stats, output = cached_run(argv, python=python, cwd=second, work=tmp_path / "w-b", env=env)
     assert stats.misses == 0 and stats.hits >= 1, stats
     (library,) = (second / "lib").glob("twice*.so")
@@ -194,7 +186,7 @@ def test_a_torch_cpp_extension_compiles_through_the_cache_and_passes_torchs_comp
 @pytest.mark.skipif(not NVCC.exists(), reason=f"needs nvcc (a CUDA toolkit) at {NVCC}")
 def test_nvcc_an_arch_list_change_misses_and_the_object_has_the_new_arch(tmp_path, plain_python):
     env = base_env(tmp_path / "cache")
-    project = write(tmp_path / "checkout", {"k.cu": """
+    project = write_tree(tmp_path / "checkout", {"k.cu": """
         __global__ void twice(float* x) { x[threadIdx.x] *= 2; }
         void launch(float* x) { twice<<<1, 32>>>(x); }
     """})
@@ -227,7 +219,7 @@ def test_cmake_finds_the_wrapped_compiler_and_a_fresh_build_dir_hits(tmp_path, p
     if cmake is None:
         pytest.skip("needs cmake on PATH (pip install cmake)")
     env = base_env(tmp_path / "cache")
-    project = write(tmp_path / "checkout", {
+    project = write_tree(tmp_path / "checkout", {
         "CMakeLists.txt": """
             cmake_minimum_required(VERSION 3.18)
             project(tiny LANGUAGES CXX)

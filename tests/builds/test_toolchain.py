@@ -16,6 +16,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import yaml
+from projectkit import matrix_yaml, variant_entry
 
 import opforge
 from opforge import build
@@ -31,39 +33,18 @@ WORK = ROOT / "build" / "toolchain-tests"  # build environments and objects, kep
 HOST_TOOLKIT = Path("/usr/local/cuda-13.0")
 PYTHON = "{}.{}".format(*sys.version_info[:2])
 
-MATRIX = """\
-extension:
-  path: .
-  package: host_guessing
-  distribution: host-guessing
-  namespace: host_guessing
-  ops: [scale]
-  modules:
-    host_guessing._C: {{backend: cpu}}
-    host_guessing._cuda: {{backend: cuda, functions: [scale]}}
+MODULES = {"host_guessing._C": {"backend": "cpu"},
+           "host_guessing._cuda": {"backend": "cuda", "functions": ["scale"]}}
 
-torch:
-  channel: stable
-  version: "2.13.0"
-  index: https://download.pytorch.org/whl
 
-pythons: ["{python}"]
-
-platforms:
-  linux-x86_64:
-    runner: ubuntu-24.04
-
-variants:
-  - name: cpu
-    platforms: [linux-x86_64]
-    expected_keys: [CPU]
-  - name: cu130
-    platforms: [linux-x86_64]
-    cuda: "13.0"
-    arch_list: "8.0"
-    torch_version: "2.14.1"
-    expected_keys: [CPU, CUDA]
-"""
+def matrix_text(python: str, cpu: dict | None = None, cu130: dict | None = None) -> str:
+    """host_guessing's matrix (variants cpu and cu130); ``cpu``/``cu130``: fields added there."""
+    return matrix_yaml(
+        "host_guessing", ["scale"], distribution="host-guessing", recipes=None, modules=MODULES,
+        python=python,
+        variants=[variant_entry("cpu", **(cpu or {})),
+                  variant_entry("cu130", ("CPU", "CUDA"), cuda="13.0", arch_list="8.0",
+                          torch_version="2.14.1", **(cu130 or {}))])
 
 
 def _fake_nvcc(folder: Path, release: str, *, toolkit: bool = True) -> Path:
@@ -86,7 +67,7 @@ def _program(folder: Path, name: str) -> None:
 
 def test_cpu_build_takes_every_cuda_variable_away(tmp_path):
     matrix_file = tmp_path / "matrix.yaml"
-    matrix_file.write_text(MATRIX.format(python="3.11"))
+    matrix_file.write_text(matrix_text("3.11"))
     shutil.copy(PROJECT / "setup.py", tmp_path / "setup.py")
     matrix = load_matrix(matrix_file)
     leaked = {"CUDA_HOME": "/usr/local/cuda", "CUDA_PATH": "/usr/local/cuda",
@@ -149,7 +130,7 @@ def test_cuda_build_sees_exactly_the_toolkit_of_its_version(tmp_path):
 def test_cu130_plan_on_this_host_takes_its_13_0_toolkit_whatever_cuda_home_says(tmp_path):
     fake = _fake_nvcc(tmp_path / "cuda-12.6" / "bin", "12.6")
     matrix_file = tmp_path / "matrix.yaml"
-    matrix_file.write_text(MATRIX.format(python="3.11"))
+    matrix_file.write_text(matrix_text("3.11"))
     shutil.copy(PROJECT / "setup.py", tmp_path / "setup.py")
     plan = build.plan_build(load_matrix(matrix_file), "cu130", work_dir=tmp_path / "w",
                             host="linux-x86_64", env={"CUDA_HOME": str(fake.parent.parent)})
@@ -208,9 +189,8 @@ def test_matrix_may_give_a_cpu_variant_a_toolkit_but_not_a_cuda_one_another(tmp_
                                                                             capsys):
     shutil.copy(PROJECT / "setup.py", tmp_path / "setup.py")
     matrix_file = tmp_path / "matrix.yaml"
-    given = MATRIX.format(python=PYTHON).replace(
-        "    expected_keys: [CPU]\n",
-        "    expected_keys: [CPU]\n    build_env: {CUDA_HOME: /opt/cuda, HOST_GUESSING_PROBE: nvcc}\n")
+    given = matrix_text(PYTHON, cpu={"build_env": yaml.safe_load(
+        "{CUDA_HOME: /opt/cuda, HOST_GUESSING_PROBE: nvcc}")})
     matrix_file.write_text(given)
     plan = build.plan_build(load_matrix(matrix_file), "cpu", work_dir=tmp_path / "w",
                             host="linux-x86_64", env={"CUDA_PATH": "/usr/local/cuda"})
@@ -224,9 +204,7 @@ def test_matrix_may_give_a_cpu_variant_a_toolkit_but_not_a_cuda_one_another(tmp_
             ("cpu", "{OPFORGE_VARIANT: cu130}", "opforge sets OPFORGE_VARIANT"),
             ("cpu", "{1X: a}", "'1X' is not a variable name"),
             ("cpu", "[CUDA_HOME]", "expected a mapping of NAME: value")):
-        keys = "[CPU, CUDA]" if variant == "cu130" else "[CPU]"
-        bad = MATRIX.format(python=PYTHON).replace(
-            f"    expected_keys: {keys}\n", f"    expected_keys: {keys}\n    build_env: {entry}\n")
+        bad = matrix_text(PYTHON, **{variant: {"build_env": yaml.safe_load(entry)}})
         matrix_file.write_text(bad)
         assert main(["matrix", "--check", "--file", str(matrix_file)]) == 2, entry
         assert message in capsys.readouterr().err, entry
@@ -235,7 +213,7 @@ def test_matrix_may_give_a_cpu_variant_a_toolkit_but_not_a_cuda_one_another(tmp_
 def test_a_failed_torch_install_says_what_failed_and_the_way_out(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("OPFORGE_TORCH_INDEX", raising=False)
     matrix_file = tmp_path / "matrix.yaml"
-    matrix_file.write_text(MATRIX.format(python=PYTHON))
+    matrix_file.write_text(matrix_text(PYTHON))
     shutil.copytree(PROJECT, tmp_path, dirs_exist_ok=True)
     # nothing listens on port 9: the index cannot be reached
     code = main(["build", "--variant", "cpu", "--file", str(matrix_file), "--work-dir",
@@ -292,7 +270,7 @@ def opforge_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float =
 
 def _project(root: Path) -> Path:
     shutil.copytree(PROJECT, root)
-    (root / "matrix.yaml").write_text(MATRIX.format(python=PYTHON))
+    (root / "matrix.yaml").write_text(matrix_text(PYTHON))
     return root
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from projectkit import matrix_yaml, variant_entry
 
 from opforge import build, platforms
 from opforge.errors import OpforgeError
@@ -23,59 +24,25 @@ from opforge.platforms import toolchain
 from opforge.platforms.base import Backend
 from opforge.stamp import BuildFacts, stamp_wheel
 
-HEAD = """\
-extension:
-  path: .
-  package: demo
-  distribution: demo
-  namespace: demo
-  ops: [scale]
-
-torch:
-  channel: stable
-  version: "2.13.0"
-  index: https://download.pytorch.org/whl
-
-pythons: ["3.11"]
-
-platforms:
-  linux-x86_64:
-    runner: ubuntu-24.04
-  macos-arm64:
-    runner: macos-14
-  windows-x86_64:
-    runner: windows-2022
-
-variants:
-"""
-ROCM = """\
-  - name: rocm64
-    backend: rocm
-    toolkit: "6.4"
-    arch_list: "gfx90a;gfx942"
-    platforms: [linux-x86_64]
-    expected_keys: [CPU, CUDA, Meta]
-"""
-XPU = """\
-  - name: xpu
-    backend: xpu
-    toolkit: "2025.1"
-    arch_list: "pvc;bmg"
-    platforms: [linux-x86_64, windows-x86_64]
-    expected_keys: [CPU, XPU, Meta]
-"""
+PLATFORMS = ("linux-x86_64", "macos-arm64", "windows-x86_64")
+ROCM = variant_entry("rocm64", ("CPU", "CUDA", "Meta"), backend="rocm", toolkit="6.4",
+                     arch_list="gfx90a;gfx942")
+XPU = variant_entry("xpu", ("CPU", "XPU", "Meta"), platforms=("linux-x86_64", "windows-x86_64"),
+                    backend="xpu", toolkit="2025.1", arch_list="pvc;bmg")
 
 
-def _matrix(tmp_path: Path, variants: str):
+def _matrix(tmp_path: Path, *variants: dict):
+    """``demo`` on three platforms with these ``variants`` (projectkit.variant_entry dicts)."""
     (tmp_path / "setup.py").write_text("from setuptools import setup\nsetup()\n")
     path = tmp_path / "matrix.yaml"
-    path.write_text(HEAD + variants)
+    path.write_text(matrix_yaml("demo", ["scale"], distribution="demo", recipes=None,
+                                platforms=PLATFORMS, variants=list(variants)))
     return load_matrix(path)
 
 
-def _refused(tmp_path: Path, variants: str) -> str:
+def _refused(tmp_path: Path, *variants: dict) -> str:
     with pytest.raises(MatrixError) as info:
-        _matrix(tmp_path, variants)
+        _matrix(tmp_path, *variants)
     return str(info.value)
 
 
@@ -141,22 +108,23 @@ def test_rocm_variant_is_validated_by_its_module(tmp_path):
     # torch's ROCm build runs HIP kernels as "cuda" devices under the CUDA key
     assert variant.backends == ("cpu", "cuda")
     assert _matrix(tmp_path, ROCM).torch_index(variant).endswith("/whl/rocm6.4")
-    message = _refused(tmp_path, ROCM.replace("gfx90a;gfx942", "gfx90a;sm_80"))
+    message = _refused(tmp_path, {**ROCM, "arch_list": "gfx90a;sm_80"})
     assert "matrix.yaml:" in message and "variants[0].arch_list" in message
     assert "'sm_80' is not an --offload-arch target like gfx90a" in message
     assert "'six' is not a ROCm version like 6.4" in \
-        _refused(tmp_path, ROCM.replace('"6.4"', '"six"'))
-    message = _refused(tmp_path, ROCM.replace("[linux-x86_64]", "[macos-arm64]"))
+        _refused(tmp_path, {**ROCM, "toolkit": "six"})
+    message = _refused(tmp_path, {**ROCM, "platforms": ["macos-arm64"]})
     assert "ROCm variant 'rocm64' cannot target macos-arm64" in message
-    message = _refused(tmp_path, ROCM.replace('    toolkit: "6.4"\n', ""))
+    message = _refused(tmp_path, {k: v for k, v in ROCM.items() if k != "toolkit"})
     assert "ROCm variant 'rocm64' needs toolkit:" in message
-    message = _refused(tmp_path, ROCM + "    build_env: {ROCM_HOME: /opt/rocm}\n")
+    message = _refused(tmp_path, {**ROCM, "build_env": {"ROCM_HOME": "/opt/rocm"}})
     assert "variants[0].build_env.ROCM_HOME" in message and "opforge sets ROCM_HOME" in message
     # a target with its features is one --offload-arch entry
-    featured = _matrix(tmp_path, ROCM.replace("gfx90a;gfx942", "gfx90a:xnack+;gfx942"))
+    featured = _matrix(tmp_path, {**ROCM, "arch_list": "gfx90a:xnack+;gfx942"})
     assert featured.variant("rocm64").option("arch_list") == "gfx90a:xnack+;gfx942"
     # CUDA's arch list is not ROCm's, nor the reverse
-    assert "is not an --offload-arch target" in _refused(tmp_path, ROCM.replace("gfx90a;", "8.0;"))
+    assert "is not an --offload-arch target" in \
+        _refused(tmp_path, {**ROCM, "arch_list": "8.0;gfx942"})
 
 
 def test_xpu_variant_is_validated_by_its_module(tmp_path):
@@ -165,18 +133,18 @@ def test_xpu_variant_is_validated_by_its_module(tmp_path):
     assert variant.platforms == ("linux-x86_64", "windows-x86_64")
     assert _matrix(tmp_path, XPU).torch_index(variant).endswith("/whl/xpu")
     assert "'6.4' is not a oneAPI compiler release like 2025.1" in \
-        _refused(tmp_path, XPU.replace('"2025.1"', '"6.4"'))
+        _refused(tmp_path, {**XPU, "toolkit": "6.4"})
     assert "'PVC' is not an XPU target like pvc, bmg or lnl-m" in \
-        _refused(tmp_path, XPU.replace("pvc;bmg", "PVC"))
+        _refused(tmp_path, {**XPU, "arch_list": "PVC"})
     assert "XPU variant 'xpu' cannot target macos-arm64" in \
-        _refused(tmp_path, XPU.replace("[linux-x86_64, windows-x86_64]", "[macos-arm64]"))
+        _refused(tmp_path, {**XPU, "platforms": ["macos-arm64"]})
     # a backend's toolkit word is its own: CUDA keeps cuda:, and cpu has no toolkit
     assert "a cuda variant names its toolkit with cuda:" in _refused(
-        tmp_path, XPU.replace("backend: xpu", "backend: cuda\n    cuda: \"13.0\""))
+        tmp_path, {**XPU, "backend": "cuda", "cuda": "13.0"})
     assert "unknown backend 'tpu' (known: cpu, cuda, mps, rocm, xpu" in \
-        _refused(tmp_path, XPU.replace("backend: xpu", "backend: tpu"))
+        _refused(tmp_path, {**XPU, "backend": "tpu"})
     assert "mps: true makes variant 'xpu' a MPS variant, but it says backend: xpu" in \
-        _refused(tmp_path, XPU + "    mps: true\n")
+        _refused(tmp_path, {**XPU, "mps": True})
 
 
 def test_rocm_build_gets_its_rocm_and_no_cuda(tmp_path):
@@ -313,13 +281,7 @@ class NpuBackend(Backend):
 
 BACKEND = register(NpuBackend())
 '''
-NPU = """\
-  - name: npu8
-    backend: npu
-    toolkit: "8.0"
-    platforms: [linux-x86_64]
-    expected_keys: [CPU, PrivateUse1, Meta]
-"""
+NPU = variant_entry("npu8", ("CPU", "PrivateUse1", "Meta"), backend="npu", toolkit="8.0")
 
 
 @pytest.fixture
@@ -355,9 +317,9 @@ def test_a_new_backend_is_one_module_and_matrix_entries(tmp_path, npu_distributi
         build.check_host(matrix, variant, host="linux-x86_64", env={})
     # its rules are the matrix's: platforms, toolkit, its own variables
     assert "NPU variant 'npu8' cannot target macos-arm64" in \
-        _refused(project, NPU.replace("[linux-x86_64]", "[macos-arm64]"))
+        _refused(project, {**NPU, "platforms": ["macos-arm64"]})
     assert "opforge sets NPU_HOME for a NPU variant" in \
-        _refused(project, NPU + "    build_env: {NPU_HOME: /x}\n")
+        _refused(project, {**NPU, "build_env": {"NPU_HOME": "/x"}})
     with pytest.raises(Exception, match="--build-env NPU_ARCH: opforge sets NPU_ARCH"):
         build.plan_build(matrix, "npu8", work_dir=tmp_path / "w", host="linux-x86_64",
                          env={}, extra_env={"NPU_ARCH": "x"})
@@ -380,14 +342,8 @@ class _VpuBackend(Backend):
         return super().check_variant(fields)
 
 
-VPU = """\
-  - name: vpu1
-    backend: vpu
-    toolkit: "1.0"
-    vpu_cores: "8"
-    platforms: [linux-x86_64]
-    expected_keys: [CPU, PrivateUse1, AutogradPrivateUse1]
-"""
+VPU = variant_entry("vpu1", ("CPU", "PrivateUse1", "AutogradPrivateUse1"), backend="vpu",
+                    toolkit="1.0", vpu_cores="8")
 
 
 def test_a_new_backends_keys_settings_and_dispatch_words_live_in_its_module(tmp_path):
@@ -397,16 +353,15 @@ def test_a_new_backends_keys_settings_and_dispatch_words_live_in_its_module(tmp_
         assert (variant.toolkit, variant.option("vpu_cores")) == ("1.0", "8")
         assert variant.options == (("vpu_cores", "8"),)
         assert "variants[0].vpu_cores: 'many' is not a number of cores" in \
-            _refused(tmp_path, VPU.replace('"8"', '"many"'))
+            _refused(tmp_path, {**VPU, "vpu_cores": "many"})
         # its device's keys belong to it: a cpu variant that expects one is refused
         assert "variant 'cpu' expects AutogradPrivateUse1 kernels but its backend is cpu, " \
-               "not vpu" in _refused(tmp_path, "  - name: cpu\n    platforms: [linux-x86_64]\n"
-                                               "    expected_keys: [CPU, AutogradPrivateUse1]\n")
+               "not vpu" in _refused(tmp_path,
+                                     variant_entry("cpu", ("CPU", "AutogradPrivateUse1")))
     finally:
         platforms.unregister("vpu")
     # without it, PrivateUse1 is any variant's to expect again
-    assert _matrix(tmp_path, "  - name: cpu\n    platforms: [linux-x86_64]\n"
-                             "    expected_keys: [CPU, PrivateUse1]\n").variant("cpu")
+    assert _matrix(tmp_path, variant_entry("cpu", ("CPU", "PrivateUse1"))).variant("cpu")
 
 
 def _raw_wheel(tmp_path: Path, library: bytes) -> Path:

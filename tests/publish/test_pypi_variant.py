@@ -19,6 +19,8 @@ from opforge.wheels import inspect_wheel
 
 ROOT = Path(__file__).resolve().parents[2]
 
+# hand-written (not tests/projectkit.py): test_bad_pypi_or_container_is_one_line_exit_2 edits
+# this text and checks the matrix parser's file:line message on it
 MATRIX = """\
 extension: {path: ., package: boxops, distribution: boxops, namespace: boxops, ops: [nms]}
 torch: {channel: stable, version: "2.13.0"}

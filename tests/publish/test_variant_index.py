@@ -150,7 +150,7 @@ def test_one_label_with_other_properties_in_one_version_is_refused(tmp_path, cap
     capsys.readouterr()
     # the same release's cu130 for another platform, built for other architectures
     other = tmp_path / "b"
-    matrix = write_matrix(other / "repo", CPU, CU130.replace("9.0;12.0+PTX", "8.0"))
+    matrix = write_matrix(other / "repo", CPU, {**CU130, "arch_list": "8.0"})
     variant_wheels(other, matrix, "cu130", tag="py3-none-manylinux_2_28_x86_64")
     assert main(["index", str(other / "dist"), "--out", str(site)]) == 1
     err = capsys.readouterr().err.strip()
@@ -222,7 +222,7 @@ def test_the_release_layout_gives_the_same_tree(built, tmp_path):
 
 def test_two_labels_with_the_same_properties_are_refused(tmp_path, capsys):
     """cu130 and cu130_stable map to the same properties: an installer could not choose."""
-    twin = CU130.replace("name: cu130", "name: cu130_twin")
+    twin = {**CU130, "name": "cu130_twin"}
     matrix = write_matrix(tmp_path / "repo", CPU, CU130, twin)
     variant_wheels(tmp_path, matrix, "cu130")
     from variants_kit import FACTS

@@ -6,6 +6,7 @@ from __future__ import annotations
 import zipfile
 from pathlib import Path
 
+from projectkit import matrix_yaml, variant_entry
 from publish_wheelkit import make_wheel
 
 from opforge import variants
@@ -14,43 +15,21 @@ from opforge.stamp import BuildFacts, _write_wheel, stamp_wheel
 
 NAME = "boxops"
 
-MATRIX = """\
-extension: {{path: ., package: boxops, distribution: boxops, namespace: boxops, ops: [nms]}}
-torch: {{channel: stable, version: "2.13.0"}}
-pythons: ["3.11"]
-pr_python: "3.11"
-platforms:
-  linux-x86_64: {{runner: ubuntu-24.04}}
-variants:
-{variants}"""
-
-CPU = """\
-  - name: cpu
-    platforms: [linux-x86_64]
-    expected_keys: [CPU, Meta]
-"""
-CU130 = """\
-  - name: cu130
-    platforms: [linux-x86_64]
-    cuda: "13.0"
-    arch_list: "9.0;12.0+PTX"
-    expected_keys: [CPU, CUDA, Meta]
-"""
-CU126 = CU130.replace("cu130", "cu126").replace('"13.0"', '"12.6"').replace("12.0+PTX", "8.0")
-ROCM = """\
-  - name: rocm64
-    backend: rocm
-    platforms: [linux-x86_64]
-    toolkit: "6.4"
-    arch_list: gfx942
-    expected_keys: [CPU, CUDA, Meta]
-"""
+CPU = variant_entry("cpu", ("CPU", "Meta"))
+CU130 = variant_entry("cu130", ("CPU", "CUDA", "Meta"), cuda="13.0",
+                      arch_list="9.0;12.0+PTX")
+CU126 = {**CU130, "name": "cu126", "cuda": "12.6", "arch_list": "9.0;8.0"}
+ROCM = variant_entry("rocm64", ("CPU", "CUDA", "Meta"), backend="rocm", toolkit="6.4",
+                     arch_list="gfx942")
 
 
-def write_matrix(folder: Path, *entries: str) -> Path:
+def write_matrix(folder: Path, *entries: dict) -> Path:
+    """``folder/matrix.yaml``: boxops with these variants (projectkit.variant_entry dicts;
+    CPU and CU130 when none are given)."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "matrix.yaml"
-    path.write_text(MATRIX.format(variants="".join(entries or (CPU, CU130))))
+    path.write_text(matrix_yaml(NAME, ["nms"], distribution=NAME, recipes=None, index=None,
+                                pr_python="3.11", variants=list(entries or (CPU, CU130))))
     return path
 
 

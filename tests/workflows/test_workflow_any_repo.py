@@ -8,6 +8,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from projectkit import write_tree
 from test_workflow_drift import CI, PIPE, one
 
 from opforge.cli import main
@@ -19,8 +20,7 @@ PIN = "@" + "a" * 40
 
 @pytest.fixture
 def ext(tmp_path: Path, capsys) -> Path:
-    root = tmp_path / "ext"
-    for name, text in {
+    root = write_tree(tmp_path / "ext", {
         "pyproject.toml": """
             [build-system]
             requires = ["setuptools", "torch"]
@@ -36,10 +36,7 @@ def ext(tmp_path: Path, capsys) -> Path:
         """,
         "csrc/ops.cu": "TORCH_LIBRARY_IMPL(demo, CUDA, m) { m.impl(\"twice\", &twice_cuda); }\n",
         "demo_ops/__init__.py": "",
-    }.items():
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text).lstrip())
+    })
     (root / ".git").mkdir()  # the repository's top: init writes the workflows here
     assert main(["init", str(root), "--workflows-ref", PIN[1:]]) == 0
     capsys.readouterr()

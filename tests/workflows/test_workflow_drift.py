@@ -337,6 +337,7 @@ def test_bisect_inputs_that_lose_a_variant_are_caught(repo):
 
 
 def test_a_new_variant_in_matrix_yaml_must_be_offered_by_bisect(repo):
+    # the repository's own matrix.yaml, edited as its maintainer would: no projectkit matrix
     repo.replace("matrix.yaml", "  - name: mps\n", "  - name: cu129\n    platforms: [linux-x86_64]\n"
                  "    cuda: \"12.9\"\n    arch_list: \"8.0;9.0\"\n"
                  "    container: pytorch/manylinux2_28-builder:cuda12.9\n"
