@@ -122,7 +122,7 @@ DOWNLOADS = ROOT / "build" / "trust" / "sdist"
 
 def cache_dirs() -> list[Path]:
     seed = os.environ.get("OPFORGE_TRUST_CACHE")
-    return [Path(seed)] * bool(seed) + [DOWNLOADS]
+    return ([Path(seed)] if seed else []) + [DOWNLOADS]
 
 
 def sha256(path: Path) -> str:
