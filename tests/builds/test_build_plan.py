@@ -10,12 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from projectkit import matrix_yaml, variant_entry, write_tree
 
 from opforge import build
 from opforge.cli import main
 from opforge.errors import OpforgeError
 from opforge.matrix import load_matrix
-from opforge.platforms import toolchain
+from opforge.platforms import backend_of, toolchain
 
 ROOT = Path(__file__).resolve().parents[2]
 MATRIX = load_matrix(ROOT / "matrix.yaml")
@@ -75,6 +76,25 @@ def test_mps_plan_sets_deployment_target_and_delocates(tmp_path):
     assert plan.build.env["MACOSX_DEPLOYMENT_TARGET"] == "13.0"
     assert "delocate.cmd.delocate_wheel" in plan.repair.argv
     assert "libtorch" in plan.repair.argv
+
+
+@pytest.mark.parametrize("target", ["12.3", None])
+def test_a_mac_only_cpu_variant_builds_at_its_deployment_target(tmp_path, target):
+    """The target is the platform's, not MPS's: a CPU wheel for macOS alone (which cannot set
+    MACOSX_DEPLOYMENT_TARGET in build_env, opforge owns it) is compiled for the macOS it
+    records, and without one nothing is set (the SDK's default, as the record says)."""
+    fields = {"macos_deployment_target": target} if target else {}
+    mac = ("macos-arm64",)
+    write_tree(tmp_path, {"setup.py": "from setuptools import setup\nsetup()\n",
+                          "matrix.yaml": matrix_yaml("pkg", ["nms"], platforms=mac, variants=[
+                              variant_entry("cpu_mac", platforms=mac, **fields)])})
+    matrix = load_matrix(tmp_path / "matrix.yaml")
+    plan = build.plan_build(matrix, "cpu_mac", work_dir=tmp_path / "w", host="macos-arm64",
+                            env={})
+    assert plan.build.env.get("MACOSX_DEPLOYMENT_TARGET") == target
+    assert "FORCE_MPS" not in plan.build.env
+    variant = matrix.variant("cpu_mac")
+    assert backend_of(variant).record_fields(variant)["macos_deployment_target"] == target
 
 
 def test_torch_index_override(tmp_path, monkeypatch):

@@ -208,7 +208,8 @@ class Backend:
     # ------------------------------------------------------------------ build environment
     def build_env(self, variant: Variant, env, site_dir: Path) -> BuildEnv:
         """The toolchain world: no accelerator toolkit at all (the cpu answer)."""
-        return BuildEnv(*toolchain.environment("cpu", None, site_dir))
+        given, unset = toolchain.environment("cpu", None, site_dir)
+        return BuildEnv(deployment_target(variant, given), unset)
 
     # ------------------------------------------------------------------ the build's torch
     # the torch.version attribute a torch build for this backend sets (cuda, hip, xpu), and
@@ -314,3 +315,12 @@ class Backend:
 def split_arch_list(text: str) -> list[str]:
     """'8.0;9.0 12.0+PTX' or 'gfx90a,gfx942' -> its entries."""
     return [e for e in re.split(r"[;,\s]+", text.strip()) if e]
+
+
+def deployment_target(variant: Variant, given: dict[str, str]) -> dict[str, str]:
+    """``given`` plus MACOSX_DEPLOYMENT_TARGET from the variant's ``macos_deployment_target``
+    (the parser takes it on macOS-only variants, of any backend): the compiler's minimum macOS
+    and the wheel's platform tag both follow it. A variant without one builds at the SDK's
+    default, which the wheel's floor check measures against torch's own macOS."""
+    target = variant.option("macos_deployment_target")
+    return {**given, "MACOSX_DEPLOYMENT_TARGET": target} if target else given

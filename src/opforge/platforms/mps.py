@@ -13,7 +13,7 @@ import shutil
 
 from opforge.errors import OpforgeError
 from opforge.platforms import toolchain
-from opforge.platforms.base import Backend, BuildEnv
+from opforge.platforms.base import Backend, BuildEnv, deployment_target
 
 
 class MpsBackend(Backend):
@@ -51,9 +51,7 @@ class MpsBackend(Backend):
 
     def build_env(self, variant, env, site_dir) -> BuildEnv:
         given, unset = toolchain.environment("mps", None, site_dir)
-        if variant.option("macos_deployment_target"):
-            given["MACOSX_DEPLOYMENT_TARGET"] = variant.option("macos_deployment_target")
-        return BuildEnv(given, unset)
+        return BuildEnv(deployment_target(variant, given), unset)
 
     def check_host(self, variant, host, env, where) -> None:
         if host != "macos-arm64":
